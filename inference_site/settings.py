@@ -1,0 +1,167 @@
+"""Settings for the inference site.
+
+Every knob comes from an environment variable with a default that runs the
+embedded mode (SQLite, in-process channel layer) with no services at all.
+"""
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("INFERENCE_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-local-only-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "catalog",
+    "openai_api",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "inference_site.urls"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "inference_site.asgi.application"
+
+DATABASES = {
+    "default": dj_database_url.config(
+        env="DATABASE_URL",
+        default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
+        conn_max_age=0,
+    )
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Concurrent request threads and the worker share one file: wait, don't fail.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CHANNEL_LAYER_URL = os.environ.get("CHANNEL_LAYER_URL", "")
+CHANNEL_CAPACITY = env_int("CHANNEL_CAPACITY", 10_000)
+if CHANNEL_LAYER_URL.startswith(("redis://", "rediss://", "unix://")):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [CHANNEL_LAYER_URL],
+                "capacity": CHANNEL_CAPACITY,
+                "expiry": 120,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": CHANNEL_CAPACITY, "expiry": 120},
+        }
+    }
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["openai_api.authentication.BearerKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["openai_api.authentication.HasAPIKeyOrAuthDisabled"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "openai_api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+# The inference service's own knobs, all from the environment.
+INFERENCE = {
+    # Bearer-key auth on every endpoint but /health; `serve --no-auth` turns it off.
+    "AUTH_ENABLED": env_bool("INFERENCE_AUTH", True),
+    # Where `serve` writes the key it creates on first start (mode 0600).
+    "KEY_DIR": Path(
+        os.environ.get(
+            "INFERENCE_KEY_DIR",
+            Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "inference_site",
+        )
+    ),
+    "MAX_REQUEST_BYTES": env_int("INFERENCE_MAX_REQUEST_BYTES", 2 * 1024 * 1024),
+    "MAX_N": env_int("INFERENCE_MAX_N", 16),
+    "MAX_PROMPTS": env_int("INFERENCE_MAX_PROMPTS", 64),
+    # Named channel every worker listens on; cancellations go to a group of all workers.
+    "WORKER_CHANNEL": os.environ.get("INFERENCE_WORKER_CHANNEL", "inference"),
+    "WORKER_GROUP": os.environ.get("INFERENCE_WORKER_GROUP", "inference-workers"),
+    # How long a view waits for some worker to acknowledge a job before answering 503.
+    "WORKER_ACK_TIMEOUT": env_float("INFERENCE_WORKER_ACK_TIMEOUT", 15.0),
+    # How long a view waits between two events of a running job before giving up.
+    "WORKER_EVENT_TIMEOUT": env_float("INFERENCE_WORKER_EVENT_TIMEOUT", 600.0),
+    # Worker side.
+    "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
+    "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),
+    "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
+    "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
+}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("INFERENCE_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}

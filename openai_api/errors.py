@@ -1,0 +1,126 @@
+"""Every error leaves the server in OpenAI's shape, built here and nowhere else.
+
+`{"error": {"message", "type", "param", "code"}}` with the matching status.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error a client caused or should know about; carries its HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
+    """Walk DRF's nested error detail to the first message and its dotted field path."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            sub = key if key != "non_field_errors" else ""
+            param, message = _first_validation_error(value, f"{path}.{sub}" if path and sub else (sub or path))
+            return param, message
+    if isinstance(detail, list) and detail:
+        if all(not isinstance(item, (dict, list)) for item in detail):
+            return path or None, str(detail[0])
+        for index, item in enumerate(detail):
+            if item:
+                return _first_validation_error(item, f"{path}[{index}]")
+    return path or None, str(detail)
+
+
+def exception_handler(exc: Exception, context: dict) -> Response:
+    """DRF's EXCEPTION_HANDLER: map every exception to an OpenAI error body."""
+    if isinstance(exc, APIError):
+        return Response(error_body(exc.status, exc.message, exc.param, exc.code), status=exc.status, headers=exc.headers)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(error_body(413, "Request body too large.", None, "request_too_large"), status=413)
+    if isinstance(exc, drf_exceptions.ValidationError):
+        param, message = _first_validation_error(exc.detail)
+        if param and not message.startswith(param):
+            message = f"{param}: {message}"
+        return Response(error_body(400, message, param, "invalid_value"), status=400)
+    if isinstance(exc, drf_exceptions.ParseError):
+        message = "We could not parse the JSON body of your request. " + str(exc.detail)
+        return Response(error_body(400, message, None, "invalid_json"), status=400)
+    if isinstance(exc, drf_exceptions.UnsupportedMediaType):
+        return Response(error_body(400, str(exc.detail), None, "unsupported_media_type"), status=400)
+    if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
+        message = (
+            "Incorrect API key provided."
+            if isinstance(exc, drf_exceptions.AuthenticationFailed)
+            else "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+        )
+        return Response(
+            error_body(401, message, None, "invalid_api_key"),
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="api"'},
+        )
+    if isinstance(exc, drf_exceptions.APIException):
+        status = exc.status_code
+        headers = {}
+        if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
+            headers["Retry-After"] = str(int(exc.wait) + 1)
+        return Response(error_body(status, str(exc.detail), None, getattr(exc, "default_code", None)), status=status, headers=headers)
+    logger.exception("unhandled error in API view", exc_info=exc)
+    return Response(error_body(500, "The server had an error processing your request.", None, "internal_error"), status=500)
+
+
+def error_response(exc: APIError) -> JsonResponse:
+    """The same body outside DRF (SSE setup, plain Django views)."""
+    response = JsonResponse(error_body(exc.status, exc.message, exc.param, exc.code), status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response
+
+
+def not_found_view(request, exception=None) -> JsonResponse:
+    return JsonResponse(error_body(404, f"Unknown path: {request.path}", None, "unknown_url"), status=404)
+
+
+def server_error_view(request) -> JsonResponse:
+    return JsonResponse(error_body(500, "The server had an error processing your request.", None, "internal_error"), status=500)

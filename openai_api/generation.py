@@ -1,0 +1,102 @@
+"""The web side of the request path: a job goes out on the channel layer, events come back.
+
+Views use `open_generation(...)` and iterate the returned stream; they never see
+torch or the engine, only the plain messages of `workers.protocol`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from workers import protocol
+
+from .errors import APIError
+
+logger = logging.getLogger(__name__)
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class GenerationStream:
+    """Events of one job, read from its reply channel; `cancel()` stops the job on its worker."""
+
+    def __init__(self, layer, request_id: str, reply_channel: str, started: dict) -> None:
+        self.layer = layer
+        self.request_id = request_id
+        self.reply_channel = reply_channel
+        self.started = started
+        self.finished = False
+
+    async def _receive(self, timeout: float) -> dict:
+        try:
+            return await asyncio.wait_for(self.layer.receive(self.reply_channel), timeout)
+        except asyncio.TimeoutError:
+            raise APIError(503, "The worker stopped answering.", code="worker_timeout") from None
+
+    async def events(self) -> AsyncIterator[dict]:
+        """Yield delta events until the job is done; raise APIError for a worker error."""
+        timeout = settings.INFERENCE["WORKER_EVENT_TIMEOUT"]
+        while not self.finished:
+            event = await self._receive(timeout)
+            kind = event.get("type")
+            if kind == protocol.ERROR:
+                self.finished = True
+                raise APIError(event["status"], event["message"], event.get("param"), event.get("code"))
+            if kind == protocol.DONE:
+                self.finished = True
+            yield event
+
+    async def cancel(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        await send_cancel(self.layer, self.request_id)
+
+
+async def send_cancel(layer, request_id: str) -> None:
+    try:
+        await layer.group_send(
+            settings.INFERENCE["WORKER_GROUP"], {"type": protocol.CANCEL, "request_id": request_id}
+        )
+    except Exception:  # the client is gone either way; a lost cancel only wastes a slot
+        logger.exception("could not send cancel for %s", request_id)
+
+
+async def open_generation(request_id: str, model: str, prompts: list, params: dict) -> GenerationStream:
+    """Submit a job and wait until a worker has validated it and started generating.
+
+    Raises APIError with the worker's status (400 for a prompt over the context,
+    404 for a model the worker cannot load, 503 when no worker answers).
+    """
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel("reply.")
+    message = protocol.submit_message(request_id, reply_channel, model, prompts, params)
+    config = settings.INFERENCE
+    await layer.send(config["WORKER_CHANNEL"], message)
+    try:
+        accepted = await asyncio.wait_for(layer.receive(reply_channel), config["WORKER_ACK_TIMEOUT"])
+        if accepted.get("type") == protocol.ACCEPTED:
+            started = await asyncio.wait_for(layer.receive(reply_channel), config["WORKER_EVENT_TIMEOUT"])
+        else:
+            started = accepted
+    except asyncio.TimeoutError:
+        await send_cancel(layer, request_id)
+        raise APIError(
+            503, "No inference worker is available to take the request; try again later.", code="no_worker",
+            headers={"Retry-After": "5"},
+        ) from None
+    except asyncio.CancelledError:
+        await send_cancel(layer, request_id)
+        raise
+    if started.get("type") == protocol.ERROR:
+        raise APIError(started["status"], started["message"], started.get("param"), started.get("code"))
+    if started.get("type") != protocol.STARTED:
+        raise APIError(500, "The worker sent an unexpected message.", code="worker_protocol")
+    return GenerationStream(layer, request_id, reply_channel, started)

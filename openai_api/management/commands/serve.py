@@ -1,0 +1,76 @@
+"""`manage.py serve`: the embedded default — Daphne, SQLite, in-process channel layer, one worker beside it."""
+import asyncio
+import logging
+import sys
+
+import daphne.server  # noqa: F401  (installs the asyncio Twisted reactor before anything imports one)
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from catalog.selectors import cached_causal_lms
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Serve the OpenAI-compatible API with a generation worker in the same process."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
+        parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
+
+    def handle(self, *args, host: str, port: int, no_auth: bool, no_worker: bool, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        if not no_worker:
+            self._ensure_a_model()
+        self._announce_auth(port, no_auth)
+        from inference_site.asgi import application
+
+        def start_worker() -> None:
+            if not no_worker:
+                from workers.runtime import run_worker
+
+                asyncio.get_event_loop().create_task(run_worker())
+            self.stdout.write(f"Serving on http://{host}:{port}/v1  (health: http://{host}:{port}/health)")
+            self.stdout.flush()
+
+        server = Server(
+            application=application,
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            http_timeout=None,
+            ready_callable=start_worker,
+            verbosity=0,
+            application_close_timeout=10,
+        )
+        server.run()
+
+    def _ensure_a_model(self) -> None:
+        if cached_causal_lms():
+            return
+        name = settings.INFERENCE["DEFAULT_MODEL"]
+        self.stdout.write(f"No causal LM in the Hugging Face cache: building {name} offline (random weights)…")
+        call_command("create_tiny_model", name)
+
+    def _announce_auth(self, port: int, no_auth: bool) -> None:
+        if no_auth:
+            settings.INFERENCE["AUTH_ENABLED"] = False
+        if not settings.INFERENCE["AUTH_ENABLED"]:
+            self.stderr.write(self.style.WARNING(
+                "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
+            ))
+            return
+        from openai_api.keys import ensure_local_key
+
+        raw_key, path, created = ensure_local_key(port)
+        if created:
+            self.stdout.write(f"Created an API key for local use: {raw_key}")
+        else:
+            self.stdout.write(f"Using the API key in {path}")
+        self.stdout.write(f"API key file (mode 0600): {path}")
+        self.stdout.write(f'Send it as "Authorization: Bearer <key>", e.g. export OPENAI_API_KEY=$(cat {path})')
+        sys.stdout.flush()

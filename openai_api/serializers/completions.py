@@ -1,0 +1,80 @@
+"""`POST /v1/completions` request: vLLM's legacy parameter set, each with its bounds."""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .sampling import SamplingParamsSerializer
+
+
+class PromptField(serializers.Field):
+    """A string, a list of strings, a list of token ids, or a list of token-id lists.
+
+    Always a list of prompts inside: each a string or a list of ints.
+    """
+
+    default_error_messages = {
+        "invalid": "prompt must be a string, a list of strings, a list of token ids, or a list of token-id lists.",
+        "empty": "prompt must not be empty.",
+    }
+
+    @staticmethod
+    def _is_token_list(value) -> bool:
+        return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            prompts = [data]
+        elif self._is_token_list(data) and data:
+            prompts = [data]
+        elif isinstance(data, list) and data and all(isinstance(p, str) for p in data):
+            prompts = data
+        elif isinstance(data, list) and data and all(self._is_token_list(p) for p in data):
+            prompts = data
+        elif data == []:
+            self.fail("empty")
+        else:
+            self.fail("invalid")
+        for prompt in prompts:
+            if len(prompt) == 0:
+                self.fail("empty")
+            if isinstance(prompt, list) and any(t < 0 for t in prompt):
+                raise serializers.ValidationError("Token ids must be non-negative.")
+        limit = self.context.get("max_prompts", 64)
+        if len(prompts) > limit:
+            raise serializers.ValidationError(f"At most {limit} prompts are allowed in one request.")
+        return prompts
+
+    def to_representation(self, value):
+        return value
+
+
+class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerializer):
+    prompt = PromptField()
+    suffix = StrictCharField(required=False, allow_null=True, allow_blank=True)
+    max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0)
+    logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=5)
+    echo = StrictBooleanField(required=False, default=False)
+    best_of = StrictIntegerField(required=False, allow_null=True, min_value=1)
+    return_token_ids = StrictBooleanField(required=False, default=False)
+
+    def validate(self, attrs: dict) -> dict:
+        best_of = attrs.get("best_of")
+        if best_of is not None and best_of != attrs.get("n", 1):
+            raise serializers.ValidationError({"best_of": ["best_of is only supported when equal to n."]})
+        if attrs.get("stream") and best_of not in (None, 1) and best_of != attrs.get("n", 1):
+            raise serializers.ValidationError({"best_of": ["best_of cannot be used with stream."]})
+        if attrs.get("stream_options") and not attrs.get("stream"):
+            raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
+        return attrs
+
+    def job_params(self) -> dict:
+        data = self.validated_data
+        max_tokens = data.get("max_tokens")
+        return {
+            **super().job_params(),
+            "max_tokens": 16 if max_tokens is None else max_tokens,
+            "logprobs": data.get("logprobs"),
+            "echo": data["echo"],
+            "suffix": data.get("suffix") or None,
+        }

@@ -1,0 +1,98 @@
+"""Strict JSON fields: OpenAI rejects "5" where 5 is expected, and so do we."""
+from __future__ import annotations
+
+import math
+
+from rest_framework import serializers
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or not math.isfinite(data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    default_error_messages = {"invalid": "Must be a boolean."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    default_error_messages = {"invalid": "Must be a string."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StopField(serializers.Field):
+    """`stop`: a string or a list of up to `max_items` non-empty strings; always a list inside."""
+
+    def __init__(self, max_items: int = 16, **kwargs) -> None:
+        self.max_items = max_items
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        items = [data] if isinstance(data, str) else data
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise serializers.ValidationError("Must be a string or a list of strings.")
+        if len(items) > self.max_items:
+            raise serializers.ValidationError(f"At most {self.max_items} stop sequences are allowed.")
+        if any(item == "" for item in items):
+            raise serializers.ValidationError("Stop sequences must not be empty.")
+        return items
+
+    def to_representation(self, value):
+        return value
+
+
+class LogitBiasField(serializers.Field):
+    """`logit_bias`: {"token id": bias in [-100, 100]}."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Must be an object mapping token ids to biases.")
+        if len(data) > 1024:
+            raise serializers.ValidationError("At most 1024 biased tokens are allowed.")
+        result: dict[str, float] = {}
+        for key, value in data.items():
+            if not str(key).isdigit():
+                raise serializers.ValidationError(f"Invalid token id {key!r}: keys must be token ids.")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise serializers.ValidationError(f"Bias for token {key} must be a number in [-100, 100].")
+            result[str(int(key))] = float(value)
+        return result
+
+    def to_representation(self, value):
+        return value
+
+
+class StreamOptionsSerializer(serializers.Serializer):
+    include_usage = StrictBooleanField(required=False, default=False)
+
+
+class RejectUnknownFieldsMixin:
+    """Unknown request fields are an error (OpenAI's message), never silently ignored."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["The request body must be a JSON object."]})
+        unknown = [key for key in data if key not in self.fields]
+        if unknown:
+            raise serializers.ValidationError(
+                {unknown[0]: [f"Unrecognized request argument supplied: {unknown[0]}"]}
+            )
+        return super().to_internal_value(data)

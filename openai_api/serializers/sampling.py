@@ -1,0 +1,65 @@
+"""Sampling parameters shared by every generation endpoint (OpenAI + Hugging Face extras)."""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from .fields import (
+    LogitBiasField,
+    StopField,
+    StreamOptionsSerializer,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
+
+INT64_MAX = 2**63 - 1
+
+
+class SamplingParamsSerializer(serializers.Serializer):
+    model = StrictCharField(max_length=512)
+    temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
+    top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    n = StrictIntegerField(required=False, default=1, min_value=1)
+    stream = StrictBooleanField(required=False, default=False)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    stop = StopField(required=False, allow_null=True)
+    presence_penalty = StrictFloatField(required=False, allow_null=True, min_value=-2.0, max_value=2.0)
+    frequency_penalty = StrictFloatField(required=False, allow_null=True, min_value=-2.0, max_value=2.0)
+    logit_bias = LogitBiasField(required=False, allow_null=True)
+    seed = StrictIntegerField(required=False, allow_null=True, min_value=-INT64_MAX - 1, max_value=INT64_MAX)
+    user = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=512)
+    # Hugging Face / vLLM extras (the OpenAI SDK's extra_body lands at top level).
+    top_k = StrictIntegerField(required=False, allow_null=True, min_value=-1)
+    min_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    repetition_penalty = StrictFloatField(required=False, allow_null=True, min_value=0.01, max_value=10.0)
+    no_repeat_ngram_size = StrictIntegerField(required=False, allow_null=True, min_value=0)
+    ignore_eos = StrictBooleanField(required=False, default=False)
+    min_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0)
+
+    def validate_n(self, value: int) -> int:
+        limit = self.context.get("max_n", 16)
+        if value > limit:
+            raise serializers.ValidationError(f"Ensure this value is less than or equal to {limit}.")
+        return value
+
+    def job_params(self) -> dict:
+        """The validated request as engine job parameters (see workers.protocol)."""
+        data = self.validated_data
+        params = {
+            "temperature": data.get("temperature"),
+            "top_p": data.get("top_p"),
+            "top_k": data.get("top_k"),
+            "min_p": data.get("min_p"),
+            "repetition_penalty": data.get("repetition_penalty"),
+            "presence_penalty": data.get("presence_penalty") or 0.0,
+            "frequency_penalty": data.get("frequency_penalty") or 0.0,
+            "no_repeat_ngram_size": data.get("no_repeat_ngram_size") or 0,
+            "logit_bias": data.get("logit_bias") or None,
+            "seed": data.get("seed"),
+            "n": data["n"],
+            "stop": data.get("stop") or [],
+            "ignore_eos": data["ignore_eos"],
+            "min_tokens": data.get("min_tokens") or 0,
+        }
+        return params

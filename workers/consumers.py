@@ -1,0 +1,78 @@
+"""The worker's Channels consumer: a thin adapter between the channel layer and the engine.
+
+Bound to the shared worker channel (one job goes to one worker) and to the
+group of all workers (cancellations reach whichever worker holds the job).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import socket
+
+from channels.consumer import AsyncConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
+from django.conf import settings
+
+from . import protocol
+
+logger = logging.getLogger(__name__)
+
+
+class EngineBridge:
+    """Owns the process's engine and carries its messages back onto the channel layer in order."""
+
+    _instance: "EngineBridge | None" = None
+
+    def __init__(self, layer) -> None:
+        from .engine import Engine  # torch is imported only once a worker really starts
+
+        config = settings.INFERENCE
+        self.layer = layer
+        self.loop = asyncio.get_running_loop()
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.engine = Engine(self._emit, device=config["DEVICE"], dtype=config["DTYPE"],
+                             torch_threads=config["TORCH_THREADS"])
+        self.sender = self.loop.create_task(self._send_forever())
+        self.engine.start()
+
+    @classmethod
+    def get(cls, layer) -> "EngineBridge":
+        if cls._instance is None:
+            cls._instance = cls(layer)
+        return cls._instance
+
+    def _emit(self, channel: str, message: dict) -> None:
+        """Called from the engine thread."""
+        self.loop.call_soon_threadsafe(self.outbox.put_nowait, (channel, message))
+
+    async def _send_forever(self) -> None:
+        while True:
+            channel, message = await self.outbox.get()
+            try:
+                await self.layer.send(channel, message)
+            except Exception:  # a full or vanished reply channel must not stop the worker
+                logger.warning("could not deliver %s to %s", message.get("type"), channel, exc_info=True)
+
+
+class InferenceConsumer(AsyncConsumer):
+    worker_name = f"{socket.gethostname()}:{os.getpid()}"
+
+    async def __call__(self, scope, receive, send):
+        # As AsyncConsumer.__call__, plus joining the group that carries cancellations.
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.channel_name = await self.channel_layer.new_channel()
+        self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+        await self.channel_layer.group_add(settings.INFERENCE["WORKER_GROUP"], self.channel_name)
+        self.bridge = EngineBridge.get(self.channel_layer)
+        await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+
+    async def generation_submit(self, message: dict) -> None:
+        await self.channel_layer.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
+        self.bridge.engine.submit(message)
+
+    async def generation_cancel(self, message: dict) -> None:
+        self.bridge.engine.cancel(message["request_id"])

@@ -1,0 +1,23 @@
+import asyncio
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from workers.runtime import run_worker
+
+
+class Command(BaseCommand):
+    help = "Run a generation worker that takes jobs from the channel layer (set CHANNEL_LAYER_URL=redis://…)."
+
+    def handle(self, *args, **options):
+        backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
+        if backend.endswith("InMemoryChannelLayer"):
+            self.stderr.write(self.style.WARNING(
+                "The in-process channel layer cannot reach a separate web server: set CHANNEL_LAYER_URL=redis://… "
+                "(or use `manage.py serve`, which runs a worker beside the server)."
+            ))
+        self.stdout.write(f"worker listening on channel {settings.INFERENCE['WORKER_CHANNEL']!r} via {backend}")
+        try:
+            asyncio.run(run_worker())
+        except KeyboardInterrupt:
+            pass

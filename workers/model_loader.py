@@ -1,0 +1,131 @@
+"""Loading a causal LM and its tokenizer from the Hugging Face cache (or the hub, online)."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import cached_file
+
+from .sampling import MODEL_DEFAULT_KEYS
+
+logger = logging.getLogger(__name__)
+
+
+class ModelLoadError(Exception):
+    """The model could not be loaded; `not_found` when no such repo/files exist."""
+
+    def __init__(self, message: str, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    revision: str
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    max_model_len: int
+    eos_token_ids: list[int]
+    generation_defaults: dict = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested and requested != "auto":
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU."""
+    names = {
+        "float32": torch.float32, "fp32": torch.float32,
+        "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    }
+    if requested and requested != "auto":
+        if requested not in names:
+            raise ValueError(f"unknown dtype {requested!r}; one of auto, {', '.join(names)}")
+        return names[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def split_revision(name: str) -> tuple[str, str]:
+    repo_id, _, revision = name.partition("@")
+    return repo_id, revision or "main"
+
+
+def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
+    """Sampling defaults and EOS ids the model's generation_config.json declares, verbatim."""
+    path = cached_file(repo_id, "generation_config.json", revision=revision, local_files_only=True,
+                       _raise_exceptions_for_missing_entries=False)
+    if not path:
+        return {}, []
+    try:
+        raw = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return {}, []
+    eos = raw.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
+    return {key: raw[key] for key in MODEL_DEFAULT_KEYS if raw.get(key) is not None}, eos_ids
+
+
+def _max_model_len(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> int:
+    config = model.config
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+
+
+def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    repo_id, revision = split_revision(name)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    started = time.monotonic()
+    try:
+        try:  # what the cache holds loads without touching the network
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, dtype=torch_dtype,
+                                                         local_files_only=True)
+        except OSError:
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision)
+            model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, dtype=torch_dtype)
+    except OSError as exc:
+        raise ModelLoadError(f"The model `{name}` does not exist or could not be read: {exc}", not_found=True) from exc
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"The model `{name}` could not be loaded: {exc}") from exc
+    model.to(torch_device)
+    model.eval()
+    defaults, eos_ids = _generation_defaults(repo_id, revision)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    logger.info("loaded %s on %s as %s in %.1fs", name, torch_device, torch_dtype, time.monotonic() - started)
+    return LoadedModel(
+        model_id=repo_id,
+        revision=revision,
+        model=model,
+        tokenizer=tokenizer,
+        device=torch_device,
+        max_model_len=_max_model_len(model, tokenizer),
+        eos_token_ids=eos_ids,
+        generation_defaults=defaults,
+    )

@@ -1,0 +1,70 @@
+"""Messages between the web side and workers over the channel layer.
+
+Plain dicts (msgpack-safe for channels-redis). Views and the worker consumer
+both import this module; it imports neither Django views nor torch.
+
+Web -> worker (on the shared worker channel):
+    {"type": "generation.submit", "request_id", "reply_channel", "model",
+     "prompts": [str | [int]], "params": {...}}
+Web -> all workers (group):
+    {"type": "generation.cancel", "request_id"}
+Worker -> web (on the reply channel), in this order:
+    {"type": "generation.accepted", "worker": name}
+    {"type": "generation.started", "model", "prompt_tokens": [int per prompt]}
+        or {"type": "generation.error", "status", "message", "param", "code"}
+    {"type": "generation.delta", "choices": [ChoiceDelta...]}   (once per step)
+    {"type": "generation.done", "usage": {"prompt_tokens", "completion_tokens"}}
+A ChoiceDelta is {"index", "text", "token_ids", "logprobs", "finish_reason"}
+where logprobs is None or {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+"""
+from __future__ import annotations
+
+SUBMIT = "generation.submit"
+CANCEL = "generation.cancel"
+ACCEPTED = "generation.accepted"
+STARTED = "generation.started"
+ERROR = "generation.error"
+DELTA = "generation.delta"
+DONE = "generation.done"
+
+# Sampling and output parameters a job may carry, with their neutral values.
+PARAM_DEFAULTS: dict[str, object] = {
+    "max_tokens": 16,
+    "temperature": None,  # None: the model's generation_config, else 1.0
+    "top_p": None,
+    "top_k": None,
+    "min_p": None,
+    "repetition_penalty": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "no_repeat_ngram_size": 0,
+    "logit_bias": None,  # {token_id (str): bias}
+    "seed": None,
+    "n": 1,
+    "stop": [],
+    "ignore_eos": False,
+    "min_tokens": 0,
+    "logprobs": None,  # None or 0..5 top alternatives per token
+    "echo": False,
+    "suffix": None,
+}
+
+
+def submit_message(
+    request_id: str, reply_channel: str, model: str, prompts: list, params: dict
+) -> dict:
+    unknown = set(params) - set(PARAM_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown job parameters: {sorted(unknown)}")
+    return {
+        "type": SUBMIT,
+        "request_id": request_id,
+        "reply_channel": reply_channel,
+        "model": model,
+        "prompts": prompts,
+        "params": {**PARAM_DEFAULTS, **params},
+    }
+
+
+def error_message(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"type": ERROR, "status": status, "message": message, "param": param, "code": code}

@@ -1,0 +1,43 @@
+"""Starting a worker: the consumer listens on the worker channel from the first moment.
+
+Channels' own Worker creates a consumer only when the first job arrives; ours
+starts it at once so it is in the cancellation group before any job exists.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from .consumers import InferenceConsumer
+
+logger = logging.getLogger(__name__)
+
+
+async def run_worker() -> None:
+    """Receive jobs from the shared worker channel and hand them to this process's consumer."""
+    layer = get_channel_layer()
+    channel = settings.INFERENCE["WORKER_CHANNEL"]
+    inbox: asyncio.Queue = asyncio.Queue()
+    application = InferenceConsumer.as_asgi()
+    consumer = asyncio.ensure_future(
+        application({"type": "channel", "channel": channel}, inbox.get, _no_send)
+    )
+    logger.info("worker %s listening on channel %r", InferenceConsumer.worker_name, channel)
+    try:
+        while True:
+            receiving = asyncio.ensure_future(layer.receive(channel))
+            await asyncio.wait({receiving, consumer}, return_when=asyncio.FIRST_COMPLETED)
+            if consumer.done():
+                receiving.cancel()
+                consumer.result()  # re-raise what stopped the consumer
+                return
+            await inbox.put(receiving.result())
+    finally:
+        consumer.cancel()
+
+
+async def _no_send(message: dict) -> None:
+    raise RuntimeError("a worker consumer has no client to send to")

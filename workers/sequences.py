@@ -1,0 +1,206 @@
+"""A job as the engine holds it: one Request with a Sequence per returned choice."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import protocol
+from .detokenizer import IncrementalText
+from .model_loader import LoadedModel
+from .sampling import Sampler, SamplingParams, TokenChoice, token_logprobs
+
+
+class JobError(Exception):
+    """A job the engine refuses up front; carries the HTTP status the client gets."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def message_dict(self) -> dict:
+        return protocol.error_message(self.status, self.message, self.param, self.code)
+
+
+@dataclass
+class PendingLogprobs:
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+
+    def add(self, token: str, logprob: float | None, top: dict[str, float] | None, offset: int) -> None:
+        self.tokens.append(token)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(top)
+        self.text_offset.append(offset)
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+
+class Sequence:
+    """One choice being generated: its tokens, its sampler, its text, its model state."""
+
+    def __init__(self, request: "Request", index: int, prompt_ids: list[int], echo_text: str,
+                 sampler: Sampler, max_tokens: int, stop: list[str], suffix: str | None) -> None:
+        self.request = request
+        self.index = index
+        self.prompt_ids = prompt_ids
+        self.sampler = sampler
+        self.max_tokens = max_tokens
+        self.suffix = suffix
+        self.text = IncrementalText(request.model.tokenizer, stop)
+        self.completion_ids: list[int] = []
+        self.state = None  # the runner's per-sequence model state (KV cache)
+        self.finish_reason: str | None = None
+        self.echo_length = len(echo_text)
+        self.pending_text = echo_text
+        self.pending_ids: list[int] = []
+        self.pending_logprobs: PendingLogprobs | None = PendingLogprobs() if sampler.params.logprobs is not None else None
+        self.wants_prompt_logprobs = request.echo and self.pending_logprobs is not None
+        self.sent_final = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def _token_text(self, token_id: int) -> str:
+        return self.request.model.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _top(self, choice: TokenChoice) -> dict[str, float]:
+        top = {self._token_text(t): lp for t, lp in choice.top}
+        top.setdefault(self._token_text(choice.token_id), choice.logprob)
+        return top
+
+    def record_prompt_logprobs(self, prompt_logits: torch.Tensor) -> None:
+        """Echo + logprobs: the prompt's own tokens scored by the model (the first has none)."""
+        top_n = self.sampler.params.logprobs or 0
+        tokenizer = self.request.model.tokenizer
+        for position, token_id in enumerate(self.prompt_ids):
+            offset = len(tokenizer.decode(self.prompt_ids[:position], skip_special_tokens=True))
+            offset = min(offset, self.echo_length)
+            if position == 0:
+                self.pending_logprobs.add(self._token_text(token_id), None, None, offset)
+                continue
+            choice = token_logprobs(prompt_logits[position - 1], token_id, top_n)
+            self.pending_logprobs.add(self._token_text(token_id), choice.logprob, self._top(choice), offset)
+
+    def accept(self, choice: TokenChoice) -> None:
+        """Take the sampled token: extend the text, decide whether the sequence ends."""
+        offset_before = self.echo_length + len(self.text.text)
+        self.completion_ids.append(choice.token_id)
+        self.pending_ids.append(choice.token_id)
+        if self.pending_logprobs is not None:
+            self.pending_logprobs.add(self._token_text(choice.token_id), choice.logprob, self._top(choice), offset_before)
+        params = self.sampler.params
+        hit_eos = choice.token_id in self.sampler.eos_token_ids and not params.ignore_eos
+        delta, stopped = self.text.update(self.completion_ids)
+        self.pending_text += delta
+        if stopped:
+            self.finish("stop", flush=False)
+        elif hit_eos:
+            self.finish("stop")
+        elif len(self.completion_ids) >= self.max_tokens:
+            self.finish("length")
+
+    def finish(self, reason: str, flush: bool = True) -> None:
+        """End the sequence; `flush=False` when a stop string ended it (nothing after it is returned)."""
+        if self.finished:
+            return
+        if flush:
+            self.pending_text += self.text.flush()
+        if self.suffix:
+            self.pending_text += self.suffix
+        self.finish_reason = reason
+        self.state = None
+
+    def take_delta(self) -> dict | None:
+        """What the client has not seen yet, as a protocol ChoiceDelta (None when nothing new)."""
+        if self.sent_final:
+            return None
+        has_logprobs = self.pending_logprobs is not None and self.pending_logprobs.tokens
+        if not (self.pending_text or self.pending_ids or has_logprobs or self.finished):
+            return None
+        delta = {
+            "index": self.index,
+            "text": self.pending_text,
+            "token_ids": self.pending_ids,
+            "logprobs": self.pending_logprobs.as_dict() if self.pending_logprobs is not None else None,
+            "finish_reason": self.finish_reason,
+        }
+        self.pending_text, self.pending_ids = "", []
+        if self.pending_logprobs is not None:
+            self.pending_logprobs = PendingLogprobs()
+        self.sent_final = self.finished
+        return delta
+
+
+class Request:
+    """One submitted job: its prompts tokenized and checked, one Sequence per choice."""
+
+    def __init__(self, job: dict, model: LoadedModel) -> None:
+        self.request_id: str = job["request_id"]
+        self.reply_channel: str = job["reply_channel"]
+        self.model = model
+        params = job["params"]
+        self.echo = bool(params["echo"])
+        self.prompt_ids = [self._tokenize(prompt) for prompt in job["prompts"]]
+        max_tokens = int(params["max_tokens"])
+        self._check_limits(max_tokens, params)
+        sampling = SamplingParams.from_job(params, model.generation_defaults)
+        n = int(params["n"])
+        self.sequences: list[Sequence] = []
+        for prompt_index, (prompt, ids) in enumerate(zip(job["prompts"], self.prompt_ids)):
+            echo_text = self._echo_text(prompt, ids) if self.echo else ""
+            for sample in range(n):
+                sampler = Sampler(sampling, model.eos_token_ids, model.device, seed_offset=sample)
+                self.sequences.append(Sequence(self, prompt_index * n + sample, ids, echo_text, sampler,
+                                               max_tokens, params["stop"], params["suffix"]))
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        vocab = self.model.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise JobError(400, f"Token ids in the prompt must be in [0, {vocab}).", "prompt", "invalid_token_id")
+        return list(prompt)
+
+    def _echo_text(self, prompt: str | list[int], ids: list[int]) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return self.model.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _check_limits(self, max_tokens: int, params: dict) -> None:
+        limit = self.model.max_model_len
+        for ids in self.prompt_ids:
+            if len(ids) + max_tokens > limit:
+                raise JobError(
+                    400,
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt; {max_tokens} for the "
+                    "completion). Please reduce your prompt; or completion length.",
+                    "prompt" if len(ids) >= limit else "max_tokens",
+                    "context_length_exceeded",
+                )
+        vocab = self.model.vocab_size
+        bad = [k for k in (params.get("logit_bias") or {}) if not 0 <= int(k) < vocab]
+        if bad:
+            raise JobError(400, f"Invalid token id {bad[0]} in logit_bias: the vocabulary has {vocab} tokens.",
+                           "logit_bias", "invalid_token_id")
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.finished for seq in self.sequences)
+
+    def started_message(self) -> dict:
+        return {"type": protocol.STARTED, "model": self.model.model_id,
+                "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids}
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),
+                "completion_tokens": sum(len(seq.completion_ids) for seq in self.sequences)}
+
+    def take_deltas(self) -> list[dict]:
+        return [delta for seq in self.sequences if (delta := seq.take_delta()) is not None]
