@@ -96,7 +96,8 @@ class Engine:
         if request is not None:
             for seq in request.sequences:
                 seq.state = None
-            logger.info("cancelled %s", request_id)
+            generated = sum(len(seq.completion_ids) for seq in request.sequences)
+            logger.info("cancelled %s after %d tokens", request_id, generated)
 
     def _model(self, name: str) -> LoadedModel:
         loaded = self.models.get(name)

@@ -30,7 +30,13 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 class StrictCharField(serializers.CharField):
+    """Text is taken as sent: no whitespace trimming (a suffix of " END" keeps its space)."""
+
     default_error_messages = {"invalid": "Must be a string."}
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from openai import AsyncOpenAI, OpenAI
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from workers.tiny_models import build_tiny_model
+
+from .live_server import LiveServer, base_env
+
+TINY_MODEL = "local/tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def hf_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("hf-cache")
+    build_tiny_model(TINY_MODEL, size="tiny", cache_dir=cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def server(hf_cache, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp("server")
+    live = LiveServer(base_env(hf_cache, work_dir), work_dir)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def async_client(server) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
+
+
+class Reference:
+    """The same model loaded straight from the cache, for `model.generate` ground truth."""
+
+    def __init__(self, cache: Path) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL, cache_dir=cache, local_files_only=True)
+        self.model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, cache_dir=cache, local_files_only=True)
+        self.model.eval()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+        with torch.no_grad():
+            output = self.model.generate(
+                torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id, **kwargs,
+            )
+        return output[0, len(prompt_ids):].tolist()
+
+
+@pytest.fixture(scope="session")
+def reference(hf_cache) -> Reference:
+    return Reference(hf_cache)
