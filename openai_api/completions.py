@@ -42,13 +42,22 @@ class CompletionShaper:
             choice["token_ids"] = delta["token_ids"]
         return choice
 
+    def _worth_sending(self, delta: dict) -> bool:
+        """A step whose token added no visible text yet (held back) makes no chunk."""
+        return bool(
+            delta["text"] or delta["finish_reason"]
+            or (self.with_logprobs and delta["logprobs"] and delta["logprobs"]["tokens"])
+            or (self.with_token_ids and delta["token_ids"])
+        )
+
     async def chunks(self, stream: GenerationStream) -> AsyncIterator[dict]:
         extra = {"usage": None} if self.include_usage else {}
         if self.with_token_ids:
             extra["prompt_token_ids"] = stream.started.get("prompt_token_ids")
         async for event in stream.events():
             for delta in event.get("choices", ()):
-                yield {**self.base, "choices": [self._choice(delta)], **extra}
+                if self._worth_sending(delta):
+                    yield {**self.base, "choices": [self._choice(delta)], **extra}
             if self.include_usage and "usage" in event:
                 yield {**self.base, "choices": [], "usage": usage_body(event["usage"])}
 

@@ -86,10 +86,6 @@ class LogitBiasField(serializers.Field):
         return value
 
 
-class StreamOptionsSerializer(serializers.Serializer):
-    include_usage = StrictBooleanField(required=False, default=False)
-
-
 class RejectUnknownFieldsMixin:
     """Unknown request fields are an error (OpenAI's message), never silently ignored."""
 
@@ -102,3 +98,7 @@ class RejectUnknownFieldsMixin:
                 {unknown[0]: [f"Unrecognized request argument supplied: {unknown[0]}"]}
             )
         return super().to_internal_value(data)
+
+
+class StreamOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    include_usage = StrictBooleanField(required=False, default=False)
