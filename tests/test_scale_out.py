@@ -1,0 +1,62 @@
+"""Scale-out: the web server and separate worker processes meet only through a real Redis."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai import AsyncOpenAI
+
+from .conftest import TINY_MODEL
+from .live_server import LiveServer, ManagedProcess, base_env
+from .services import RedisServer
+
+pytestmark = pytest.mark.scale_out
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+def test_web_and_two_workers_over_redis(hf_cache, tmp_path, redis_server, reference):
+    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_WORKER_ACK_TIMEOUT="5")
+    web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
+    workers = []
+    try:
+        prompts = ["Once upon a time", "The capital of France is", "1, 2, 3,", "Hello"]
+        # No worker yet: the web side answers 503 rather than hanging.
+        import httpx
+
+        response = httpx.post(f"{web.base_url}/v1/completions", headers=web.headers, timeout=30,
+                              json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2})
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "no_worker"
+
+        for index in range(2):
+            worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / f"worker{index}.log")
+            workers.append(worker)
+            worker.wait_for_log("listening on channel")
+
+        async def run_all():
+            client = AsyncOpenAI(base_url=f"{web.base_url}/v1", api_key=web.key, max_retries=0, timeout=120)
+            plain = [client.completions.create(model=TINY_MODEL, prompt=p, max_tokens=12, temperature=0) for p in prompts * 2]
+            streamed = [client.completions.create(model=TINY_MODEL, prompt=p, max_tokens=12, temperature=0, stream=True)
+                        for p in prompts]
+            results = await asyncio.gather(*plain)
+            texts = []
+            for stream in await asyncio.gather(*streamed):
+                texts.append("".join([chunk.choices[0].text async for chunk in stream if chunk.choices]))
+            return [r.choices[0].text for r in results], texts
+
+        plain_texts, streamed_texts = asyncio.run(run_all())
+        expected = [reference.decode(reference.greedy(reference.encode(p), 12)) for p in prompts]
+        assert plain_texts == expected * 2
+        assert streamed_texts == expected
+        loaded = [w for w in workers if "loaded local/tiny-llama" in w.log()]
+        assert len(loaded) == 2, "both workers should have taken jobs"
+    finally:
+        for worker in workers:
+            worker.stop()
+        web.stop()
