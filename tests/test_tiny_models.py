@@ -212,7 +212,9 @@ def test_rebuild_is_idempotent_and_replaces_snapshot(tmp_path):
 
 def test_default_cache_dir_honors_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "envcache"))
+    rng = torch.random.get_rng_state()
     snap = build_tiny_model("org/env-model")
+    assert torch.equal(rng, torch.random.get_rng_state())  # the seed is applied locally
     assert snap.is_relative_to(tmp_path / "envcache")
     assert _single_repo(tmp_path / "envcache", "org/env-model")
 
