@@ -168,6 +168,9 @@ class Engine:
         deltas = request.take_deltas()
         if request.finished:
             self.requests.pop(request.request_id, None)
-            self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": request.usage()})
+            usage = request.usage()
+            self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": usage})
+            logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
+                        usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
         elif deltas:
             self.emit(request.reply_channel, {"type": protocol.DELTA, "choices": deltas})

@@ -1,6 +1,7 @@
 """A job as the engine holds it: one Request with a Sequence per returned choice."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -144,6 +145,7 @@ class Request:
         self.request_id: str = job["request_id"]
         self.reply_channel: str = job["reply_channel"]
         self.model = model
+        self.arrived = time.monotonic()
         params = job["params"]
         self.echo = bool(params["echo"])
         self.prompt_ids = [self._tokenize(prompt) for prompt in job["prompts"]]
