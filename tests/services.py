@@ -50,3 +50,39 @@ class RedisServer:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(10)
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl) on a free port, trust auth on loopback."""
+
+    def __init__(self) -> None:
+        import glob
+        import tempfile
+
+        # Not under pytest's tmp dir: that is private to root, and the server runs as `postgres`.
+        work_dir = self.work_dir = Path(tempfile.mkdtemp(prefix="inference-pg-"))
+        bin_dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+        initdb = require_binary(*(f"{d}/initdb" for d in reversed(bin_dirs)), "initdb")
+        self.bin_dir = Path(initdb).parent
+        self.port = free_port()
+        self.data_dir = work_dir / "pgdata"
+        self.socket_dir = work_dir / "pgsock"
+        self.socket_dir.mkdir()
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            for path in (work_dir, self.socket_dir):
+                shutil.chown(path, "postgres", "postgres")
+            os.chmod(work_dir, 0o755)
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self._run(initdb, "-D", str(self.data_dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-w", "-l", str(work_dir / "pg.log"), "-o",
+                  f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self._run(str(self.bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "inference")
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/inference"
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self.as_user, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def stop(self) -> None:
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "stop")
+        shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -8,7 +8,7 @@ from openai import AsyncOpenAI
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
-from .services import RedisServer
+from .services import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.scale_out
 
@@ -20,8 +20,16 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
-def test_web_and_two_workers_over_redis(hf_cache, tmp_path, redis_server, reference):
-    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_WORKER_ACK_TIMEOUT="5")
+@pytest.fixture(scope="module")
+def postgres_server():
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_server, postgres_server, reference):
+    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, DATABASE_URL=postgres_server.url,
+                   INFERENCE_WORKER_ACK_TIMEOUT="5")
     web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
     workers = []
     try:
@@ -56,6 +64,12 @@ def test_web_and_two_workers_over_redis(hf_cache, tmp_path, redis_server, refere
         assert streamed_texts == expected
         loaded = [w for w in workers if "loaded local/tiny-llama" in w.log()]
         assert len(loaded) == 2, "both workers should have taken jobs"
+        # The web side's state (migrations, the API key it created) lives in PostgreSQL.
+        import psycopg
+
+        with psycopg.connect(postgres_server.url) as connection:
+            count = connection.execute("select count(*) from openai_api_apikey").fetchone()[0]
+        assert count == 1
     finally:
         for worker in workers:
             worker.stop()
