@@ -20,6 +20,16 @@ from .errors import APIError
 logger = logging.getLogger(__name__)
 
 
+async def receive_within(layer, channel: str, timeout: float) -> dict:
+    """layer.receive with a deadline.
+
+    Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that lands
+    as the message arrives, and a vanished client's job would then run to the end.
+    """
+    async with asyncio.timeout(timeout):
+        return await layer.receive(channel)
+
+
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -36,8 +46,8 @@ class GenerationStream:
 
     async def _receive(self, timeout: float) -> dict:
         try:
-            return await asyncio.wait_for(self.layer.receive(self.reply_channel), timeout)
-        except asyncio.TimeoutError:
+            return await receive_within(self.layer, self.reply_channel, timeout)
+        except TimeoutError:
             raise APIError(503, "The worker stopped answering.", code="worker_timeout") from None
 
     async def events(self) -> AsyncIterator[dict]:
@@ -81,12 +91,12 @@ async def open_generation(request_id: str, model: str, prompts: list, params: di
     config = settings.INFERENCE
     await layer.send(config["WORKER_CHANNEL"], message)
     try:
-        accepted = await asyncio.wait_for(layer.receive(reply_channel), config["WORKER_ACK_TIMEOUT"])
+        accepted = await receive_within(layer, reply_channel, config["WORKER_ACK_TIMEOUT"])
         if accepted.get("type") == protocol.ACCEPTED:
-            started = await asyncio.wait_for(layer.receive(reply_channel), config["WORKER_EVENT_TIMEOUT"])
+            started = await receive_within(layer, reply_channel, config["WORKER_EVENT_TIMEOUT"])
         else:
             started = accepted
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await send_cancel(layer, request_id)
         raise APIError(
             503, "No inference worker is available to take the request; try again later.", code="no_worker",

@@ -1,8 +1,12 @@
-"""The generation engine: a thread that admits jobs, steps every running sequence, emits deltas.
+"""The generation engine: a thread running a continuous-batching loop over every admitted sequence.
 
 Plain Python + torch + transformers. It knows nothing of HTTP, Django or the
 channel layer: jobs come in as `workers.protocol` dicts, and every outgoing
 message goes through the `emit(reply_channel, message)` callable it was given.
+
+Each step: drop finished rows, let waiting sequences in (up to `max_num_seqs`),
+prefill newcomers within a token budget, decode one token for every running
+sequence in one batched forward, and publish one message per request.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -17,7 +22,7 @@ import torch
 from . import protocol
 from .model_loader import LoadedModel, ModelLoadError, load_model
 from .runner import ModelRunner
-from .sequences import JobError, Request
+from .sequences import JobError, Request, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -26,16 +31,24 @@ CANCEL_MEMORY_SECONDS = 300.0
 
 
 class Engine:
-    def __init__(self, emit: Emit, device: str = "auto", dtype: str = "auto", torch_threads: int = 0) -> None:
+    def __init__(self, emit: Emit, device: str = "auto", dtype: str = "auto", torch_threads: int = 0,
+                 max_num_seqs: int = 32, max_queue: int = 256, prefill_chunk: int = 256) -> None:
         self.emit = emit
         self.device = device
         self.dtype = dtype
         self.torch_threads = torch_threads
-        self.runner = ModelRunner()
+        self.max_num_seqs = max_num_seqs
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
         self.models: dict[str, LoadedModel] = {}
+        self.runners: dict[str, ModelRunner] = {}
         self.requests: dict[str, Request] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled: dict[str, float] = {}
+        self._outstanding = 0  # jobs submitted and not yet finished, for admission control
+        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -51,17 +64,23 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def has_room(self) -> bool:
+        """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
+        return self._outstanding < self.max_num_seqs + self.max_queue
+
     def submit(self, job: dict) -> None:
+        with self._lock:
+            self._outstanding += 1
         self._inbox.put(job)
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put({"type": protocol.CANCEL, "request_id": request_id})
 
-    @property
-    def active_requests(self) -> int:
-        return len(self.requests)
-
     # --- engine thread ---------------------------------------------------
+    def _job_done(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+
     def _run(self) -> None:
         if self.torch_threads > 0:
             torch.set_num_threads(self.torch_threads)
@@ -69,7 +88,15 @@ class Engine:
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
                 if self.requests:
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception:
+                        logger.exception("engine step failed; failing the running requests")
+                        for request in list(self.requests.values()):
+                            self._fail(request)
+                    # Hand the GIL over once per step so the event loop (HTTP, channel layer)
+                    # is never starved by a fast model's Python-bound steps.
+                    time.sleep(0)
 
     def _drain_inbox(self, block: bool) -> None:
         messages = []
@@ -79,13 +106,12 @@ class Engine:
                 messages.append(self._inbox.get_nowait())
         except queue.Empty:
             pass
+        messages = [m for m in messages if m is not None]
         for message in messages:
-            if message is None:
-                continue
             if message["type"] == protocol.CANCEL:
                 self._cancel(message["request_id"])
         for message in messages:
-            if message is not None and message["type"] == protocol.SUBMIT:
+            if message["type"] == protocol.SUBMIT:
                 self._admit(message)
 
     def _cancel(self, request_id: str) -> None:
@@ -95,7 +121,8 @@ class Engine:
         request = self.requests.pop(request_id, None)
         if request is not None:
             for seq in request.sequences:
-                seq.state = None
+                seq.abort()
+            self._job_done()
             generated = sum(len(seq.completion_ids) for seq in request.sequences)
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
@@ -104,61 +131,101 @@ class Engine:
         if loaded is None:
             loaded = load_model(name, self.device, self.dtype)
             self.models[name] = loaded
+            self.runners[name] = ModelRunner(loaded, self.prefill_chunk)
         loaded.last_used = time.monotonic()
         return loaded
 
     def _admit(self, job: dict) -> None:
         request_id, reply = job["request_id"], job["reply_channel"]
         if request_id in self._cancelled:
+            self._job_done()
             return
         try:
             request = Request(job, self._model(job["model"]))
+            request.model_name = job["model"]
             self._finish_empty_sequences(request)
         except JobError as exc:
-            self.emit(reply, exc.message_dict())
+            self._refuse(reply, exc.message_dict())
             return
         except ModelLoadError as exc:
             status = 404 if exc.not_found else 503
-            self.emit(reply, protocol.error_message(status, str(exc), "model", "model_not_found" if exc.not_found else "model_load_failed"))
+            code = "model_not_found" if exc.not_found else "model_load_failed"
+            self._refuse(reply, protocol.error_message(status, str(exc), "model", code))
             return
         except Exception:
             logger.exception("could not admit %s", request_id)
-            self.emit(reply, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
+            self._refuse(reply, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
             return
         self.emit(reply, request.started_message())
         self.requests[request_id] = request
+        self.waiting.extend(seq for seq in request.sequences if not seq.finished)
         self._publish(request)
+
+    def _refuse(self, reply: str, message: dict) -> None:
+        self._job_done()
+        self.emit(reply, message)
 
     def _finish_empty_sequences(self, request: Request) -> None:
         """max_tokens = 0: nothing to generate; echo + logprobs still scores the prompt."""
+        runner = self.runners[request.model_name]
         for seq in request.sequences:
             if seq.max_tokens == 0:
                 if seq.wants_prompt_logprobs:
-                    seq.record_prompt_logprobs(self.runner.prompt_logits(request.model, seq)[:-1])
+                    seq.record_prompt_logprobs(runner.prompt_logits(seq)[:-1])
                 seq.finish("length")
 
+    # --- one step --------------------------------------------------------
     def _step(self) -> None:
-        by_model: dict[str, list] = {}
-        for request in self.requests.values():
-            for seq in request.sequences:
-                if not seq.finished:
-                    by_model.setdefault(request.model.model_id, []).append(seq)
-        for sequences in by_model.values():
-            loaded = sequences[0].request.model
-            loaded.last_used = time.monotonic()
-            try:
-                logits = self.runner.step(loaded, sequences)
-                for seq, row in zip(sequences, logits):
-                    seq.accept(seq.sampler.choose(row, seq.prompt_ids, seq.completion_ids))
-            except Exception:
-                logger.exception("generation step failed")
-                for request in {id(seq.request): seq.request for seq in sequences}.values():
-                    self._fail(request)
+        for runner in self.runners.values():
+            runner.drop_finished()
+        self._let_waiting_in()
+        self._prefill()
+        for runner in self.runners.values():
+            for seq, logits in runner.decode():
+                seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids))
         for request in list(self.requests.values()):
             self._publish(request)
 
+    def _let_waiting_in(self) -> None:
+        self.prefilling = [seq for seq in self.prefilling if not seq.finished]
+        running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
+        while self.waiting and running < self.max_num_seqs:
+            seq = self.waiting.popleft()
+            if not seq.finished:
+                self.prefilling.append(seq)
+                running += 1
+
+    def _prefill(self) -> None:
+        """Spend at most `prefill_chunk` prompt tokens this step; choices of one prompt share it."""
+        budget = self.prefill_chunk
+        joined: dict[str, list[Sequence]] = {}
+        for seq in list(self.prefilling):
+            if seq.finished or seq.state is not None and seq.prefilled >= len(seq.prompt_ids):
+                continue
+            if budget <= 0:
+                break
+            runner = self.runners[seq.request.model_name]
+            used, logits = runner.prefill(seq, budget)
+            budget -= used
+            if logits is None:
+                continue
+            group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
+                             and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
+            for sibling in group[1:]:
+                runner.share_prefill(seq, sibling)
+            for member in group:
+                member.accept(member.sampler.choose(logits, member.prompt_ids, member.completion_ids))
+                if not member.finished:
+                    joined.setdefault(member.request.model_name, []).append(member)
+            self.prefilling = [s for s in self.prefilling if s not in group]
+        for name, sequences in joined.items():
+            self.runners[name].join(sequences)
+
     def _fail(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
+        for seq in request.sequences:
+            seq.abort()
+        self._job_done()
         self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
 
     def _publish(self, request: Request) -> None:
@@ -168,6 +235,7 @@ class Engine:
         deltas = request.take_deltas()
         if request.finished:
             self.requests.pop(request.request_id, None)
+            self._job_done()
             usage = request.usage()
             self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": usage})
             logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,

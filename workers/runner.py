@@ -1,45 +1,112 @@
-"""The model's forward pass for the engine: one call gives each sequence its next-token logits."""
+"""The model's forward passes for the engine: prefill newcomers, then one batched decode step.
+
+A newcomer is prefilled alone, in chunks of at most `prefill_chunk` tokens per
+engine step so running streams never stall for long; its cache then joins the
+left-padded batch, and every running sequence advances by one token per step.
+Models whose cache cannot be re-padded (sliding windows) decode row by row.
+"""
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 
+from .kv_batch import BatchedKV, supports_batching
 from .model_loader import LoadedModel
 from .sequences import Sequence
 
 
 class ModelRunner:
-    """Runs prefill for new sequences and one decode step for the others.
+    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256) -> None:
+        self.loaded = loaded
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.batch = BatchedKV(loaded.model.config, loaded.device)
+        self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
+        self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
+        self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
 
-    Each sequence keeps its own KV cache, so a sequence joins or leaves at any
-    step and its greedy output is exactly what `model.generate` gives.
-    """
+    @property
+    def running(self) -> int:
+        return len(self.batch_rows) + len(self.solo_rows)
 
-    def step(self, loaded: LoadedModel, sequences: list[Sequence]) -> list[torch.Tensor]:
-        return [self._forward(loaded, seq) for seq in sequences]
-
-    def _forward(self, loaded: LoadedModel, seq: Sequence) -> torch.Tensor:
-        model = loaded.model
-        prefill = seq.state is None
-        if prefill:
-            seq.state = DynamicCache(config=model.config)
-            input_ids = seq.prompt_ids
-        else:
-            input_ids = seq.completion_ids[-1:]
-        keep_all = prefill and seq.wants_prompt_logprobs
-        output = model(
-            input_ids=torch.tensor([input_ids], device=loaded.device),
+    # --- prefill -----------------------------------------------------------
+    def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
+        """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
+        if seq.state is None:
+            seq.state = DynamicCache(config=self.loaded.model.config)
+            seq.prefilled = 0
+        remaining = len(seq.prompt_ids) - seq.prefilled
+        # Echo + logprobs needs every prompt position's logits: one chunk.
+        take = remaining if seq.wants_prompt_logprobs else min(remaining, budget, self.prefill_chunk)
+        if take <= 0:
+            return 0, None
+        chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
+        output = self.loaded.model(
+            input_ids=torch.tensor([chunk], device=self.loaded.device),
             past_key_values=seq.state,
             use_cache=True,
-            logits_to_keep=0 if keep_all else 1,
+            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,
         )
         seq.state = output.past_key_values
+        seq.prefilled += take
+        if seq.prefilled < len(seq.prompt_ids):
+            return take, None
         logits = output.logits[0]
-        if keep_all:
+        if seq.wants_prompt_logprobs:
             seq.record_prompt_logprobs(logits[:-1])
-        return logits[-1]
+        return take, logits[-1]
 
-    def prompt_logits(self, loaded: LoadedModel, seq: Sequence) -> torch.Tensor:
+    def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
+        """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
+        cache = DynamicCache(config=self.loaded.model.config)
+        for mine, theirs in zip(cache.layers, source.state.layers):
+            mine.dtype, mine.device = theirs.dtype, theirs.device
+            mine.keys, mine.values = theirs.keys.clone(), theirs.values.clone()
+            mine.is_initialized = True
+        sibling.state = cache
+        sibling.prefilled = len(sibling.prompt_ids)
+        if sibling.wants_prompt_logprobs and source.pending_logprobs is not None:
+            sibling.copy_prompt_logprobs(source)
+
+    def join(self, sequences: list[Sequence]) -> None:
+        """Prefilled sequences start decoding with the running batch from the next forward."""
+        if not sequences:
+            return
+        if not self.batchable:
+            self.solo_rows.extend(sequences)
+            return
+        self.batch.add([seq.state for seq in sequences])
+        for seq in sequences:
+            seq.state = None  # its keys/values now live in the batch
+        self.batch_rows.extend(sequences)
+
+    # --- decode ------------------------------------------------------------
+    def drop_finished(self) -> None:
+        keep = [i for i, seq in enumerate(self.batch_rows) if not seq.finished]
+        if len(keep) != len(self.batch_rows):
+            self.batch.keep(keep)
+            self.batch_rows = [self.batch_rows[i] for i in keep]
+        self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
+
+    def decode(self) -> list[tuple[Sequence, torch.Tensor]]:
+        """One token for every running sequence."""
+        results: list[tuple[Sequence, torch.Tensor]] = []
+        if self.batch_rows:
+            inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
+            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)
+            self.batch.cache = output.past_key_values
+            self.batch.advance()
+            logits = output.logits[:, -1, :]
+            results.extend(zip(self.batch_rows, logits))
+        for seq in self.solo_rows:
+            output = self.loaded.model(
+                input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
+                past_key_values=seq.state, use_cache=True, logits_to_keep=1,
+            )
+            seq.state = output.past_key_values
+            results.append((seq, output.logits[0, -1]))
+        return results
+
+    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
         """Logits over the whole prompt, for echo + logprobs with nothing to generate."""
-        output = loaded.model(input_ids=torch.tensor([seq.prompt_ids], device=loaded.device), use_cache=False)
+        output = self.loaded.model(input_ids=torch.tensor([seq.prompt_ids], device=self.loaded.device), use_cache=False)
         return output.logits[0]

@@ -44,10 +44,12 @@ class PendingLogprobs:
 class Sequence:
     """One choice being generated: its tokens, its sampler, its text, its model state."""
 
-    def __init__(self, request: "Request", index: int, prompt_ids: list[int], echo_text: str,
+    def __init__(self, request: "Request", index: int, prompt_index: int, prompt_ids: list[int], echo_text: str,
                  sampler: Sampler, max_tokens: int, stop: list[str], suffix: str | None) -> None:
         self.request = request
         self.index = index
+        self.prompt_index = prompt_index  # choices of one prompt share its prefill
+        self.prefilled = 0
         self.prompt_ids = prompt_ids
         self.sampler = sampler
         self.max_tokens = max_tokens
@@ -87,6 +89,16 @@ class Sequence:
                 continue
             choice = token_logprobs(prompt_logits[position - 1], token_id, top_n)
             self.pending_logprobs.add(self._token_text(token_id), choice.logprob, self._top(choice), offset)
+
+    def copy_prompt_logprobs(self, source: "Sequence") -> None:
+        theirs = source.pending_logprobs
+        self.pending_logprobs = PendingLogprobs(list(theirs.tokens), list(theirs.token_logprobs),
+                                                list(theirs.top_logprobs), list(theirs.text_offset))
+
+    def abort(self) -> None:
+        """The client is gone: stop without producing anything more."""
+        self.finish_reason = "cancelled"
+        self.state = None
 
     def accept(self, choice: TokenChoice) -> None:
         """Take the sampled token: extend the text, decide whether the sequence ends."""
@@ -158,7 +170,7 @@ class Request:
             echo_text = self._echo_text(prompt, ids) if self.echo else ""
             for sample in range(n):
                 sampler = Sampler(sampling, model.eos_token_ids, model.device, seed_offset=sample)
-                self.sequences.append(Sequence(self, prompt_index * n + sample, ids, echo_text, sampler,
+                self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
                                                max_tokens, params["stop"], params["suffix"]))
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
