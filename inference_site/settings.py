@@ -146,6 +146,11 @@ INFERENCE = {
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
+    # Continuous batching: sequences decoded together, requests that may wait beyond them
+    # (more get 503 + Retry-After at once), and prompt tokens prefilled per engine step.
+    "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
+    "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
+    "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 256),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
 }
 

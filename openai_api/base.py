@@ -39,6 +39,9 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
     """Frame chunks as SSE, end with [DONE]; a vanished client cancels the job at once."""
 
     async def body() -> AsyncIterator[bytes]:
+        # An SSE comment first, so the status and headers reach the client at once even
+        # while the job waits in the queue (SSE clients ignore comment lines).
+        yield b": accepted\n\n"
         try:
             async for chunk in chunks:
                 yield sse_frame(chunk)

@@ -58,7 +58,7 @@ class GenerationStream:
             kind = event.get("type")
             if kind == protocol.ERROR:
                 self.finished = True
-                raise APIError(event["status"], event["message"], event.get("param"), event.get("code"))
+                raise worker_error(event)
             if kind == protocol.DONE:
                 self.finished = True
             yield event
@@ -68,6 +68,12 @@ class GenerationStream:
             return
         self.finished = True
         await send_cancel(self.layer, self.request_id)
+
+
+def worker_error(event: dict) -> APIError:
+    retry_after = event.get("retry_after")
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
+    return APIError(event["status"], event["message"], event.get("param"), event.get("code"), headers)
 
 
 async def send_cancel(layer, request_id: str) -> None:
@@ -106,7 +112,7 @@ async def open_generation(request_id: str, model: str, prompts: list, params: di
         await send_cancel(layer, request_id)
         raise
     if started.get("type") == protocol.ERROR:
-        raise APIError(started["status"], started["message"], started.get("param"), started.get("code"))
+        raise worker_error(started)
     if started.get("type") != protocol.STARTED:
         raise APIError(500, "The worker sent an unexpected message.", code="worker_protocol")
     return GenerationStream(layer, request_id, reply_channel, started)

@@ -34,8 +34,9 @@ def client(server) -> OpenAI:
     return OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def async_client(server) -> AsyncOpenAI:
+    """Per test: its connection pool belongs to the event loop of the test's asyncio.run."""
     return AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
 
 

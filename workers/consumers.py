@@ -34,7 +34,8 @@ class EngineBridge:
         self.loop = asyncio.get_running_loop()
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.engine = Engine(self._emit, device=config["DEVICE"], dtype=config["DTYPE"],
-                             torch_threads=config["TORCH_THREADS"])
+                             torch_threads=config["TORCH_THREADS"], max_num_seqs=config["MAX_NUM_SEQS"],
+                             max_queue=config["MAX_QUEUE"], prefill_chunk=config["PREFILL_CHUNK"])
         self.sender = self.loop.create_task(self._send_forever())
         self.engine.start()
 
@@ -71,6 +72,12 @@ class InferenceConsumer(AsyncConsumer):
         await await_many_dispatch([receive, self.channel_receive], self.dispatch)
 
     async def generation_submit(self, message: dict) -> None:
+        if not self.bridge.engine.has_room():
+            # Bounded admission: a full worker says so at once instead of queueing without end.
+            await self.channel_layer.send(message["reply_channel"], protocol.error_message(
+                503, "The server is at capacity: too many requests are queued. Retry shortly.",
+                None, "queue_full", retry_after=1))
+            return
         await self.channel_layer.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
         self.bridge.engine.submit(message)
 

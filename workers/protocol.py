@@ -66,5 +66,7 @@ def submit_message(
     }
 
 
-def error_message(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"type": ERROR, "status": status, "message": message, "param": param, "code": code}
+def error_message(status: int, message: str, param: str | None = None, code: str | None = None,
+                  retry_after: int | None = None) -> dict:
+    return {"type": ERROR, "status": status, "message": message, "param": param, "code": code,
+            "retry_after": retry_after}
