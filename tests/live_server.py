@@ -23,11 +23,12 @@ def free_port() -> int:
 class ManagedProcess:
     """A child process whose output goes to a log file the test can read."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, python: bool = True) -> None:
+        """`args` run under this Python (`python=False`: `args` is the whole command)."""
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            [sys.executable, *args] if python else args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 

@@ -49,6 +49,10 @@ class EngineBridge:
         """Called from the engine thread."""
         self.loop.call_soon_threadsafe(self.outbox.put_nowait, (channel, message))
 
+    def send(self, channel: str, message: dict) -> None:
+        """Called from the event loop; shares the outbox so a reply channel sees messages in order."""
+        self.outbox.put_nowait((channel, message))
+
     async def _send_forever(self) -> None:
         while True:
             channel, message = await self.outbox.get()
@@ -68,18 +72,24 @@ class InferenceConsumer(AsyncConsumer):
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
         await self.channel_layer.group_add(settings.INFERENCE["WORKER_GROUP"], self.channel_name)
-        self.bridge = EngineBridge.get(self.channel_layer)
         await await_many_dispatch([receive, self.channel_receive], self.dispatch)
 
+    @property
+    def bridge(self) -> EngineBridge:
+        # Created on the first job: an idle worker has not even imported torch.
+        return EngineBridge.get(self.channel_layer)
+
     async def generation_submit(self, message: dict) -> None:
-        if not self.bridge.engine.has_room():
+        bridge = self.bridge
+        if not bridge.engine.has_room():
             # Bounded admission: a full worker says so at once instead of queueing without end.
-            await self.channel_layer.send(message["reply_channel"], protocol.error_message(
+            bridge.send(message["reply_channel"], protocol.error_message(
                 503, "The server is at capacity: too many requests are queued. Retry shortly.",
                 None, "queue_full", retry_after=1))
             return
-        await self.channel_layer.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
-        self.bridge.engine.submit(message)
+        bridge.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
+        bridge.engine.submit(message)
 
     async def generation_cancel(self, message: dict) -> None:
-        self.bridge.engine.cancel(message["request_id"])
+        if EngineBridge._instance is not None:
+            self.bridge.engine.cancel(message["request_id"])

@@ -1,0 +1,115 @@
+"""A streaming load generator with the OpenAI SDK's async client, and its statistics."""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from openai import AsyncOpenAI
+
+
+@dataclass
+class RequestResult:
+    ttft: float | None = None
+    itls: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class LoadResult:
+    concurrency: int
+    requests: int
+    wall_seconds: float
+    results: list[RequestResult]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.results)
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for r in self.results if r.error)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    def percentile(self, values: list[float], q: float) -> float | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    def summary(self) -> dict:
+        ttfts = [r.ttft for r in self.results if r.ttft is not None]
+        itls = [gap for r in self.results for gap in r.itls]
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "errors": self.errors,
+            "tokens_per_s": round(self.tokens_per_second, 1),
+            "ttft_p50_ms": _ms(self.percentile(ttfts, 0.5)),
+            "ttft_p95_ms": _ms(self.percentile(ttfts, 0.95)),
+            "itl_p50_ms": _ms(self.percentile(itls, 0.5)),
+            "itl_p95_ms": _ms(self.percentile(itls, 0.95)),
+            "itl_mean_ms": _ms(statistics.fmean(itls) if itls else None),
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+async def _one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, extra: dict) -> RequestResult:
+    result = RequestResult()
+    started = time.perf_counter()
+    last = None
+    chunks = 0
+    try:
+        stream = await client.completions.create(
+            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra or None,
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].text:
+                chunks += 1
+                if result.ttft is None:
+                    result.ttft = now - started
+                else:
+                    result.itls.append(now - last)
+                last = now
+            if getattr(chunk, "usage", None):
+                result.tokens = chunk.usage.completion_tokens
+        if not result.tokens:
+            result.tokens = chunks  # a server without stream usage: one chunk per token
+    except Exception as exc:  # errors are counted and reported, never fatal to the run
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def run_load(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
+                   extra: dict | None = None, api_key: str = "bench") -> LoadResult:
+    """`len(prompts)` streaming requests, at most `concurrency` in flight at once."""
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(prompt: str) -> RequestResult:
+        async with gate:
+            return await _one(client, model, prompt, max_tokens, extra or {})
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*[gated(p) for p in prompts])
+    wall = time.perf_counter() - started
+    await client.close()
+    return LoadResult(concurrency, len(prompts), wall, list(results))
+
+
+def bench_prompts(count: int) -> list[str]:
+    topics = ["a lighthouse", "the river", "a small robot", "the market", "winter", "a letter", "the garden",
+              "an old map", "the train", "a violin", "the harbor", "a clock", "the mountain", "a lantern",
+              "the library", "a kite"]
+    return [f"Story {i}: once upon a time there was {topics[i % len(topics)]} that" for i in range(count)]

@@ -1,0 +1,79 @@
+"""The servers under test, each started as its own process on a free port."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.live_server import LiveServer, ManagedProcess, base_env, free_port
+from tests.services import RedisServer
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (the peer forks nothing; ours is one process)."""
+    total = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            total += int(line.split()[1])
+    return round(total / 1024, 1)
+
+
+class OurServer:
+    """`manage.py serve --no-auth`: the embedded default, one process."""
+
+    def __init__(self, hf_cache: Path, work_dir: Path, **env: str) -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.server = LiveServer(base_env(hf_cache, work_dir, **env), work_dir, extra_args=("--no-auth",), name="ours")
+        self.base_url = f"{self.server.base_url}/v1"
+        self.pid = self.server.process.pid
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class PeerServer:
+    """`transformers serve --continuous-batching MODEL` from the bench's environment."""
+
+    def __init__(self, hf_cache: Path, work_dir: Path, model: str) -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        cli = Path(sys.executable).parent / "transformers"
+        command = [str(cli), "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), model]
+        self.process = ManagedProcess(command, base_env(hf_cache, work_dir), work_dir / "peer.log", python=False)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.pid = self.process.process.pid
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise TimeoutError(self.process.log())
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class ScaleOut:
+    """Web process + two `run_worker` processes meeting through a private redis-server."""
+
+    def __init__(self, hf_cache: Path, work_dir: Path, workers: int = 2) -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(work_dir)
+        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url)
+        self.web = LiveServer(env, work_dir, extra_args=("--no-auth", "--no-worker"), name="web")
+        self.workers = []
+        for index in range(workers):
+            worker = ManagedProcess(["manage.py", "run_worker"], env, work_dir / f"worker{index}.log")
+            worker.wait_for_log("listening on channel")
+            self.workers.append(worker)
+        self.base_url = f"{self.web.base_url}/v1"
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.web.stop()
+        self.redis.stop()

@@ -1,0 +1,134 @@
+"""Dict prompts of a job, turned into token ids on the worker (the web side never tokenizes).
+
+Two shapes (see workers.protocol):
+- a conversation `{"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
+  "continue_final_message"}`, rendered with a chat template, then tokenized without adding
+  special tokens (the template places them, as `apply_chat_template(tokenize=True)` does);
+- raw text with options `{"text", "add_special_tokens"}` (for `/tokenize`).
+
+Template precedence: the server's `--chat-template FILE` (INFERENCE_CHAT_TEMPLATE), else the
+tokenizer's own, else FALLBACK_TEMPLATE (plain ChatML). Template kwargs: the server defaults
+(INFERENCE_CHAT_TEMPLATE_KWARGS, then `--reasoning on|off` as `enable_thinking`), then the request's.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jinja2
+from transformers import PreTrainedTokenizerBase
+
+from .sequences import JobError
+
+FALLBACK_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}"
+    "{%- elif message.content %}{%- for part in message.content %}{{- part.text }}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    ids: list[int]
+    text: str
+    reasoning_open: bool  # the prompt ends inside <think>: generation starts as reasoning
+
+
+def _setting(key: str, env: str) -> str | None:
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            value = settings.INFERENCE.get(key)
+            if value not in (None, ""):
+                return str(value)
+    except ImportError:  # the worker is importable without Django
+        pass
+    return os.environ.get(env) or None
+
+
+@lru_cache(maxsize=8)
+def _read_template(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def server_template() -> str | None:
+    """The `--chat-template` file's text, if the server was given one."""
+    path = _setting("CHAT_TEMPLATE", "INFERENCE_CHAT_TEMPLATE")
+    if not path:
+        return None
+    try:
+        return _read_template(os.path.expanduser(path))
+    except OSError as exc:
+        raise JobError(500, f"The server's chat template file could not be read: {exc}", None,
+                       "chat_template_unreadable") from exc
+
+
+def server_template_kwargs() -> dict:
+    """Server-wide template kwargs: INFERENCE_CHAT_TEMPLATE_KWARGS, then the reasoning switch."""
+    kwargs: dict = {}
+    raw = _setting("CHAT_TEMPLATE_KWARGS", "INFERENCE_CHAT_TEMPLATE_KWARGS")
+    if raw:
+        try:
+            loaded = json.loads(raw)
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            kwargs.update(loaded)
+    reasoning = (_setting("REASONING", "INFERENCE_REASONING") or "auto").lower()
+    if reasoning in ("on", "off"):
+        kwargs["enable_thinking"] = reasoning == "on"
+    return kwargs
+
+
+def ends_inside_reasoning(text: str) -> bool:
+    """True when the last `<think>` is still open (templates that open it for the model)."""
+    opened = text.rfind(THINK_OPEN)
+    return opened >= 0 and text.rfind(THINK_CLOSE) < opened
+
+
+def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: dict) -> RenderedPrompt:
+    """Render a conversation with the chosen template and tokenize it; bad input is a JobError 400."""
+    template = server_template()
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        template = FALLBACK_TEMPLATE
+    kwargs = {**server_template_kwargs(), **(conversation.get("chat_template_kwargs") or {})}
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation["messages"],
+            tools=conversation.get("tools") or None,
+            chat_template=template,
+            add_generation_prompt=bool(conversation.get("add_generation_prompt", True)),
+            continue_final_message=bool(conversation.get("continue_final_message", False)),
+            tokenize=False,
+            **kwargs,
+        )
+    except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise JobError(400, f"The chat template could not render these messages: {exc}", "messages",
+                       "chat_template_error") from exc
+    if not isinstance(text, str):
+        raise JobError(400, "The chat template did not produce text.", "messages", "chat_template_error")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise JobError(400, "The rendered conversation is empty.", "messages", "empty_prompt")
+    return RenderedPrompt(ids, text, ends_inside_reasoning(text))
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict) -> RenderedPrompt:
+    """A dict prompt of either shape (a conversation, or text with tokenizer options)."""
+    if "messages" in prompt:
+        return render_conversation(tokenizer, prompt)
+    text = prompt.get("text")
+    if not isinstance(text, str):
+        raise JobError(400, "A prompt object needs `messages` or `text`.", "prompt", "invalid_prompt")
+    ids = list(tokenizer(text, add_special_tokens=bool(prompt.get("add_special_tokens", True)))["input_ids"])
+    return RenderedPrompt(ids, text, False)
