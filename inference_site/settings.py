@@ -150,8 +150,13 @@ INFERENCE = {
     # (more get 503 + Retry-After at once), and prompt tokens prefilled per engine step.
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
-    "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 256),
+    "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
+    # Chat templates (worker side): a Jinja file that overrides every model's own template,
+    # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).
+    "CHAT_TEMPLATE": os.environ.get("INFERENCE_CHAT_TEMPLATE", ""),
+    "CHAT_TEMPLATE_KWARGS": os.environ.get("INFERENCE_CHAT_TEMPLATE_KWARGS", ""),
+    "REASONING": os.environ.get("INFERENCE_REASONING", "auto"),
 }
 
 LANGUAGE_CODE = "en-us"

@@ -4,7 +4,8 @@ Two shapes (see workers.protocol):
 - a conversation `{"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
   "continue_final_message"}`, rendered with a chat template, then tokenized without adding
   special tokens (the template places them, as `apply_chat_template(tokenize=True)` does);
-- raw text with options `{"text", "add_special_tokens"}` (for `/tokenize`).
+- raw text with options `{"text", "add_special_tokens"}` (for `/tokenize`);
+- token ids `{"token_ids"}`, echoed with their special tokens (for `/detokenize`).
 
 Template precedence: the server's `--chat-template FILE` (INFERENCE_CHAT_TEMPLATE), else the
 tokenizer's own, else FALLBACK_TEMPLATE (plain ChatML). Template kwargs: the server defaults
@@ -127,6 +128,11 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict) -> RenderedP
     """A dict prompt of either shape (a conversation, or text with tokenizer options)."""
     if "messages" in prompt:
         return render_conversation(tokenizer, prompt)
+    if "token_ids" in prompt:  # ids echoed back with their special tokens (for /detokenize)
+        ids = list(prompt["token_ids"])
+        if any(not isinstance(t, int) or not 0 <= t < len(tokenizer) for t in ids):
+            raise JobError(400, f"Token ids must be in [0, {len(tokenizer)}).", "tokens", "invalid_token_id")
+        return RenderedPrompt(ids, "", False)
     text = prompt.get("text")
     if not isinstance(text, str):
         raise JobError(400, "A prompt object needs `messages` or `text`.", "prompt", "invalid_prompt")

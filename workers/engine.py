@@ -32,7 +32,7 @@ CANCEL_MEMORY_SECONDS = 300.0
 
 class Engine:
     def __init__(self, emit: Emit, device: str = "auto", dtype: str = "auto", torch_threads: int = 0,
-                 max_num_seqs: int = 32, max_queue: int = 256, prefill_chunk: int = 256) -> None:
+                 max_num_seqs: int = 32, max_queue: int = 256, prefill_chunk: int = 512) -> None:
         self.emit = emit
         self.device = device
         self.dtype = dtype
@@ -196,19 +196,46 @@ class Engine:
                 running += 1
 
     def _prefill(self) -> None:
-        """Spend at most `prefill_chunk` prompt tokens this step; choices of one prompt share it."""
+        """Spend at most `prefill_chunk` prompt tokens this step.
+
+        Short prompts are prefilled together in one padded forward; a long prompt
+        (or one whose every position must be scored) goes alone, in chunks.
+        Choices of one prompt share its prefill.
+        """
         budget = self.prefill_chunk
-        joined: dict[str, list[Sequence]] = {}
-        for seq in list(self.prefilling):
-            if seq.finished or seq.state is not None and seq.prefilled >= len(seq.prompt_ids):
-                continue
+        started = [s for s in self.prefilling if s.state is not None and not s.finished]
+        fresh: list[Sequence] = []
+        for seq in self.prefilling:
+            if seq.state is None and not seq.finished and not any(
+                    f.request is seq.request and f.prompt_index == seq.prompt_index for f in fresh):
+                fresh.append(seq)
+        done: list[tuple[Sequence, torch.Tensor]] = []
+        for seq in started:  # a long prompt already under way continues first
+            used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
+            budget -= used
+            if logits is not None:
+                done.append((seq, logits))
+        together: dict[str, list[Sequence]] = {}
+        for seq in fresh:
             if budget <= 0:
                 break
+            if seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
+                used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
+                budget -= used
+                if logits is not None:
+                    done.append((seq, logits))
+            else:
+                together.setdefault(seq.request.model_name, []).append(seq)
+                budget -= len(seq.prompt_ids)
+        for name, sequences in together.items():
+            done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
+        self._start_decoding(done)
+
+    def _start_decoding(self, done: list[tuple[Sequence, torch.Tensor]]) -> None:
+        """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""
+        joined: dict[str, list[Sequence]] = {}
+        for seq, logits in done:
             runner = self.runners[seq.request.model_name]
-            used, logits = runner.prefill(seq, budget)
-            budget -= used
-            if logits is None:
-                continue
             group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
                              and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
             for sibling in group[1:]:

@@ -5,12 +5,19 @@ both import this module; it imports neither Django views nor torch.
 
 Web -> worker (on the shared worker channel):
     {"type": "generation.submit", "request_id", "reply_channel", "model",
-     "prompts": [str | [int]], "params": {...}}
+     "prompts": [str | [int] | dict], "params": {...}}
+    A dict prompt is rendered on the worker (workers.chat_templates), either a conversation
+    {"messages": [...], "tools": [...] | None, "chat_template_kwargs": {...},
+     "add_generation_prompt": bool, "continue_final_message": bool}
+    or raw text with tokenizer options {"text": str, "add_special_tokens": bool},
+    or token ids whose echo keeps special tokens {"token_ids": [int]}.
 Web -> all workers (group):
     {"type": "generation.cancel", "request_id"}
 Worker -> web (on the reply channel), in this order:
     {"type": "generation.accepted", "worker": name}
-    {"type": "generation.started", "model", "prompt_tokens": [int per prompt]}
+    {"type": "generation.started", "model", "prompt_tokens": [int per prompt],
+     "prompt_token_ids": [[int] per prompt], "max_model_len": int,
+     "reasoning_open": [bool per dict prompt: its rendered text ends inside <think>]}
         or {"type": "generation.error", "status", "message", "param", "code"}
     {"type": "generation.delta", "choices": [ChoiceDelta...]}   (once per step)
     {"type": "generation.done", "usage": {"prompt_tokens", "completion_tokens"}}
@@ -29,7 +36,7 @@ DONE = "generation.done"
 
 # Sampling and output parameters a job may carry, with their neutral values.
 PARAM_DEFAULTS: dict[str, object] = {
-    "max_tokens": 16,
+    "max_tokens": 16,  # None: the rest of the context after the prompt (chat's default)
     "temperature": None,  # None: the model's generation_config, else 1.0
     "top_p": None,
     "top_k": None,

@@ -55,6 +55,30 @@ class ModelRunner:
             seq.record_prompt_logprobs(logits[:-1])
         return take, logits[-1]
 
+    def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
+        """Whole prompts of several newcomers in one left-padded forward; each keeps its own cache rows."""
+        if len(sequences) == 1:
+            return [self.prefill(sequences[0], len(sequences[0].prompt_ids))[1]]
+        device = self.loaded.device
+        lengths = [len(seq.prompt_ids) for seq in sequences]
+        width = max(lengths)
+        pad = self.loaded.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([[pad] * (width - n) + seq.prompt_ids for seq, n in zip(sequences, lengths)], device=device)
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
+        output = self.loaded.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=DynamicCache(config=self.loaded.model.config), use_cache=True, logits_to_keep=1,
+        )
+        for row, (seq, length) in enumerate(zip(sequences, lengths)):
+            seq.state = DynamicCache(config=self.loaded.model.config)
+            for mine, theirs in zip(seq.state.layers, output.past_key_values.layers):
+                mine.dtype, mine.device = theirs.dtype, theirs.device
+                mine.keys = theirs.keys[row:row + 1, :, width - length:]
+                mine.values = theirs.values[row:row + 1, :, width - length:]
+                mine.is_initialized = True
+            seq.prefilled = length
+        return list(output.logits[:, -1])
+
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
         """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
         cache = DynamicCache(config=self.loaded.model.config)

@@ -161,7 +161,7 @@ class Request:
         params = job["params"]
         self.echo = bool(params["echo"])
         self.prompt_ids = [self._tokenize(prompt) for prompt in job["prompts"]]
-        max_tokens = int(params["max_tokens"])
+        max_tokens = self._max_tokens(params["max_tokens"])
         self._check_limits(max_tokens, params)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
         n = int(params["n"])
@@ -173,7 +173,16 @@ class Request:
                 self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
                                                max_tokens, params["stop"], params["suffix"]))
 
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+    # One flag per dict prompt, in order: its rendered text ends inside <think>.
+    reasoning_open: tuple[bool, ...] = ()
+
+    def _tokenize(self, prompt: str | list[int] | dict) -> list[int]:
+        if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
+            from .chat_templates import render_prompt
+
+            rendered = render_prompt(self.model.tokenizer, prompt)
+            self.reasoning_open = (*self.reasoning_open, rendered.reasoning_open)
+            return rendered.ids
         if isinstance(prompt, str):
             return list(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         vocab = self.model.vocab_size
@@ -181,10 +190,18 @@ class Request:
             raise JobError(400, f"Token ids in the prompt must be in [0, {vocab}).", "prompt", "invalid_token_id")
         return list(prompt)
 
-    def _echo_text(self, prompt: str | list[int], ids: list[int]) -> str:
+    def _echo_text(self, prompt: str | list[int] | dict, ids: list[int]) -> str:
+        if isinstance(prompt, dict):
+            return self.model.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if isinstance(prompt, str):
             return prompt
         return self.model.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _max_tokens(self, requested: int | None) -> int:
+        """None (chat's default, as vLLM): whatever the context leaves after the longest prompt."""
+        if requested is not None:
+            return int(requested)
+        return max(self.model.max_model_len - max(len(ids) for ids in self.prompt_ids), 0)
 
     def _check_limits(self, max_tokens: int, params: dict) -> None:
         limit = self.model.max_model_len
@@ -210,7 +227,8 @@ class Request:
 
     def started_message(self) -> dict:
         return {"type": protocol.STARTED, "model": self.model.model_id,
-                "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids}
+                "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids,
+                "max_model_len": self.model.max_model_len, "reasoning_open": list(self.reasoning_open)}
 
     def usage(self) -> dict:
         return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),
