@@ -1,21 +1,50 @@
-"""ASGI entry point: Django over HTTP; the worker consumer on the inference channel."""
+"""ASGI entry point.
+
+HTTP: the OpenAI API is served by a Django handler without the admin's session,
+CSRF, auth and messages middleware (each costs a thread hop per request, and the
+API authenticates with bearer keys in DRF); /admin/ and /static/ get the full stack.
+Channel: the worker consumer on the inference channel.
+"""
 import os
 
+from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
+from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_site.settings")
-# Static files (the admin's CSS) are served by the app itself: no web server in front needed.
-django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
+full_django_app = ASGIStaticFilesHandler(get_asgi_application())
+
+
+class APIHandler(ASGIHandler):
+    """Django with settings.API_MIDDLEWARE instead of settings.MIDDLEWARE."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        full_stack = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.API_MIDDLEWARE
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = full_stack
+
+
+api_app = APIHandler()
+
+
+async def http_app(scope, receive, send):
+    path = scope.get("path", "")
+    if path.startswith(("/admin", "/" + settings.STATIC_URL.lstrip("/"))):
+        return await full_django_app(scope, receive, send)
+    return await api_app(scope, receive, send)
+
 
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter  # noqa: E402
-from django.conf import settings  # noqa: E402
 
 from workers.consumers import InferenceConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         "channel": ChannelNameRouter(
             {settings.INFERENCE["WORKER_CHANNEL"]: InferenceConsumer.as_asgi()}
         ),

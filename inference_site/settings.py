@@ -58,6 +58,11 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 
+# The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages.
+API_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+]
+
 ROOT_URLCONF = "inference_site.urls"
 APPEND_SLASH = False
 

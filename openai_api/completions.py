@@ -104,7 +104,7 @@ class CompletionsView(OpenAIView):
         serializer = CompletionRequestSerializer(data=request.data, context=self.serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        model = await sync_to_async(resolve_model_id)(data["model"])
+        model = await sync_to_async(resolve_model_id, thread_sensitive=False)(data["model"])
         request_id = new_request_id("cmpl")
         stream = await open_generation(request_id, model, data["prompt"], serializer.job_params())
         shaper = CompletionShaper(request_id, model, data)
