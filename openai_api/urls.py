@@ -1,12 +1,17 @@
 from django.urls import path
 
+from .chat import ChatCompletionsView
 from .completions import CompletionsView
 from .health import health
 from .model_list import ModelDetailView, ModelListView
+from .tokenize import DetokenizeView, TokenizeView
 
 urlpatterns = [
     path("health", health),
+    path("tokenize", TokenizeView.as_view()),
+    path("detokenize", DetokenizeView.as_view()),
     path("v1/completions", CompletionsView.as_view()),
+    path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/models", ModelListView.as_view()),
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),
 ]

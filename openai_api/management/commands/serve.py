@@ -1,14 +1,17 @@
 """`manage.py serve`: the embedded default — Daphne, SQLite, in-process channel layer, one worker beside it."""
 import asyncio
+import json
 import logging
+import os
 import sys
+from pathlib import Path
 
 import daphne.server  # noqa: F401  (installs the asyncio Twisted reactor before anything imports one)
 from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from catalog.selectors import cached_causal_lms
 
@@ -23,8 +26,12 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
+        parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
+        parser.add_argument("--chat-template-kwargs", metavar="JSON", help='default template kwargs, e.g. \'{"enable_thinking": false}\'')
+        parser.add_argument("--reasoning", choices=("auto", "on", "off"), help="on/off set enable_thinking in the template")
 
     def handle(self, *args, host: str, port: int, no_auth: bool, no_worker: bool, **options):
+        self._configure_chat(options.get("chat_template"), options.get("chat_template_kwargs"), options.get("reasoning"))
         call_command("migrate", interactive=False, verbosity=0)
         if not no_worker:
             self._ensure_a_model()
@@ -48,6 +55,28 @@ class Command(BaseCommand):
             application_close_timeout=10,
         )
         server.run()
+
+    def _configure_chat(self, template: str | None, kwargs: str | None, reasoning: str | None) -> None:
+        """Chat flags become settings (and env, for workers started from here); bad values stop the start."""
+        values = {}
+        if template:
+            path = Path(template).expanduser().resolve()
+            if not path.is_file():
+                raise CommandError(f"--chat-template: no such file: {path}")
+            values["CHAT_TEMPLATE"] = str(path)
+        if kwargs:
+            try:
+                parsed = json.loads(kwargs)
+            except ValueError as exc:
+                raise CommandError(f"--chat-template-kwargs is not JSON: {exc}") from exc
+            if not isinstance(parsed, dict):
+                raise CommandError("--chat-template-kwargs must be a JSON object.")
+            values["CHAT_TEMPLATE_KWARGS"] = kwargs
+        if reasoning:
+            values["REASONING"] = reasoning
+        for key, value in values.items():
+            settings.INFERENCE[key] = value
+            os.environ[f"INFERENCE_{key}"] = value
 
     def _ensure_a_model(self) -> None:
         if cached_causal_lms():

@@ -1,0 +1,179 @@
+"""`POST /v1/chat/completions`: messages rendered by the worker's chat template, output parsed here.
+
+The worker streams plain text; `parsing.OutputParser` splits it into reasoning, content and
+tool calls, so this module never needs the tokenizer.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from rest_framework.response import Response
+
+from catalog.selectors import resolve_model_id
+
+from .base import OpenAIView, sse_response
+from .completions import merge_delta, usage_body
+from .generation import GenerationStream, new_request_id, open_generation
+from .parsing import OutputParser, Piece
+from .serializers.chat import ChatRequestSerializer
+
+
+def chat_logprobs(logprobs: dict | None, top_n: int) -> list[dict]:
+    """The worker's per-token logprobs in Chat Completions' `logprobs.content` shape."""
+    if not logprobs:
+        return []
+
+    def entry(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    content = []
+    for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        ranked = sorted((top or {}).items(), key=lambda item: -item[1])[:top_n]
+        content.append({**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in ranked]})
+    return content
+
+
+def prefill_text(data: dict) -> str | None:
+    """The final assistant message's text when the request continues it, else None."""
+    if not data.get("continue_final_message") or not data.get("messages"):
+        return None
+    final = data["messages"][-1]
+    return final.get("content") or ""
+
+
+def piece_delta(piece: Piece) -> dict:
+    if piece.kind == "tool_call":
+        call = piece.tool_call
+        return {"tool_calls": [{"index": call.index, **call.as_dict()}]}
+    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}
+
+
+def final_reason(reason: str | None, has_tool_calls: bool) -> str | None:
+    return "tool_calls" if reason == "stop" and has_tool_calls else reason
+
+
+def assistant_message(reasoning: str, content: str, tool_calls: list) -> dict:
+    message: dict = {"role": "assistant", "content": content if (content or not tool_calls) else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = [call.as_dict() for call in tool_calls]
+    return message
+
+
+class ChatShaper:
+    """Turns worker deltas into `chat.completion` objects or `chat.completion.chunk` events."""
+
+    def __init__(self, request_id: str, model: str, data: dict, parse_tools: bool, started: dict) -> None:
+        self.base = {"id": request_id, "created": int(time.time()), "model": model}
+        self.n = data["n"]
+        self.with_logprobs = data["logprobs"]
+        self.top_n = data.get("top_logprobs") or 0
+        self.with_token_ids = data["return_token_ids"]
+        self.include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+        self.parse_tools = parse_tools
+        self.reasoning_open = bool((started.get("reasoning_open") or [False])[0])
+        self.prefill = prefill_text(data)
+        self.prompt_token_ids = (started.get("prompt_token_ids") or [None])[0]
+        self.parsers: dict[int, OutputParser] = {}
+
+    def _parser(self, index: int) -> OutputParser:
+        if index not in self.parsers:
+            self.parsers[index] = self.new_parser()
+        return self.parsers[index]
+
+    def new_parser(self) -> OutputParser:
+        """Generation continues a prefilled assistant turn (its tags count), or starts where the template left it."""
+        if self.prefill is not None:
+            parser = OutputParser(False, self.parse_tools)
+            parser.prime(self.prefill)
+            return parser
+        return OutputParser(self.reasoning_open, self.parse_tools)
+
+    def _chunk(self, index: int, delta: dict, finish_reason: str | None = None, **extra) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
+        chunk = {**self.base, "object": "chat.completion.chunk", "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _delta_chunks(self, delta: dict) -> list[dict]:
+        index, parser = delta["index"], self._parser(delta["index"])
+        pieces = parser.feed(delta["text"])
+        if delta["finish_reason"]:
+            pieces += parser.finish()
+        extra: dict = {}
+        if self.with_logprobs and delta["logprobs"] and delta["logprobs"]["tokens"]:
+            extra["logprobs"] = {"content": chat_logprobs(delta["logprobs"], self.top_n)}
+        if self.with_token_ids and delta["token_ids"]:
+            extra["token_ids"] = delta["token_ids"]
+        chunks = [self._chunk(index, piece_delta(piece)) for piece in pieces]
+        if extra and not chunks:
+            chunks.append(self._chunk(index, {}))
+        if chunks:
+            chunks[0]["choices"][0].update(extra)
+        if delta["finish_reason"]:
+            reason = final_reason(delta["finish_reason"], bool(parser.tool_calls))
+            chunks.append(self._chunk(index, {}, reason))
+        return chunks
+
+    async def chunks(self, stream: GenerationStream) -> AsyncIterator[dict]:
+        for index in range(self.n):
+            first = self._chunk(index, {"role": "assistant", "content": ""})
+            if self.with_token_ids and index == 0:
+                first["prompt_token_ids"] = self.prompt_token_ids
+            yield first
+        async for event in stream.events():
+            for delta in event.get("choices", ()):
+                for chunk in self._delta_chunks(delta):
+                    yield chunk
+            if self.include_usage and "usage" in event:
+                yield {**self.base, "object": "chat.completion.chunk", "choices": [], "usage": usage_body(event["usage"])}
+
+    def _choice(self, merged: dict) -> dict:
+        parser = self.new_parser()
+        pieces = parser.feed(merged["text"]) + parser.finish()
+        reasoning = "".join(piece.text for piece in pieces if piece.kind == "reasoning")
+        content = "".join(piece.text for piece in pieces if piece.kind == "content")
+        tool_calls = parser.tool_calls
+        choice = {
+            "index": merged["index"],
+            "message": assistant_message(reasoning, content, tool_calls),
+            "logprobs": {"content": chat_logprobs(merged["logprobs"], self.top_n)} if self.with_logprobs else None,
+            "finish_reason": final_reason(merged["finish_reason"], bool(tool_calls)),
+        }
+        if self.with_token_ids:
+            choice["token_ids"] = merged["token_ids"]
+        return choice
+
+    async def body(self, stream: GenerationStream) -> dict:
+        merged: dict[int, dict] = {}
+        usage = None
+        try:
+            async for event in stream.events():
+                for delta in event.get("choices", ()):
+                    merge_delta(merged, delta)
+                usage = event.get("usage", usage)
+        finally:
+            await stream.cancel()
+        body = {**self.base, "object": "chat.completion",
+                "choices": [self._choice(merged[i]) for i in sorted(merged)], "usage": usage_body(usage)}
+        if self.with_token_ids:
+            body["prompt_token_ids"] = self.prompt_token_ids
+        return body
+
+
+class ChatCompletionsView(OpenAIView):
+    async def post(self, request):
+        serializer = ChatRequestSerializer(data=request.data, context=self.serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        model = await sync_to_async(resolve_model_id)(data["model"])
+        request_id = new_request_id("chatcmpl")
+        stream = await open_generation(request_id, model, [serializer.job_prompt()], serializer.job_params())
+        shaper = ChatShaper(request_id, model, data, serializer.parse_tools, stream.started)
+        if data["stream"]:
+            return sse_response(shaper.chunks(stream), stream)
+        return Response(await shaper.body(stream))

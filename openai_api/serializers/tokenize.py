@@ -1,0 +1,33 @@
+"""`POST /tokenize` and `POST /detokenize` requests (vLLM's shapes)."""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from .chat import ConversationSerializer, MessagesField, invalid
+from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+
+
+class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer):
+    """`prompt` (raw text) or `messages` (rendered as chat renders them)."""
+
+    model = StrictCharField(max_length=512)
+    prompt = StrictCharField(required=False, allow_blank=True)
+    messages = MessagesField(required=False)
+    add_special_tokens = StrictBooleanField(required=False, default=True)
+
+    def validate(self, attrs: dict) -> dict:
+        if ("messages" in attrs) == ("prompt" in attrs):
+            raise invalid("prompt", "Send either prompt or messages (exactly one).")
+        self.validate_template_options(attrs)
+        return attrs
+
+    def job_prompt(self) -> dict:
+        data = self.validated_data
+        if "messages" in data:
+            return self.conversation()
+        return {"text": data["prompt"], "add_special_tokens": data["add_special_tokens"]}
+
+
+class DetokenizeRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    model = StrictCharField(max_length=512)
+    tokens = serializers.ListField(child=StrictIntegerField(min_value=0), max_length=1_000_000)
