@@ -58,10 +58,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 
-# The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages.
-API_MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-]
+# The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
+# and every sync middleware costs a thread hop on each request.
+API_MIDDLEWARE: list[str] = []
 
 ROOT_URLCONF = "inference_site.urls"
 APPEND_SLASH = False

@@ -13,6 +13,7 @@ import socket
 
 from channels.consumer import AsyncConsumer
 from channels.layers import get_channel_layer
+from channels.consumer import get_handler_name
 from channels.utils import await_many_dispatch
 from django.conf import settings
 
@@ -73,6 +74,14 @@ class InferenceConsumer(AsyncConsumer):
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
         await self.channel_layer.group_add(settings.INFERENCE["WORKER_GROUP"], self.channel_name)
         await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+
+    async def dispatch(self, message: dict) -> None:
+        # As AsyncConsumer.dispatch without closing old DB connections first: this consumer
+        # never touches the database, and that check costs a thread hop per job.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     @property
     def bridge(self) -> EngineBridge:
