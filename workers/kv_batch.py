@@ -20,6 +20,27 @@ def _layer_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
+def cache_from_tensors(config, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A DynamicCache holding these (keys, values) per layer, without copying them."""
+    cache = DynamicCache(config=config)
+    for layer, (keys, values) in zip(cache.layers, tensors):
+        layer.dtype, layer.device = keys.dtype, keys.device
+        layer.keys, layer.values = keys, values
+        layer.is_initialized = True
+    return cache
+
+
+def clone_cache(config, cache: DynamicCache) -> DynamicCache:
+    return cache_from_tensors(config, [(k.clone(), v.clone()) for k, v in _layer_tensors(cache)])
+
+
+def slice_rows(config, cache: DynamicCache, row: int, last_columns: int) -> DynamicCache:
+    """One row of a batched cache, keeping only its last `last_columns` positions (its real tokens)."""
+    return cache_from_tensors(config, [(k[row:row + 1, :, k.shape[-2] - last_columns:],
+                                        v[row:row + 1, :, v.shape[-2] - last_columns:])
+                                       for k, v in _layer_tensors(cache)])
+
+
 def _pad_left(tensor: torch.Tensor, amount: int) -> torch.Tensor:
     if amount == 0:
         return tensor
@@ -89,12 +110,7 @@ class BatchedKV:
                        for k, v in _layer_tensors(self.cache)])
 
     def _install(self, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        cache = DynamicCache(config=self.config)
-        for layer, (keys, values) in zip(cache.layers, tensors):
-            layer.dtype, layer.device = keys.dtype, keys.device
-            layer.keys, layer.values = keys.contiguous(), values.contiguous()
-            layer.is_initialized = True
-        self.cache = cache
+        self.cache = cache_from_tensors(self.config, [(k.contiguous(), v.contiguous()) for k, v in tensors])
 
     def decode_inputs(self, last_tokens: list[int]) -> dict:
         """Model kwargs for one decode step: each row's last token at its own position."""

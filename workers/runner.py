@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .kv_batch import BatchedKV, supports_batching
+from .kv_batch import BatchedKV, clone_cache, slice_rows, supports_batching
 from .model_loader import LoadedModel
 from .sequences import Sequence
 
@@ -70,23 +70,13 @@ class ModelRunner:
             past_key_values=DynamicCache(config=self.loaded.model.config), use_cache=True, logits_to_keep=1,
         )
         for row, (seq, length) in enumerate(zip(sequences, lengths)):
-            seq.state = DynamicCache(config=self.loaded.model.config)
-            for mine, theirs in zip(seq.state.layers, output.past_key_values.layers):
-                mine.dtype, mine.device = theirs.dtype, theirs.device
-                mine.keys = theirs.keys[row:row + 1, :, width - length:]
-                mine.values = theirs.values[row:row + 1, :, width - length:]
-                mine.is_initialized = True
+            seq.state = slice_rows(self.loaded.model.config, output.past_key_values, row, length)
             seq.prefilled = length
         return list(output.logits[:, -1])
 
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
         """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
-        cache = DynamicCache(config=self.loaded.model.config)
-        for mine, theirs in zip(cache.layers, source.state.layers):
-            mine.dtype, mine.device = theirs.dtype, theirs.device
-            mine.keys, mine.values = theirs.keys.clone(), theirs.values.clone()
-            mine.is_initialized = True
-        sibling.state = cache
+        sibling.state = clone_cache(self.loaded.model.config, source.state)
         sibling.prefilled = len(sibling.prompt_ids)
         if sibling.wants_prompt_logprobs and source.pending_logprobs is not None:
             sibling.copy_prompt_logprobs(source)
