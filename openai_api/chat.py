@@ -35,12 +35,12 @@ def chat_logprobs(logprobs: dict | None, top_n: int) -> list[dict]:
     return content
 
 
-def prefill_text(data: dict) -> str | None:
-    """The final assistant message's text when the request continues it, else None."""
-    if not data.get("continue_final_message") or not data.get("messages"):
-        return None
-    final = data["messages"][-1]
-    return final.get("content") or ""
+def parser_for(open_block: str, parse_tools: bool) -> OutputParser:
+    """A parser that continues where the prompt left off (inside `<think>` or `<tool_call>`, or not)."""
+    parser = OutputParser(parse_tools=parse_tools)
+    if open_block:
+        parser.prime(open_block)
+    return parser
 
 
 def piece_delta(piece: Piece) -> dict:
@@ -74,8 +74,7 @@ class ChatShaper:
         self.with_token_ids = data["return_token_ids"]
         self.include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
         self.parse_tools = parse_tools
-        self.reasoning_open = bool((started.get("reasoning_open") or [False])[0])
-        self.prefill = prefill_text(data)
+        self.open_block = (started.get("open_blocks") or [""])[0]
         self.prompt_token_ids = (started.get("prompt_token_ids") or [None])[0]
         self.parsers: dict[int, OutputParser] = {}
 
@@ -85,12 +84,7 @@ class ChatShaper:
         return self.parsers[index]
 
     def new_parser(self) -> OutputParser:
-        """Generation continues a prefilled assistant turn (its tags count), or starts where the template left it."""
-        if self.prefill is not None:
-            parser = OutputParser(False, self.parse_tools)
-            parser.prime(self.prefill)
-            return parser
-        return OutputParser(self.reasoning_open, self.parse_tools)
+        return parser_for(self.open_block, self.parse_tools)
 
     def _chunk(self, index: int, delta: dict, finish_reason: str | None = None, **extra) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}

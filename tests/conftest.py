@@ -66,3 +66,36 @@ class Reference:
 @pytest.fixture(scope="session")
 def reference(hf_cache) -> Reference:
     return Reference(hf_cache)
+
+
+# A Qwen3-thinking-style template for the chat/Responses tests: the generation prompt opens
+# `<think>` when thinking is on, or continues a prefill a request passes as a template kwarg.
+THINKING_GENERATION_PROMPT = """{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if assistant_prefill is defined %}
+        {{- assistant_prefill }}
+    {%- elif enable_thinking is defined and enable_thinking %}
+        {{- '<think>\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+
+@pytest.fixture(scope="session")
+def thinking_template(tmp_path_factory) -> Path:
+    from workers.tiny_models import CHAT_TEMPLATE_PATH
+
+    base = CHAT_TEMPLATE_PATH.read_text()
+    path = tmp_path_factory.mktemp("templates") / "thinking.jinja"
+    path.write_text(base[:base.rindex("{%- if add_generation_prompt %}")] + THINKING_GENERATION_PROMPT)
+    return path
+
+
+@pytest.fixture(scope="session")
+def thinking_server(hf_cache, tmp_path_factory, thinking_template):
+    """`serve --chat-template FILE --reasoning on`: every chat starts inside <think>."""
+    work_dir = tmp_path_factory.mktemp("thinking-server")
+    live = LiveServer(base_env(hf_cache, work_dir), work_dir, name="thinking",
+                      extra_args=("--chat-template", str(thinking_template), "--reasoning", "on"))
+    yield live
+    live.stop()

@@ -33,14 +33,16 @@ FALLBACK_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# Blocks a prompt may leave open for the model to continue (templates that open <think>, or a
+# prefilled assistant turn with continue_final_message).
+OPEN_BLOCKS = (("<think>", "</think>"), ("<tool_call>", "</tool_call>"))
 
 
 @dataclass(frozen=True)
 class RenderedPrompt:
     ids: list[int]
     text: str
-    reasoning_open: bool  # the prompt ends inside <think>: generation starts as reasoning
+    open_block: str  # the prompt's unclosed trailing block ("<think>\n…"), or "": the web side's parser starts there
 
 
 def _setting(key: str, env: str) -> str | None:
@@ -91,10 +93,14 @@ def server_template_kwargs() -> dict:
     return kwargs
 
 
-def ends_inside_reasoning(text: str) -> bool:
-    """True when the last `<think>` is still open (templates that open it for the model)."""
-    opened = text.rfind(THINK_OPEN)
-    return opened >= 0 and text.rfind(THINK_CLOSE) < opened
+def open_block(text: str) -> str:
+    """The unclosed `<think>…` or `<tool_call>…` the text ends in, from its tag on; "" when none."""
+    start = -1
+    for opening, closing in OPEN_BLOCKS:
+        opened = text.rfind(opening)
+        if opened > start and text.rfind(closing) < opened:
+            start = opened
+    return text[start:] if start >= 0 else ""
 
 
 def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: dict) -> RenderedPrompt:
@@ -121,7 +127,7 @@ def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: dict) 
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise JobError(400, "The rendered conversation is empty.", "messages", "empty_prompt")
-    return RenderedPrompt(ids, text, ends_inside_reasoning(text))
+    return RenderedPrompt(ids, text, open_block(text))
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict) -> RenderedPrompt:
@@ -132,9 +138,9 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict) -> RenderedP
         ids = list(prompt["token_ids"])
         if any(not isinstance(t, int) or not 0 <= t < len(tokenizer) for t in ids):
             raise JobError(400, f"Token ids must be in [0, {len(tokenizer)}).", "tokens", "invalid_token_id")
-        return RenderedPrompt(ids, "", False)
+        return RenderedPrompt(ids, "", "")
     text = prompt.get("text")
     if not isinstance(text, str):
         raise JobError(400, "A prompt object needs `messages` or `text`.", "prompt", "invalid_prompt")
     ids = list(tokenizer(text, add_special_tokens=bool(prompt.get("add_special_tokens", True)))["input_ids"])
-    return RenderedPrompt(ids, text, False)
+    return RenderedPrompt(ids, text, "")

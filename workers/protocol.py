@@ -17,7 +17,7 @@ Worker -> web (on the reply channel), in this order:
     {"type": "generation.accepted", "worker": name}
     {"type": "generation.started", "model", "prompt_tokens": [int per prompt],
      "prompt_token_ids": [[int] per prompt], "max_model_len": int,
-     "reasoning_open": [bool per dict prompt: its rendered text ends inside <think>]}
+     "open_blocks": [str per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""]}
         or {"type": "generation.error", "status", "message", "param", "code"}
     {"type": "generation.delta", "choices": [ChoiceDelta...]}   (once per step)
     {"type": "generation.done", "usage": {"prompt_tokens", "completion_tokens"}}

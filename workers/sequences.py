@@ -173,15 +173,15 @@ class Request:
                 self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
                                                max_tokens, params["stop"], params["suffix"]))
 
-    # One flag per dict prompt, in order: its rendered text ends inside <think>.
-    reasoning_open: tuple[bool, ...] = ()
+    # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
+    open_blocks: tuple[str, ...] = ()
 
     def _tokenize(self, prompt: str | list[int] | dict) -> list[int]:
         if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
             from .chat_templates import render_prompt
 
             rendered = render_prompt(self.model.tokenizer, prompt)
-            self.reasoning_open = (*self.reasoning_open, rendered.reasoning_open)
+            self.open_blocks = (*self.open_blocks, rendered.open_block)
             return rendered.ids
         if isinstance(prompt, str):
             return list(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
@@ -228,7 +228,7 @@ class Request:
     def started_message(self) -> dict:
         return {"type": protocol.STARTED, "model": self.model.model_id,
                 "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids,
-                "max_model_len": self.model.max_model_len, "reasoning_open": list(self.reasoning_open)}
+                "max_model_len": self.model.max_model_len, "open_blocks": list(self.open_blocks)}
 
     def usage(self) -> dict:
         return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),

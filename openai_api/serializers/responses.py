@@ -1,0 +1,145 @@
+"""`POST /v1/responses` request: input items turned into the chat messages the worker's template renders.
+
+Stateless: nothing is stored, so `previous_response_id` is refused with a clear 400.
+"""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from .chat import ResponseFormatField, TemplateKwargsField, clean_message, clean_tool, invalid
+from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .sampling import SamplingParamsSerializer
+
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+
+
+def _text(content, path: str) -> str | list:
+    if isinstance(content, (str, list)):
+        return content
+    raise invalid(path, "content must be a string or a list of input_text parts.")
+
+
+def _reasoning_text(item: dict) -> str:
+    parts = (item.get("content") or []) + (item.get("summary") or [])
+    return "\n".join(p.get("text", "") for p in parts if isinstance(p, dict))
+
+
+def input_messages(items, instructions: str | None) -> list[dict]:
+    """Responses input (a string or items) as chat messages: function calls and outputs become tool turns."""
+    messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise invalid("input", "input must be a string or a non-empty list of items.")
+    reasoning = None
+    for index, item in enumerate(items):
+        path = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise invalid(path, "each input item must be an object.")
+        kind = item.get("type", "message")
+        if kind == "message":
+            if item.get("role") not in INPUT_ROLES:
+                raise invalid(f"{path}.role", f"role must be one of {', '.join(INPUT_ROLES)}.")
+            message = {"role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
+            if item["role"] == "assistant" and reasoning is not None:
+                message["reasoning_content"], reasoning = reasoning, None
+            messages.append(message)
+        elif kind == "function_call":
+            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+                raise invalid(path, "a function_call item needs call_id, name and arguments (strings).")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            previous = messages[-1] if messages else None
+            if previous and previous["role"] == "assistant" and previous.get("tool_calls"):
+                previous["tool_calls"].append(call)
+            else:
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if reasoning is not None:
+                    message["reasoning_content"], reasoning = reasoning, None
+                messages.append(message)
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), (str, list)):
+                raise invalid(path, "a function_call_output item needs call_id and output.")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        elif kind == "reasoning":
+            reasoning = _reasoning_text(item)
+        else:
+            raise invalid(f"{path}.type", f"input item type {kind!r} is not supported.")
+    return [clean_message(message, index) for index, message in enumerate(messages)]
+
+
+def chat_tool(tool, index: int) -> dict:
+    """Responses' flat function tool {"type", "name", "parameters", ...} in Chat Completions' shape."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        raise invalid(f"tools[{index}]", f"only function tools are supported, not {kind!r}.")
+    function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+    return clean_tool({"type": "function", "function": function}, index)
+
+
+class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerializer):
+    input = serializers.JSONField()
+    instructions = StrictCharField(required=False, allow_null=True, allow_blank=True)
+    max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1)
+    tools = serializers.JSONField(required=False, allow_null=True)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
+    parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
+    previous_response_id = StrictCharField(required=False, allow_null=True)
+    store = StrictBooleanField(required=False, allow_null=True)
+    metadata = serializers.DictField(child=StrictCharField(max_length=512), required=False, allow_null=True)
+    text = serializers.JSONField(required=False, allow_null=True)
+    chat_template_kwargs = TemplateKwargsField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("previous_response_id"):
+            raise invalid("previous_response_id", "This server is stateless and stores no responses: "
+                          "send the whole conversation in `input` instead of previous_response_id.")
+        if attrs.get("n", 1) != 1:
+            raise invalid("n", "The Responses API returns one output; n must be 1.")
+        attrs["messages"] = input_messages(attrs["input"], attrs.get("instructions"))
+        tools = attrs.get("tools") or []
+        if not isinstance(tools, list):
+            raise invalid("tools", "tools must be a list.")
+        attrs["chat_tools"] = [chat_tool(tool, index) for index, tool in enumerate(tools)]
+        self._validate_tool_choice(attrs)
+        text_format = (attrs.get("text") or {}).get("format") if isinstance(attrs.get("text"), dict) else None
+        if attrs.get("text") is not None and not isinstance(attrs["text"], dict):
+            raise invalid("text", 'text must be {"format": {...}}.')
+        if text_format is not None:
+            try:
+                schema = {k: v for k, v in text_format.items() if k != "type"} if isinstance(text_format, dict) else {}
+                shaped = {"type": text_format.get("type"), "json_schema": schema} if schema else text_format
+                attrs["response_format"] = ResponseFormatField().to_internal_value(shaped)
+            except (serializers.ValidationError, AttributeError):
+                raise invalid("text.format", 'format type must be "text", "json_object" or "json_schema".') from None
+        return attrs
+
+    @staticmethod
+    def _validate_tool_choice(attrs: dict) -> None:
+        choice, names = attrs.get("tool_choice"), {t["function"]["name"] for t in attrs["chat_tools"]}
+        if choice in (None, "none", "auto"):
+            return
+        if choice == "required":
+            if not names:
+                raise invalid("tool_choice", 'tool_choice "required" needs tools.')
+            return
+        if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+            if choice["name"] not in names:
+                raise invalid("tool_choice", f"tool_choice names function {choice['name']!r}, which is not in tools.")
+            return
+        raise invalid("tool_choice", 'tool_choice must be "none", "auto", "required" or {"type": "function", "name"}.')
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.validated_data["chat_tools"]) and self.validated_data.get("tool_choice") != "none"
+
+    def job_prompt(self) -> dict:
+        data = self.validated_data
+        kwargs = {"response_format": data["response_format"]} if data.get("response_format") else {}
+        return {"messages": data["messages"], "tools": data["chat_tools"] or None,
+                "chat_template_kwargs": {**kwargs, **(data.get("chat_template_kwargs") or {})},
+                "add_generation_prompt": True, "continue_final_message": False}
+
+    def job_params(self) -> dict:
+        return {**super().job_params(), "max_tokens": self.validated_data.get("max_output_tokens"),
+                "logprobs": None, "echo": False, "suffix": None}
