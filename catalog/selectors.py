@@ -1,4 +1,5 @@
-"""Read-only questions about models: what the Hugging Face cache holds, what a name means."""
+"""Read-only questions about models: what the Hugging Face cache holds, what a name means,
+how the catalog wants each model served and where it is loaded."""
 from __future__ import annotations
 
 import json
@@ -8,9 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
+from django.conf import settings
+from django.utils import timezone
 from huggingface_hub import scan_cache_dir
 
 from openai_api.errors import APIError
+
+from .models import CachedModel as CatalogModel
+from .models import ModelLoad, Worker
 
 CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 _SCAN_TTL_SECONDS = 2.0
@@ -24,6 +30,7 @@ class CachedModel:
     last_modified: float
     architectures: tuple[str, ...]
     snapshot_path: Path
+    revisions: tuple[str, ...] = ()
 
     @property
     def is_causal_lm(self) -> bool:
@@ -64,6 +71,7 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CachedModel]
                 last_modified=repo.last_modified,
                 architectures=_read_architectures(Path(revision.snapshot_path)),
                 snapshot_path=Path(revision.snapshot_path),
+                revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
             )
         )
     return sorted(models, key=lambda m: m.repo_id)
@@ -90,8 +98,107 @@ def forget_scan() -> None:
 
 
 def find_cached_model(name: str) -> CachedModel | None:
-    repo_id = name.split("@", 1)[0]
+    """The enabled cached causal LM a name (or alias) means."""
+    repo_id = canonical_repo_id(name)
+    if repo_id in catalog_rules()[1]:
+        return None
     return next((m for m in cached_causal_lms() if m.repo_id == repo_id), None)
+
+
+# --- the catalog's rules: aliases and disabled models, read at most every couple of seconds ---
+
+_rules: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
+
+
+def catalog_rules() -> tuple[dict[str, str], set[str]]:
+    """({alias: repo_id}, {disabled repo_id}) from the catalog."""
+    global _rules
+    stamp, aliases, disabled = _rules
+    if time.monotonic() - stamp > _SCAN_TTL_SECONDS:
+        aliases, disabled = {}, set()
+        for repo_id, names, enabled in CatalogModel.objects.filter(gone=False).values_list("repo_id", "aliases", "enabled"):
+            for alias in names or ():
+                aliases[str(alias)] = repo_id
+            if not enabled:
+                disabled.add(repo_id)
+        _rules = (time.monotonic(), aliases, disabled)
+    return aliases, disabled
+
+
+def forget_rules() -> None:
+    global _rules
+    _rules = (0.0, {}, set())
+
+
+def canonical_repo_id(name: str) -> str:
+    """The repo id a model name or alias refers to (the `@revision` dropped)."""
+    repo_id = name.split("@", 1)[0]
+    return catalog_rules()[0].get(repo_id, catalog_rules()[0].get(name, repo_id))
+
+
+def model_settings_map() -> dict[str, dict]:
+    """Per-model settings as workers take them (workers.protocol ModelSettings)."""
+    fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults")
+    return {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
+            for row in CatalogModel.objects.filter(gone=False).values(*fields)}
+
+
+def preload_models() -> list[str]:
+    return list(CatalogModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True))
+
+
+# --- where models run -----------------------------------------------------------
+
+def worker_is_alive(worker: Worker) -> bool:
+    """Online and heard from recently (a silent worker is lost even before anyone marks it)."""
+    if worker.status != Worker.Status.ONLINE or worker.last_heartbeat is None:
+        return False
+    return (timezone.now() - worker.last_heartbeat).total_seconds() <= settings.INFERENCE["WORKER_LOST_AFTER"]
+
+
+def live_workers() -> list[Worker]:
+    return [w for w in Worker.objects.filter(status=Worker.Status.ONLINE) if worker_is_alive(w)]
+
+
+STATUS_ORDER = {ModelLoad.Status.LOADED: 3, ModelLoad.Status.LOADING: 2, ModelLoad.Status.ERROR: 1}
+
+
+def load_states(loads=None) -> dict[str, dict]:
+    """{repo_id: {"status": loaded|loading|error, "loaded_on": [worker], "last_used"}} on live workers."""
+    states: dict[str, dict] = {}
+    alive = [w.pk for w in live_workers()]
+    rows = ((loads if loads is not None else ModelLoad.objects).filter(worker_id__in=alive).exclude(status=ModelLoad.Status.UNLOADED)
+            .select_related("model", "worker"))
+    for row in rows:
+        state = states.setdefault(row.model.repo_id, {"status": row.status, "loaded_on": [], "last_used": None,
+                                                      "error": ""})
+        if STATUS_ORDER.get(row.status, 0) > STATUS_ORDER.get(state["status"], 0):
+            state["status"] = row.status
+        if row.status == ModelLoad.Status.LOADED:
+            state["loaded_on"].append(row.worker.name)
+        if row.status == ModelLoad.Status.ERROR:
+            state["error"] = row.error
+        if row.last_used and (state["last_used"] is None or row.last_used > state["last_used"]):
+            state["last_used"] = row.last_used
+    return states
+
+
+def load_state(repo_id: str) -> dict | None:
+    """One model's load state on live workers, or None when it is on none."""
+    return load_states(ModelLoad.objects.filter(model__repo_id=repo_id)).get(repo_id)
+
+
+def models_on_worker(worker: Worker) -> list[str]:
+    return list(ModelLoad.objects.filter(worker=worker, status=ModelLoad.Status.LOADED)
+                .values_list("model__repo_id", flat=True))
+
+
+def listed_models() -> list[tuple[CachedModel, dict]]:
+    """The enabled cached causal LMs, each with its load state (status "cached" when on no worker)."""
+    states = load_states()
+    disabled = catalog_rules()[1]
+    return [(m, states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}))
+            for m in cached_causal_lms() if m.repo_id not in disabled]
 
 
 def resolve_model_id(name: str) -> str:
@@ -100,6 +207,11 @@ def resolve_model_id(name: str) -> str:
     Names not in the cache pass through when the hub is reachable, so the worker
     can download them on first request; offline they are unknown.
     """
+    repo_id = canonical_repo_id(name)
+    if repo_id in catalog_rules()[1]:
+        raise APIError(404, f"The model `{name}` is disabled on this server.", param="model", code="model_not_found")
+    if repo_id != name.split("@", 1)[0]:  # an alias: the job carries the real id (and any revision)
+        name = repo_id + (name[len(name.split("@", 1)[0]):] if "@" in name else "")
     if find_cached_model(name) is not None:
         return name
     forget_scan()

@@ -92,6 +92,9 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Concurrent request threads and the worker share one file: wait, don't fail.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Write transactions take the lock up front: a read that later writes would otherwise fail
+    # at once with "database is locked" when a worker's heartbeat and a request write together.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -161,6 +164,14 @@ INFERENCE = {
     "CHAT_TEMPLATE": os.environ.get("INFERENCE_CHAT_TEMPLATE", ""),
     "CHAT_TEMPLATE_KWARGS": os.environ.get("INFERENCE_CHAT_TEMPLATE_KWARGS", ""),
     "REASONING": os.environ.get("INFERENCE_REASONING", "auto"),
+    # Model catalog: seconds idle before a worker unloads a model (-1: never; `serve --model-timeout`),
+    # a worker's memory budget for loaded models (MiB, 0: none; the least recently used idle model
+    # makes room), how often workers beat, when a silent one counts as lost, how often `serve` rescans.
+    "MODEL_TIMEOUT": env_float("INFERENCE_MODEL_TIMEOUT", 300.0),
+    "WORKER_MEMORY_BUDGET_MB": env_float("INFERENCE_WORKER_MEMORY_BUDGET_MB", 0.0),
+    "HEARTBEAT_SECONDS": env_float("INFERENCE_HEARTBEAT_SECONDS", 3.0),
+    "WORKER_LOST_AFTER": env_float("INFERENCE_WORKER_LOST_AFTER", 15.0),
+    "SCAN_INTERVAL": env_float("INFERENCE_SCAN_INTERVAL", 60.0),
 }
 
 LANGUAGE_CODE = "en-us"

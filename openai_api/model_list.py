@@ -1,33 +1,45 @@
-"""`GET /v1/models` and `GET /v1/models/{id}`: the causal LMs the server can serve."""
+"""`GET /v1/models` and `GET /v1/models/{id}`: the enabled causal LMs the server can serve.
+
+OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
+error), `loaded_on` (worker names) and `size_bytes` on disk.
+"""
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 from rest_framework.response import Response
 
-from catalog.selectors import CachedModel, cached_causal_lms, find_cached_model
+from catalog.selectors import CachedModel, canonical_repo_id, listed_models
 
 from .base import OpenAIView
 from .errors import APIError
 
 
-def model_object(model: CachedModel) -> dict:
+def model_object(model: CachedModel, state: dict) -> dict:
     return {
         "id": model.repo_id,
         "object": "model",
         "created": int(model.last_modified),
         "owned_by": model.repo_id.split("/", 1)[0] if "/" in model.repo_id else "local",
+        "status": state["status"],
+        "loaded_on": state["loaded_on"],
+        "size_bytes": model.size_on_disk,
     }
 
 
 class ModelListView(OpenAIView):
     async def get(self, request):
-        models = await sync_to_async(cached_causal_lms)()
-        return Response({"object": "list", "data": [model_object(m) for m in models]})
+        models = await sync_to_async(listed_models)()
+        return Response({"object": "list", "data": [model_object(m, state) for m, state in models]})
+
+
+def _find(model_id: str) -> tuple[CachedModel, dict] | None:
+    repo_id = canonical_repo_id(model_id)
+    return next(((m, s) for m, s in listed_models() if m.repo_id == repo_id), None)
 
 
 class ModelDetailView(OpenAIView):
     async def get(self, request, model_id: str):
-        model = await sync_to_async(find_cached_model)(model_id)
-        if model is None:
+        found = await sync_to_async(_find)(model_id)
+        if found is None:
             raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-        return Response(model_object(model))
+        return Response(model_object(*found))

@@ -4,6 +4,7 @@ from .chat import ChatCompletionsView
 from .completions import CompletionsView
 from .health import health
 from .model_list import ModelDetailView, ModelListView
+from .model_loading import LoadModelView, UnloadModelView
 from .responses import ResponsesView
 from .tokenize import DetokenizeView, TokenizeView
 
@@ -14,6 +15,8 @@ urlpatterns = [
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
+    path("load_model", LoadModelView.as_view()),
+    path("unload_model", UnloadModelView.as_view()),
     path("v1/models", ModelListView.as_view()),
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),
 ]

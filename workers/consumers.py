@@ -1,7 +1,10 @@
 """The worker's Channels consumer: a thin adapter between the channel layer and the engine.
 
-Bound to the shared worker channel (one job goes to one worker) and to the
-group of all workers (cancellations reach whichever worker holds the job).
+Bound to the shared worker channel (one job goes to one worker), to the group of all
+workers (cancellations, unloads and catalog settings reach every worker) and to its own
+channel (control messages for this worker). It also keeps the worker's catalog rows:
+a heartbeat every few seconds and every load/unload the engine reports, written through
+database_sync_to_async here, never from the engine thread.
 """
 from __future__ import annotations
 
@@ -12,14 +15,16 @@ import os
 import socket
 
 from channels.consumer import AsyncConsumer
-from channels.layers import get_channel_layer
 from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 from django.conf import settings
 
 from . import protocol
 
 logger = logging.getLogger(__name__)
+MIB = 1024 * 1024
 
 
 class EngineBridge:
@@ -27,24 +32,46 @@ class EngineBridge:
 
     _instance: "EngineBridge | None" = None
 
-    def __init__(self, layer) -> None:
+    def __init__(self, layer, name: str = "", model_settings: dict | None = None) -> None:
         from .engine import Engine  # torch is imported only once a worker really starts
 
         config = settings.INFERENCE
         self.layer = layer
+        self.name = name
         self.loop = asyncio.get_running_loop()
         self.outbox: asyncio.Queue = asyncio.Queue()
+        self.model_events: asyncio.Queue = asyncio.Queue()
+        budget = int(config["WORKER_MEMORY_BUDGET_MB"] * MIB) or None
         self.engine = Engine(self._emit, device=config["DEVICE"], dtype=config["DTYPE"],
                              torch_threads=config["TORCH_THREADS"], max_num_seqs=config["MAX_NUM_SEQS"],
-                             max_queue=config["MAX_QUEUE"], prefill_chunk=config["PREFILL_CHUNK"])
+                             max_queue=config["MAX_QUEUE"], prefill_chunk=config["PREFILL_CHUNK"],
+                             model_timeout=config["MODEL_TIMEOUT"], memory_budget_bytes=budget,
+                             on_model_event=self._on_model_event, name=name)
+        if model_settings:
+            self.engine.control({"type": protocol.MODEL_SETTINGS, "settings": model_settings})
         self.sender = self.loop.create_task(self._send_forever())
+        self.recorder = self.loop.create_task(self._record_forever())
         self.engine.start()
 
     @classmethod
-    def get(cls, layer) -> "EngineBridge":
+    def get(cls, layer, name: str = "", model_settings: dict | None = None) -> "EngineBridge":
         if cls._instance is None:
-            cls._instance = cls(layer)
+            cls._instance = cls(layer, name, model_settings)
         return cls._instance
+
+    def _on_model_event(self, event: dict) -> None:
+        """Called from the engine thread: a load or unload to record in the catalog."""
+        self.loop.call_soon_threadsafe(self.model_events.put_nowait, event)
+
+    async def _record_forever(self) -> None:
+        from catalog import services
+
+        while True:
+            event = await self.model_events.get()
+            try:
+                await database_sync_to_async(services.record_model_event)(self.name, event)
+            except Exception:  # the catalog is bookkeeping; generation goes on without it
+                logger.warning("could not record %s", event, exc_info=True)
 
     def _emit(self, channel: str, message: dict) -> None:
         """Called from the engine thread."""
@@ -73,7 +100,11 @@ class InferenceConsumer(AsyncConsumer):
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
         await self.channel_layer.group_add(settings.INFERENCE["WORKER_GROUP"], self.channel_name)
-        await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+        heartbeats = asyncio.ensure_future(self._start_and_beat())
+        try:
+            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+        finally:
+            heartbeats.cancel()
 
     async def dispatch(self, message: dict) -> None:
         # As AsyncConsumer.dispatch without closing old DB connections first: this consumer
@@ -83,10 +114,55 @@ class InferenceConsumer(AsyncConsumer):
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
+    catalog_settings: dict = {}
+
     @property
     def bridge(self) -> EngineBridge:
         # Created on the first job: an idle worker has not even imported torch.
-        return EngineBridge.get(self.channel_layer)
+        return EngineBridge.get(self.channel_layer, self.worker_name, self.catalog_settings)
+
+    async def _start_and_beat(self) -> None:
+        """Register in the catalog, take its settings, preload flagged models, then beat until stopped."""
+        from catalog import selectors, services
+
+        config = settings.INFERENCE
+        db = database_sync_to_async
+        try:
+            budget = config["WORKER_MEMORY_BUDGET_MB"] or None
+            await db(services.register_worker)(self.worker_name, socket.gethostname(), os.getpid(),
+                                               self.channel_name, config["DEVICE"], budget or _system_memory_mb())
+            InferenceConsumer.catalog_settings = await db(selectors.model_settings_map)()
+            for name in await db(selectors.preload_models)():
+                self.bridge.engine.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
+        except Exception:
+            logger.exception("worker %s could not register in the catalog", self.worker_name)
+        while True:
+            await asyncio.sleep(config["HEARTBEAT_SECONDS"])
+            loaded = EngineBridge._instance.engine.manager.snapshot() if EngineBridge._instance else {}
+            try:
+                await db(services.heartbeat)(self.worker_name, loaded)
+                await db(services.mark_lost_workers)()
+            except Exception:
+                logger.warning("heartbeat of %s failed", self.worker_name, exc_info=True)
+
+    async def model_settings(self, message: dict) -> None:
+        InferenceConsumer.catalog_settings = message.get("settings") or {}
+        if EngineBridge._instance is not None:
+            self.bridge.engine.control(message)
+
+    async def model_load(self, message: dict) -> None:
+        bridge = self.bridge
+        if message.get("reply_channel"):
+            bridge.send(message["reply_channel"], {"type": protocol.MODEL_ACCEPTED, "worker": self.worker_name})
+        bridge.engine.control(message)
+
+    async def model_unload(self, message: dict) -> None:
+        if EngineBridge._instance is not None:
+            self.bridge.engine.control(message)
+        elif message.get("reply_channel"):  # nothing loaded here: say so at once
+            await self.channel_layer.send(message["reply_channel"], {
+                "type": protocol.MODEL_PROGRESS, "worker": self.worker_name,
+                "event": {"status": "not_loaded", "model": message["model"]}})
 
     async def generation_submit(self, message: dict) -> None:
         bridge = self.bridge
@@ -102,3 +178,11 @@ class InferenceConsumer(AsyncConsumer):
     async def generation_cancel(self, message: dict) -> None:
         if EngineBridge._instance is not None:
             self.bridge.engine.cancel(message["request_id"])
+
+
+def _system_memory_mb() -> float | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().total / MIB

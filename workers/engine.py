@@ -20,28 +20,35 @@ from collections.abc import Callable
 import torch
 
 from . import protocol
-from .model_loader import LoadedModel, ModelLoadError, load_model
-from .runner import ModelRunner
+from .model_loader import LoadedModel, ModelLoadError
+from .model_manager import MemoryBudgetError, ModelBusyError, ModelManager, canonical_name
 from .sequences import JobError, Request, Sequence
 
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[str, dict], None]
 CANCEL_MEMORY_SECONDS = 300.0
+IDLE_CHECK_SECONDS = 0.5
+CONTROL_TYPES = (protocol.MODEL_LOAD, protocol.MODEL_UNLOAD, protocol.MODEL_SETTINGS)
 
 
 class Engine:
     def __init__(self, emit: Emit, device: str = "auto", dtype: str = "auto", torch_threads: int = 0,
-                 max_num_seqs: int = 32, max_queue: int = 256, prefill_chunk: int = 512) -> None:
+                 max_num_seqs: int = 32, max_queue: int = 256, prefill_chunk: int = 512,
+                 model_timeout: float = 300.0, memory_budget_bytes: int | None = None,
+                 on_model_event: Callable[[dict], None] | None = None, name: str = "") -> None:
         self.emit = emit
+        self.name = name
         self.device = device
         self.dtype = dtype
         self.torch_threads = torch_threads
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
-        self.models: dict[str, LoadedModel] = {}
-        self.runners: dict[str, ModelRunner] = {}
+        self.manager = ModelManager(device, dtype, prefill_chunk, model_timeout, memory_budget_bytes, on_model_event)
+        self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
+        self.runners = self.manager.runners
+        self._idle_checked = 0.0
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
@@ -76,6 +83,10 @@ class Engine:
     def cancel(self, request_id: str) -> None:
         self._inbox.put({"type": protocol.CANCEL, "request_id": request_id})
 
+    def control(self, message: dict) -> None:
+        """A model.load / model.unload / model.settings message; handled in order with jobs."""
+        self._inbox.put(message)
+
     # --- engine thread ---------------------------------------------------
     def _job_done(self) -> None:
         with self._lock:
@@ -87,6 +98,12 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
+                if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
+                    self._idle_checked = time.monotonic()
+                    try:
+                        self.manager.unload_idle(self._busy())
+                    except Exception:
+                        logger.exception("idle unloading failed")
                 if self.requests:
                     try:
                         self._step()
@@ -113,6 +130,8 @@ class Engine:
         for message in messages:
             if message["type"] == protocol.SUBMIT:
                 self._admit(message)
+            elif message["type"] in CONTROL_TYPES:
+                self._control(message)
 
     def _cancel(self, request_id: str) -> None:
         now = time.monotonic()
@@ -126,14 +145,45 @@ class Engine:
             generated = sum(len(seq.completion_ids) for seq in request.sequences)
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
+    def _busy(self) -> set[str]:
+        return {request.model_name for request in self.requests.values()}
+
     def _model(self, name: str) -> LoadedModel:
-        loaded = self.models.get(name)
-        if loaded is None:
-            loaded = load_model(name, self.device, self.dtype)
-            self.models[name] = loaded
-            self.runners[name] = ModelRunner(loaded, self.prefill_chunk)
-        loaded.last_used = time.monotonic()
-        return loaded
+        # Loads block this thread, so jobs queued meanwhile for the same model find it loaded: one load.
+        return self.manager.get(name, self._busy(), "request")
+
+    def _control(self, message: dict) -> None:
+        """Load, unload or reconfigure models; progress goes to the message's reply channel, if any."""
+        kind = message["type"]
+        if kind == protocol.MODEL_SETTINGS:
+            self.manager.configure(message.get("settings") or {})
+            return
+        name = canonical_name(message["model"])
+        reply = message.get("reply_channel")
+
+        def send(event: dict) -> None:
+            if reply:
+                self.emit(reply, {"type": protocol.MODEL_PROGRESS, "worker": self.name, "event": event})
+
+        def progress(stage: str, value: dict | None = None) -> None:
+            send({"status": "loading", "model": name, "stage": stage, **({"progress": value} if value else {})})
+
+        requested_by = message.get("requested_by") or "control"
+        try:
+            if kind == protocol.MODEL_LOAD:
+                cached = name in self.models
+                self.manager.get(name, self._busy(), requested_by, progress)
+                send({"status": "ready", "model": name, "cached": cached})
+            else:
+                unloaded = self.manager.unload(name, self._busy(), requested_by)
+                send({"status": "unloaded" if unloaded else "not_loaded", "model": name})
+        except ModelBusyError as exc:
+            send({"status": "error", "model": name, "message": str(exc), "code": "model_busy"})
+        except ModelLoadError as exc:
+            send({"status": "error", "model": name, "message": str(exc), "code": _load_error_code(exc)})
+        except Exception as exc:
+            logger.exception("model control %s %s failed", kind, name)
+            send({"status": "error", "model": name, "message": f"The worker failed: {exc}", "code": "internal_error"})
 
     def _admit(self, job: dict) -> None:
         request_id, reply = job["request_id"], job["reply_channel"]
@@ -142,15 +192,14 @@ class Engine:
             return
         try:
             request = Request(job, self._model(job["model"]))
-            request.model_name = job["model"]
+            request.model_name = canonical_name(job["model"])
             self._finish_empty_sequences(request)
         except JobError as exc:
             self._refuse(reply, exc.message_dict())
             return
         except ModelLoadError as exc:
             status = 404 if exc.not_found else 503
-            code = "model_not_found" if exc.not_found else "model_load_failed"
-            self._refuse(reply, protocol.error_message(status, str(exc), "model", code))
+            self._refuse(reply, protocol.error_message(status, str(exc), "model", _load_error_code(exc)))
             return
         except Exception:
             logger.exception("could not admit %s", request_id)
@@ -269,3 +318,9 @@ class Engine:
                         usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
         elif deltas:
             self.emit(request.reply_channel, {"type": protocol.DELTA, "choices": deltas})
+
+
+def _load_error_code(exc: ModelLoadError) -> str:
+    if exc.not_found:
+        return "model_not_found"
+    return "insufficient_memory" if isinstance(exc, MemoryBudgetError) else "model_load_failed"

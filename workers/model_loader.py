@@ -1,18 +1,27 @@
 """Loading a causal LM and its tokenizer from the Hugging Face cache (or the hub, online)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from huggingface_hub import snapshot_download, try_to_load_from_cache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import cached_file
 
 from .sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
+
+# progress(stage, {"current", "total"} | None): the load stages of /load_model, in order.
+Progress = Callable[[str, "dict | None"], None]
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 class ModelLoadError(Exception):
@@ -34,6 +43,7 @@ class LoadedModel:
     eos_token_ids: list[int]
     generation_defaults: dict = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
+    memory_bytes: int = 0
 
     @property
     def vocab_size(self) -> int:
@@ -96,19 +106,100 @@ def _max_model_len(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -
     return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
 
 
-def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's parameters and buffers hold, wherever they live."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def estimate_bytes(name: str) -> int | None:
+    """Weight bytes on disk for a cached model (what loading it will roughly take); None if not cached."""
+    repo_id, revision = split_revision(name)
+    config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if not isinstance(config, str):
+        return None
+    snapshot = Path(config).parent
+    return sum(f.stat().st_size for f in snapshot.rglob("*") if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
+
+
+_progress_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _weights_progress(progress: Progress) -> Iterator[None]:
+    """Report transformers' per-tensor loading loop as `weights` progress.
+
+    transformers drives that loop through its own tqdm; while this thread loads, that name
+    points at a wrapper that counts items (other threads still get the real tqdm).
+    """
+    try:
+        from transformers import core_model_loading as loading
+    except ImportError:  # another transformers layout: start and end only
+        yield
+        return
+    with _progress_lock:
+        original = getattr(loading, "tqdm", None)
+        if original is None:
+            yield
+            return
+        owner = threading.current_thread()
+
+        def counting_tqdm(iterable=None, *args, **kwargs):
+            if threading.current_thread() is not owner or iterable is None:
+                return original(iterable, *args, **kwargs)
+            return _count(iterable, progress)
+
+        loading.tqdm = counting_tqdm
+        try:
+            yield
+        finally:
+            loading.tqdm = original
+
+
+def _count(iterable, progress: Progress) -> Iterator:
+    items = list(iterable)
+    total = len(items)
+    every = max(1, total // 10)  # about ten events per load, always the first and the last
+    for index, item in enumerate(items, 1):
+        yield item
+        if index == 1 or index == total or index % every == 0:
+            progress("weights", {"current": index, "total": total})
+
+
+def _local_first(loader, repo_id: str, **kwargs):
+    try:  # what the cache holds loads without touching the network
+        return loader(repo_id, local_files_only=True, **kwargs)
+    except OSError:
+        return loader(repo_id, **kwargs)
+
+
+def _download(repo_id: str, revision: str, progress: Progress) -> None:
+    progress("download", {"current": 0, "total": None})
+    folder = Path(snapshot_download(repo_id, revision=revision))
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    progress("download", {"current": size, "total": size})
+
+
+def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
+    """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
+    report: Progress = progress or (lambda stage, value=None: None)
     repo_id, revision = split_revision(name)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     started = time.monotonic()
     try:
-        try:  # what the cache holds loads without touching the network
-            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, dtype=torch_dtype,
-                                                         local_files_only=True)
+        report("processor", None)
+        tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
+        report("config", None)
+        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)
+        kwargs = dict(revision=revision, config=config, dtype=torch_dtype)
+        try:
+            with _weights_progress(report):
+                model = AutoModelForCausalLM.from_pretrained(repo_id, local_files_only=True, **kwargs)
         except OSError:
-            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision)
-            model = AutoModelForCausalLM.from_pretrained(repo_id, revision=revision, dtype=torch_dtype)
+            _download(repo_id, revision, report)
+            with _weights_progress(report):
+                model = AutoModelForCausalLM.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"The model `{name}` does not exist or could not be read: {exc}", not_found=True) from exc
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -128,4 +219,5 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedMo
         max_model_len=_max_model_len(model, tokenizer),
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
+        memory_bytes=model_bytes(model),
     )

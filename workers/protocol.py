@@ -21,6 +21,19 @@ Worker -> web (on the reply channel), in this order:
         or {"type": "generation.error", "status", "message", "param", "code"}
     {"type": "generation.delta", "choices": [ChoiceDelta...]}   (once per step)
     {"type": "generation.done", "usage": {"prompt_tokens", "completion_tokens"}}
+Model control (web/admin -> a worker's channel, the shared worker channel, or the group):
+    {"type": "model.load", "model": "repo@rev", "reply_channel": str | None, "requested_by": str}
+        on the shared channel one worker takes it; on a worker's own channel that worker.
+    {"type": "model.unload", "model": "repo@rev", "reply_channel": str | None, "requested_by": str}
+    {"type": "model.settings", "settings": {repo_id: ModelSettings}}   (group: every worker)
+    ModelSettings is {"enabled", "idle_timeout": int | None, "preload", "dtype", "device",
+    "chat_template", "generation_defaults"}; the whole map, replacing the last one.
+Worker -> the control request's reply channel:
+    {"type": "model.accepted", "worker": name}
+    {"type": "model.progress", "event": LoadEvent}   (until one with status ready/error)
+    LoadEvent is exactly /load_model's SSE payload: {"status": "loading", "model", "stage",
+    "progress"?} then {"status": "ready", "model", "cached"} or {"status": "error", "model",
+    "message", "code"}; an unload ends with {"status": "unloaded", "model"} or an error.
 A ChoiceDelta is {"index", "text", "token_ids", "logprobs", "finish_reason"}
 where logprobs is None or {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
 """
@@ -33,6 +46,12 @@ STARTED = "generation.started"
 ERROR = "generation.error"
 DELTA = "generation.delta"
 DONE = "generation.done"
+MODEL_LOAD = "model.load"
+MODEL_UNLOAD = "model.unload"
+MODEL_SETTINGS = "model.settings"
+MODEL_ACCEPTED = "model.accepted"
+MODEL_PROGRESS = "model.progress"
+LOAD_STAGES = ("processor", "config", "download", "weights")
 
 # Sampling and output parameters a job may carry, with their neutral values.
 PARAM_DEFAULTS: dict[str, object] = {
@@ -77,3 +96,15 @@ def error_message(status: int, message: str, param: str | None = None, code: str
                   retry_after: int | None = None) -> dict:
     return {"type": ERROR, "status": status, "message": message, "param": param, "code": code,
             "retry_after": retry_after}
+
+
+def control_message(kind: str, model: str, reply_channel: str | None = None, requested_by: str = "") -> dict:
+    """A model.load / model.unload request."""
+    if kind not in (MODEL_LOAD, MODEL_UNLOAD):
+        raise ValueError(f"not a model control message: {kind}")
+    return {"type": kind, "model": model, "reply_channel": reply_channel, "requested_by": requested_by}
+
+
+def is_terminal(event: dict) -> bool:
+    """Whether a model.progress event ends its stream."""
+    return event.get("status") in ("ready", "error", "unloaded")

@@ -28,17 +28,28 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
         parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
         parser.add_argument("--chat-template-kwargs", metavar="JSON", help='default template kwargs, e.g. \'{"enable_thinking": false}\'')
+        parser.add_argument("--model-timeout", type=float, metavar="SECONDS",
+                            help="unload a model idle this long (default 300; -1: never)")
         parser.add_argument("--reasoning", choices=("auto", "on", "off"), help="on/off set enable_thinking in the template")
 
     def handle(self, *args, host: str, port: int, no_auth: bool, no_worker: bool, **options):
         self._configure_chat(options.get("chat_template"), options.get("chat_template_kwargs"), options.get("reasoning"))
         call_command("migrate", interactive=False, verbosity=0)
+        if options.get("model_timeout") is not None:
+            settings.INFERENCE["MODEL_TIMEOUT"] = options["model_timeout"]
+            os.environ["INFERENCE_MODEL_TIMEOUT"] = str(options["model_timeout"])
         if not no_worker:
             self._ensure_a_model()
+        from catalog.services import scan_cache
+
+        self.stdout.write(f"Model catalog: {scan_cache()}")
         self._announce_auth(port, no_auth)
         from inference_site.asgi import application
 
         def start_worker() -> None:
+            from catalog.periodic import maintain_catalog
+
+            asyncio.get_event_loop().create_task(maintain_catalog())
             if not no_worker:
                 from workers.runtime import run_worker
 

@@ -1,0 +1,161 @@
+"""The catalog in Django's admin: thin actions, each one call into `catalog.services`."""
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.shortcuts import render
+from django.template.defaultfilters import filesizeformat
+
+from . import selectors, services
+from .models import CachedModel, LoadEvent, ModelLoad, Worker
+
+
+class IdleTimeoutForm(forms.Form):
+    idle_timeout = forms.IntegerField(required=False, min_value=-1,
+                                      help_text="seconds; empty: the server default; -1: never unload")
+
+
+def _who(request) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+def _intermediate(request, queryset, action: str, intro: str, submit_label: str, form=None, show_size=False):
+    return render(request, "admin/catalog/action_form.html", {
+        "queryset": queryset, "action": action, "intro": intro, "submit_label": submit_label, "form": form,
+        "show_size": show_size, "title": intro, "opts": CachedModel._meta})
+
+
+class ModelLoadInline(admin.TabularInline):
+    model = ModelLoad
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ("worker", "status", "memory_mb", "loaded_at", "last_used", "error")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(CachedModel)
+class CachedModelAdmin(admin.ModelAdmin):
+    list_display = ("repo_id", "status", "loaded_on", "size", "last_used", "idle_timeout", "preload", "enabled")
+    list_editable = ("idle_timeout", "preload", "enabled")
+    list_filter = ("enabled", "preload", "is_causal_lm", "gone", "dtype")
+    search_fields = ("repo_id",)
+    readonly_fields = ("repo_id", "revision", "revisions", "size_on_disk", "architectures", "is_causal_lm",
+                       "last_modified", "last_scanned", "gone")
+    inlines = [ModelLoadInline]
+    actions = ["preload_now", "unload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
+               "delete_from_cache"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # rows come from cache scans
+
+    @admin.display(description="status")
+    def status(self, obj: CachedModel) -> str:
+        if obj.gone:
+            return "gone"
+        state = selectors.load_state(obj.repo_id)
+        return state["status"] if state else "cached"
+
+    @admin.display(description="loaded on")
+    def loaded_on(self, obj: CachedModel) -> str:
+        state = selectors.load_state(obj.repo_id)
+        return ", ".join(state["loaded_on"]) if state else ""
+
+    @admin.display(description="size", ordering="size_on_disk")
+    def size(self, obj: CachedModel) -> str:
+        return filesizeformat(obj.size_on_disk)
+
+    @admin.display(description="last used")
+    def last_used(self, obj: CachedModel):
+        state = selectors.load_state(obj.repo_id)
+        return state["last_used"] if state else None
+
+    def save_model(self, request, obj, form, change) -> None:
+        services.save_model_settings(obj)  # list_editable and the change form both land here
+
+    @admin.action(description="Preload now (load on a worker)")
+    def preload_now(self, request, queryset) -> None:
+        for model in queryset:
+            where = services.request_load(model.repo_id, _who(request))
+            self.message_user(request, f"Asked {where} to load {model.repo_id}.")
+
+    @admin.action(description="Unload now (from every worker)")
+    def unload_now(self, request, queryset) -> None:
+        for model in queryset:
+            services.request_unload(model.repo_id, _who(request))
+        self.message_user(request, f"Asked every worker to unload {queryset.count()} model(s); "
+                                   "a worker refuses while the model is generating.")
+
+    @admin.action(description="Set idle timeout…")
+    def set_idle_timeout(self, request, queryset):
+        if "apply" in request.POST:
+            form = IdleTimeoutForm(request.POST)
+            if form.is_valid():
+                count = services.set_idle_timeout(list(queryset), form.cleaned_data["idle_timeout"])
+                self.message_user(request, f"Idle timeout set on {count} model(s).")
+                return None
+        else:
+            form = IdleTimeoutForm()
+        return _intermediate(request, queryset, "set_idle_timeout", "Set the idle timeout of these models",
+                             "Set idle timeout", form=form)
+
+    @admin.action(description="Enable")
+    def enable(self, request, queryset) -> None:
+        self.message_user(request, f"Enabled {services.set_enabled(list(queryset), True)} model(s).")
+
+    @admin.action(description="Disable (clients can no longer use them)")
+    def disable(self, request, queryset) -> None:
+        self.message_user(request, f"Disabled {services.set_enabled(list(queryset), False)} model(s).")
+
+    @admin.action(description="Rescan the cache")
+    def rescan_cache(self, request, queryset) -> None:
+        self.message_user(request, f"Cache rescanned: {services.scan_cache()}.")
+
+    @admin.action(description="Delete from cache…")
+    def delete_from_cache(self, request, queryset):
+        if "apply" in request.POST:
+            freed = sum(services.delete_from_cache(model, _who(request)) for model in queryset)
+            self.message_user(request, f"Deleted {queryset.count()} model(s) from the cache, "
+                                       f"{filesizeformat(freed)} freed.", messages.WARNING)
+            return None
+        return _intermediate(request, queryset, "delete_from_cache",
+                             "Delete these models' files from the Hugging Face cache? Workers unload them first.",
+                             "Yes, delete the files", show_size=True)
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("name", "live_status", "device", "memory", "loaded_models", "last_heartbeat", "started_at")
+    list_filter = ("status",)
+    search_fields = ("name", "host")
+    readonly_fields = [f.name for f in Worker._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.display(description="status")
+    def live_status(self, obj: Worker) -> str:
+        return "online" if selectors.worker_is_alive(obj) else ("lost" if obj.status == Worker.Status.ONLINE else obj.status)
+
+    @admin.display(description="memory (MiB used / total)")
+    def memory(self, obj: Worker) -> str:
+        total = f"{obj.memory_total_mb:.0f}" if obj.memory_total_mb else "?"
+        return f"{obj.memory_used_mb:.1f} / {total}"
+
+    @admin.display(description="loaded models")
+    def loaded_models(self, obj: Worker) -> str:
+        if not selectors.worker_is_alive(obj):
+            return ""
+        return ", ".join(selectors.models_on_worker(obj))
+
+
+@admin.register(LoadEvent)
+class LoadEventAdmin(admin.ModelAdmin):
+    list_display = ("at", "action", "model_name", "worker", "requested_by", "duration_s", "error")
+    list_filter = ("action", "requested_by")
+    search_fields = ("model_name", "requested_by")
+    readonly_fields = [f.name for f in LoadEvent._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False

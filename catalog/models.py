@@ -1,0 +1,121 @@
+"""The model catalog: what the cache holds, how an admin wants each model served, where it runs.
+
+Rows are written by `catalog.services` (scans, admin changes) and by workers (heartbeats,
+load events). Models deleted from disk are marked `gone`, never dropped, so their settings
+and history survive a re-download.
+"""
+from __future__ import annotations
+
+from django.db import models
+
+
+class CachedModel(models.Model):
+    class DType(models.TextChoices):
+        AUTO = "auto"
+        FLOAT32 = "float32"
+        FLOAT16 = "float16"
+        BFLOAT16 = "bfloat16"
+
+    # What the cache scan found.
+    repo_id = models.CharField(max_length=300, unique=True)
+    revision = models.CharField(max_length=64, blank=True, help_text="commit the `main` ref (or newest) points to")
+    revisions = models.JSONField(default=list, blank=True, help_text="every cached commit")
+    size_on_disk = models.BigIntegerField(default=0)
+    architectures = models.JSONField(default=list, blank=True)
+    is_causal_lm = models.BooleanField(default=False)
+    last_modified = models.DateTimeField(null=True, blank=True)
+    last_scanned = models.DateTimeField(null=True, blank=True)
+    gone = models.BooleanField(default=False, help_text="no longer in the cache (kept for its settings and history)")
+
+    # What an admin decides.
+    enabled = models.BooleanField(default=True)
+    aliases = models.JSONField(default=list, blank=True, help_text='other names clients may send as `model`, e.g. ["tiny"]')
+    idle_timeout = models.IntegerField(
+        null=True, blank=True,
+        help_text="seconds idle before a worker unloads it; empty: the server default; -1: never")
+    preload = models.BooleanField(default=False, help_text="load when a worker starts; never unloaded for idleness")
+    dtype = models.CharField(max_length=16, choices=DType.choices, default=DType.AUTO)
+    device = models.CharField(max_length=32, blank=True, help_text="e.g. cuda:1; empty: the worker's default")
+    chat_template = models.TextField(blank=True, help_text="Jinja template used instead of the model's own")
+    generation_defaults = models.JSONField(
+        default=dict, blank=True,
+        help_text="sampling defaults over generation_config.json; the request still wins")
+
+    class Meta:
+        ordering = ["repo_id"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.repo_id
+
+
+class Worker(models.Model):
+    class Status(models.TextChoices):
+        ONLINE = "online"
+        LOST = "lost"
+        STOPPED = "stopped"
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=200, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    channel_name = models.CharField(max_length=200, blank=True, help_text="this worker's own channel")
+    device = models.CharField(max_length=64, blank=True)
+    memory_total_mb = models.FloatField(null=True, blank=True, help_text="the memory budget, else the device's")
+    memory_used_mb = models.FloatField(default=0.0, help_text="held by loaded models")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ONLINE)
+    started_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelLoad(models.Model):
+    """One model on one worker."""
+
+    class Status(models.TextChoices):
+        LOADING = "loading"
+        LOADED = "loaded"
+        ERROR = "error"
+        UNLOADED = "unloaded"
+
+    model = models.ForeignKey(CachedModel, on_delete=models.CASCADE, related_name="loads")
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="loads")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    memory_mb = models.FloatField(default=0.0)
+    error = models.TextField(blank=True)
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "worker"], name="one_load_per_model_and_worker")]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.worker}: {self.status}"
+
+
+class LoadEvent(models.Model):
+    """Every load and unload, with who asked: the history behind `ModelLoad`."""
+
+    class Action(models.TextChoices):
+        LOAD = "load"
+        UNLOAD = "unload"
+
+    model_name = models.CharField(max_length=300, help_text="as the worker knew it: repo@revision")
+    model = models.ForeignKey(CachedModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    requested_by = models.CharField(max_length=200, blank=True, help_text="request, preload, idle, evict, admin:<user>…")
+    at = models.DateTimeField(auto_now_add=True)
+    duration_s = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.model_name} ({self.requested_by})"

@@ -1,0 +1,214 @@
+"""The catalog's admin, services and selectors against the test database and the in-process channel layer."""
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.utils import timezone
+from huggingface_hub import constants as hf_constants
+
+from catalog import selectors, services
+from catalog.models import CachedModel, LoadEvent, ModelLoad, Worker
+from openai_api.errors import APIError
+from workers import protocol
+from workers.tiny_models import build_non_causal_model, build_tiny_model
+
+pytestmark = pytest.mark.django_db
+CHANGELIST = "/admin/catalog/cachedmodel/"
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("admin-cache")
+    build_tiny_model("local/alpha", cache_dir=cache)
+    build_non_causal_model("local/encoder", cache_dir=cache)
+    return cache
+
+
+@pytest.fixture
+def cache(small_cache, monkeypatch, tmp_path) -> Path:
+    """A private copy of the cache (tests delete from it), made huggingface_hub's default."""
+    import shutil
+
+    copy = tmp_path / "hf"
+    shutil.copytree(small_cache, copy, symlinks=True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(copy))
+    selectors.forget_scan()
+    selectors.forget_rules()
+    services.scan_cache(copy)
+    yield copy
+    selectors.forget_scan()
+    selectors.forget_rules()
+
+
+@pytest.fixture
+def listener():
+    """A channel in the worker group, and the worker channel: what a worker would receive."""
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(settings.INFERENCE["WORKER_GROUP"], channel)
+
+    def receive(from_worker_channel: bool = False) -> dict:
+        name = settings.INFERENCE["WORKER_CHANNEL"] if from_worker_channel else channel
+        return async_to_sync(layer.receive)(name)
+
+    yield receive
+    async_to_sync(layer.flush)()
+
+
+def online_worker(name: str = "gpu-box:1") -> Worker:
+    return services.register_worker(name, "gpu-box", 1, "worker.chan", "cuda", 80_000.0)
+
+
+def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(cache):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    assert alpha.is_causal_lm and alpha.size_on_disk > 0 and alpha.revision in alpha.revisions
+    assert alpha.architectures == ["LlamaForCausalLM"]
+    assert not CachedModel.objects.get(repo_id="local/encoder").is_causal_lm
+    services.update_model(alpha, idle_timeout=42, aliases=["a"])
+    import shutil
+
+    shutil.rmtree(cache / "models--local--alpha")
+    assert services.scan_cache(cache).gone == ["local/alpha"]
+    alpha.refresh_from_db()
+    assert alpha.gone and alpha.idle_timeout == 42
+    build_tiny_model("local/alpha", cache_dir=cache)
+    assert "local/alpha" in services.scan_cache(cache).updated
+    alpha.refresh_from_db()
+    assert not alpha.gone and alpha.idle_timeout == 42 and alpha.aliases == ["a"]
+
+
+def test_aliases_resolve_and_disabled_models_are_unknown(cache):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    services.update_model(alpha, aliases=["alpha"])
+    assert selectors.resolve_model_id("alpha") == "local/alpha"
+    assert selectors.resolve_model_id("alpha@main") == "local/alpha@main"
+    services.set_enabled([alpha], False)
+    with pytest.raises(APIError) as raised:
+        selectors.resolve_model_id("local/alpha")
+    assert raised.value.status == 404 and "disabled" in raised.value.message
+    assert [m.repo_id for m, _ in selectors.listed_models()] == []
+
+
+def test_changelist_shows_status_worker_size_and_filters(admin_client, cache):
+    worker = online_worker()
+    services.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "local/alpha" in page and "local/encoder" in page
+    assert "loaded" in page and "gpu-box:1" in page
+    assert admin_client.get(CHANGELIST, {"q": "encoder"}).content.decode().count("local/alpha") == 0
+    causal_only = admin_client.get(CHANGELIST, {"is_causal_lm__exact": "1"}).content.decode()
+    assert "local/alpha" in causal_only and "local/encoder" not in causal_only
+    workers_page = admin_client.get("/admin/catalog/worker/").content.decode()
+    assert "online" in workers_page and "local/alpha" in workers_page
+
+
+def test_set_idle_timeout_goes_through_a_form_and_reaches_the_workers(admin_client, cache, listener):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    form = admin_client.post(CHANGELIST, {"action": "set_idle_timeout", "_selected_action": [alpha.pk]})
+    assert form.status_code == 200 and b'name="idle_timeout"' in form.content
+    done = admin_client.post(CHANGELIST, {"action": "set_idle_timeout", "_selected_action": [alpha.pk],
+                                          "apply": "1", "idle_timeout": "120"}, follow=True)
+    assert b"Idle timeout set on 1 model" in done.content
+    alpha.refresh_from_db()
+    assert alpha.idle_timeout == 120
+    message = listener()
+    assert message["type"] == protocol.MODEL_SETTINGS
+    assert message["settings"]["local/alpha"]["idle_timeout"] == 120
+
+
+def test_preload_and_unload_actions_send_control_messages(admin_client, admin_user, cache, listener):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    admin_client.post(CHANGELIST, {"action": "preload_now", "_selected_action": [alpha.pk]})
+    load = listener(from_worker_channel=True)
+    assert load["type"] == protocol.MODEL_LOAD and load["model"] == "local/alpha"
+    assert load["requested_by"] == f"admin:{admin_user.username}"
+    admin_client.post(CHANGELIST, {"action": "unload_now", "_selected_action": [alpha.pk]})
+    unload = listener()
+    assert unload["type"] == protocol.MODEL_UNLOAD and unload["model"] == "local/alpha"
+
+
+def test_disable_and_enable(admin_client, cache, listener):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    admin_client.post(CHANGELIST, {"action": "disable", "_selected_action": [alpha.pk]})
+    alpha.refresh_from_db()
+    assert not alpha.enabled
+    assert listener()["settings"]["local/alpha"]["enabled"] is False
+    assert listener()["type"] == protocol.MODEL_UNLOAD  # a disabled model leaves the workers too
+    admin_client.post(CHANGELIST, {"action": "enable", "_selected_action": [alpha.pk]})
+    alpha.refresh_from_db()
+    assert alpha.enabled
+
+
+def test_list_editable_preload_is_saved_and_broadcast(admin_client, cache, listener):
+    rows = list(CachedModel.objects.order_by("repo_id"))
+    data = {"form-TOTAL_FORMS": str(len(rows)), "form-INITIAL_FORMS": str(len(rows)), "_save": "Save"}
+    for index, row in enumerate(rows):
+        data[f"form-{index}-id"] = str(row.pk)
+        data[f"form-{index}-idle_timeout"] = "-1" if row.repo_id == "local/alpha" else ""
+        data[f"form-{index}-enabled"] = "on"
+        if row.repo_id == "local/alpha":
+            data[f"form-{index}-preload"] = "on"
+    response = admin_client.post(CHANGELIST, data)
+    assert response.status_code == 302, response.content[:2000]
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    assert alpha.preload and alpha.idle_timeout == -1
+    assert listener()["settings"]["local/alpha"]["preload"] is True
+
+
+def test_delete_from_cache_asks_first_then_removes_the_files(admin_client, cache, listener):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    confirm = admin_client.post(CHANGELIST, {"action": "delete_from_cache", "_selected_action": [alpha.pk]})
+    assert confirm.status_code == 200 and b"Yes, delete the files" in confirm.content
+    assert (cache / "models--local--alpha").exists()
+    admin_client.post(CHANGELIST, {"action": "delete_from_cache", "_selected_action": [alpha.pk], "apply": "1"})
+    assert not (cache / "models--local--alpha").exists()
+    alpha.refresh_from_db()
+    assert alpha.gone
+    assert listener()["type"] == protocol.MODEL_UNLOAD
+    assert LoadEvent.objects.filter(model=alpha, error__startswith="deleted from cache").exists()
+
+
+def test_rescan_action_finds_new_models(admin_client, cache):
+    build_tiny_model("local/beta", cache_dir=cache, seed=3)
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    response = admin_client.post(CHANGELIST, {"action": "rescan_cache", "_selected_action": [alpha.pk]}, follow=True)
+    assert b"1 added" in response.content
+    assert CachedModel.objects.filter(repo_id="local/beta", is_causal_lm=True).exists()
+
+
+def test_worker_events_record_loads_and_history(cache):
+    worker = online_worker()
+    services.record_model_event(worker.name, {"type": "model.loading", "model": "local/alpha@main",
+                                              "requested_by": "request"})
+    assert selectors.load_state("local/alpha")["status"] == "loading"
+    services.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
+                                              "requested_by": "request", "duration_s": 0.5, "memory_bytes": 2**20})
+    state = selectors.load_state("local/alpha")
+    assert state["status"] == "loaded" and state["loaded_on"] == [worker.name]
+    services.record_model_event(worker.name, {"type": "model.unloaded", "model": "local/alpha@main",
+                                              "requested_by": "idle", "duration_s": 0.01})
+    assert selectors.load_state("local/alpha") is None
+    history = list(LoadEvent.objects.order_by("at").values_list("action", "requested_by"))
+    assert history == [("load", "request"), ("unload", "idle")]
+
+
+def test_a_worker_that_stops_beating_is_lost_and_its_models_not_loaded(cache):
+    worker = online_worker()
+    services.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
+    assert selectors.load_state("local/alpha")["loaded_on"] == [worker.name]
+    assert services.mark_lost_workers() == []
+    Worker.objects.filter(pk=worker.pk).update(
+        last_heartbeat=timezone.now() - timedelta(seconds=settings.INFERENCE["WORKER_LOST_AFTER"] + 1))
+    assert selectors.load_state("local/alpha") is None  # readers see it at once
+    assert services.mark_lost_workers() == [worker.name]
+    worker.refresh_from_db()
+    assert worker.status == Worker.Status.LOST
+    assert ModelLoad.objects.get(worker=worker).status == ModelLoad.Status.UNLOADED
+    services.heartbeat(worker.name, {})  # it comes back
+    worker.refresh_from_db()
+    assert worker.status == Worker.Status.ONLINE

@@ -1,0 +1,197 @@
+"""The model catalog against real servers: scans, /load_model, idle timeouts, preload, a memory budget."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from workers.tiny_models import build_non_causal_model, build_tiny_model
+
+from .live_server import ROOT, LiveServer, base_env
+
+CAUSAL = ["local/other", "local/third", "local/tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def catalog_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("catalog-cache")
+    build_tiny_model("local/tiny-llama", cache_dir=cache)
+    build_tiny_model("local/other", cache_dir=cache, seed=1)
+    build_tiny_model("local/third", cache_dir=cache, seed=2)
+    build_non_causal_model("local/encoder", cache_dir=cache)
+    return cache
+
+
+def catalog_env(cache: Path, work: Path, **extra: str) -> dict[str, str]:
+    return base_env(cache, work, INFERENCE_HEARTBEAT_SECONDS="0.5", **extra)
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def set_fields(env: dict[str, str], repo_id: str, **fields) -> None:
+    """Catalog settings written before a server starts, as an admin would have left them."""
+    manage(env, "migrate", "--verbosity", "0")
+    manage(env, "scan_cache")
+    manage(env, "shell", "-c", f"from catalog.models import CachedModel as M; "
+                               f"assert M.objects.filter(repo_id={repo_id!r}).update(**{fields!r}) == 1")
+
+
+def load_events(server: LiveServer, model: str) -> list[dict]:
+    with httpx.stream("POST", f"{server.base_url}/load_model", headers=server.headers, json={"model": model},
+                      timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def listed(server: LiveServer) -> dict[str, dict]:
+    response = httpx.get(f"{server.base_url}/v1/models", headers=server.headers, timeout=30)
+    assert response.status_code == 200
+    return {m["id"]: m for m in response.json()["data"]}
+
+
+def wait_until(check, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def complete(server: LiveServer, model: str) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=60,
+                      json={"model": model, "prompt": "Once upon a time", "max_tokens": 4})
+
+
+@pytest.fixture(scope="module")
+def live(catalog_cache, tmp_path_factory):
+    work = tmp_path_factory.mktemp("catalog-server")
+    server = LiveServer(catalog_env(catalog_cache, work), work)
+    yield server
+    server.stop()
+
+
+def test_scan_finds_models_and_ignores_non_causal_ones(live, catalog_cache, tmp_path):
+    env = catalog_env(catalog_cache, tmp_path)
+    manage(env, "migrate", "--verbosity", "0")
+    output = manage(env, "scan_cache")
+    for repo_id in [*CAUSAL, "local/encoder"]:
+        assert f"added   {repo_id}" in output
+    assert "scanned: 4 added, 0 updated, 0 gone" in output
+    models = listed(live)
+    assert sorted(models) == CAUSAL
+    for model in models.values():
+        assert model["object"] == "model"
+        assert model["size_bytes"] > 100_000
+        assert model["status"] in ("cached", "loading", "loaded")
+    response = httpx.post(f"{live.base_url}/load_model", headers=live.headers, json={"model": "local/encoder"})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+def test_load_model_streams_stages_then_ready_and_is_cached_the_second_time(live):
+    events = load_events(live, "local/third")
+    assert all(e["model"] == "local/third@main" for e in events)
+    stages = [e["stage"] for e in events if e["status"] == "loading"]
+    assert stages[:2] == ["processor", "config"]
+    assert "download" not in stages  # the files are cached
+    weights = [e["progress"] for e in events if e.get("stage") == "weights"]
+    assert weights and weights[-1]["current"] == weights[-1]["total"] > 1
+    assert [w["current"] for w in weights] == sorted(w["current"] for w in weights)
+    assert events[-1] == {"status": "ready", "model": "local/third@main", "cached": False}
+    assert load_events(live, "local/third@main") == [{"status": "ready", "model": "local/third@main", "cached": True}]
+    model = wait_until(lambda: (m := listed(live)["local/third"])["status"] == "loaded" and m,
+                       what="local/third listed as loaded")
+    assert len(model["loaded_on"]) == 1
+
+
+def test_load_model_errors_are_openai_shaped(live):
+    response = httpx.post(f"{live.base_url}/load_model", headers=live.headers, json={"model": "nobody/nothing"})
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+    response = httpx.post(f"{live.base_url}/load_model", headers=live.headers, json={"model": "local/third", "x": 1})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "x"
+    assert httpx.post(f"{live.base_url}/load_model", json={"model": "local/third"}).status_code == 401
+    assert httpx.post(f"{live.base_url}/unload_model", json={"model": "local/third"}).status_code == 401
+
+
+def test_concurrent_first_requests_trigger_one_load(live):
+    async def burst():
+        client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.key, max_retries=0, timeout=120)
+        return await asyncio.gather(*[client.completions.create(model="local/other", prompt=f"Story {i}:",
+                                                                max_tokens=3) for i in range(8)])
+
+    results = asyncio.run(burst())
+    assert all(r.usage.completion_tokens == 3 for r in results)
+    assert live.log().count("loaded local/other@main on") == 1
+
+
+def test_unload_model_frees_it_and_says_where(live):
+    assert load_events(live, "local/tiny-llama")[-1]["status"] == "ready"
+    response = httpx.post(f"{live.base_url}/unload_model", headers=live.headers, json={"model": "local/tiny-llama"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "unloaded" and body["model"] == "local/tiny-llama@main" and len(body["unloaded_on"]) == 1
+    again = httpx.post(f"{live.base_url}/unload_model", headers=live.headers, json={"model": "local/tiny-llama"})
+    assert again.json()["status"] == "not_loaded"
+    wait_until(lambda: listed(live)["local/tiny-llama"]["status"] == "cached", what="tiny-llama back to cached")
+    assert load_events(live, "local/tiny-llama")[-1] == {"status": "ready", "model": "local/tiny-llama@main",
+                                                         "cached": False}
+
+
+def test_idle_models_unload_and_preloaded_ones_stay(catalog_cache, tmp_path):
+    env = catalog_env(catalog_cache, tmp_path)
+    set_fields(env, "local/tiny-llama", preload=True)
+    server = LiveServer(env, tmp_path, extra_args=("--model-timeout", "1"))
+    try:
+        server.wait_for_log("loaded local/tiny-llama@main on")  # preloaded at worker start, before any request
+        assert load_events(server, "local/other")[-1]["status"] == "ready"
+        server.wait_for_log("unloaded local/other@main (idle)", timeout=15)
+        time.sleep(1.5)
+        models = listed(server)
+        assert models["local/other"]["status"] == "cached"
+        assert models["local/tiny-llama"]["status"] == "loaded"
+        assert "unloaded local/tiny-llama" not in server.log()
+        assert complete(server, "local/tiny-llama").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_memory_budget_evicts_the_least_recently_used_idle_model(catalog_cache, tmp_path):
+    # Each tiny model holds ~0.9 MiB: two fit in 2 MiB, a third pushes out the least recently used.
+    server = LiveServer(catalog_env(catalog_cache, tmp_path, INFERENCE_WORKER_MEMORY_BUDGET_MB="2"), tmp_path)
+    try:
+        assert complete(server, "local/tiny-llama").status_code == 200
+        assert complete(server, "local/other").status_code == 200
+        assert complete(server, "local/tiny-llama").status_code == 200  # now `other` is the least recent
+        assert complete(server, "local/third").status_code == 200
+        assert "unloaded local/other@main (evict:local/third@main)" in server.log()
+        assert "unloaded local/tiny-llama" not in server.log()
+    finally:
+        server.stop()
+
+
+def test_a_model_over_the_budget_gets_a_clear_503(catalog_cache, tmp_path):
+    server = LiveServer(catalog_env(catalog_cache, tmp_path, INFERENCE_WORKER_MEMORY_BUDGET_MB="0.5"), tmp_path)
+    try:
+        response = complete(server, "local/other")
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "insufficient_memory" and "memory budget" in error["message"]
+        events = load_events(server, "local/other")
+        assert events[-1]["status"] == "error" and events[-1]["code"] == "insufficient_memory"
+    finally:
+        server.stop()

@@ -1,0 +1,175 @@
+"""Which models a worker holds: loading, per-model settings, idle unloading, a memory budget.
+
+Plain Python + torch, called only from the engine thread (but `snapshot()`, which any
+thread may read). Every load and unload is reported through `on_event(dict)` so the
+worker's consumer can record it; nothing here knows of Django or the channel layer.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from .model_loader import LoadedModel, ModelLoadError, Progress, estimate_bytes, load_model, split_revision
+from .runner import ModelRunner
+from .sampling import MODEL_DEFAULT_KEYS
+
+logger = logging.getLogger(__name__)
+
+OnEvent = Callable[[dict], None]
+MIB = 1024 * 1024
+
+
+class MemoryBudgetError(ModelLoadError):
+    """Loading would exceed the worker's memory budget and nothing idle can be unloaded."""
+
+
+class ModelBusyError(Exception):
+    """The model has running or queued sequences; it is unloaded only when idle."""
+
+
+def canonical_name(name: str) -> str:
+    """`repo` and `repo@main` are one model: the key every worker map uses."""
+    repo_id, revision = split_revision(name)
+    return f"{repo_id}@{revision}"
+
+
+class ModelManager:
+    def __init__(self, device: str, dtype: str, prefill_chunk: int, default_timeout: float,
+                 budget_bytes: int | None, on_event: OnEvent | None = None) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.prefill_chunk = prefill_chunk
+        self.default_timeout = default_timeout
+        self.budget_bytes = budget_bytes if budget_bytes and budget_bytes > 0 else None
+        self.on_event = on_event or (lambda event: None)
+        self.models: dict[str, LoadedModel] = {}
+        self.runners: dict[str, ModelRunner] = {}
+        self.settings: dict[str, dict] = {}  # by repo id, from the catalog
+        self._file_defaults: dict[str, tuple[dict, str | None]] = {}
+        self._snapshot: dict[str, dict] = {}
+
+    # --- read from any thread ----------------------------------------------
+    def snapshot(self) -> dict[str, dict]:
+        """{name: {"memory_bytes", "last_used" (epoch seconds)}}, replaced whole on every change."""
+        return self._snapshot
+
+    def _publish(self) -> None:
+        offset = time.time() - time.monotonic()
+        self._snapshot = {name: {"memory_bytes": m.memory_bytes, "last_used": m.last_used + offset}
+                          for name, m in self.models.items()}
+
+    # --- settings --------------------------------------------------------------
+    def _settings(self, name: str) -> dict:
+        return self.settings.get(split_revision(name)[0], {})
+
+    def configure(self, settings: dict[str, dict]) -> None:
+        """Replace every model's settings; loaded models take new defaults and templates at once."""
+        self.settings = dict(settings)
+        for name, loaded in self.models.items():
+            self._apply(name, loaded)
+
+    def _apply(self, name: str, loaded: LoadedModel) -> None:
+        file_defaults, file_template = self._file_defaults.setdefault(
+            name, (dict(loaded.generation_defaults), getattr(loaded.tokenizer, "chat_template", None)))
+        own = self._settings(name)
+        extra = {k: v for k, v in (own.get("generation_defaults") or {}).items() if k in MODEL_DEFAULT_KEYS}
+        loaded.generation_defaults = {**file_defaults, **extra}
+        loaded.tokenizer.chat_template = own.get("chat_template") or file_template
+
+    def idle_timeout(self, name: str) -> float:
+        value = self._settings(name).get("idle_timeout")
+        return self.default_timeout if value is None else float(value)
+
+    def pinned(self, name: str) -> bool:
+        return bool(self._settings(name).get("preload"))
+
+    # --- load / unload -------------------------------------------------------
+    def get(self, name: str, busy: set[str], requested_by: str = "request",
+            progress: Progress | None = None) -> LoadedModel:
+        """The loaded model, loading it first (evicting idle models if the budget needs room)."""
+        name = canonical_name(name)
+        loaded = self.models.get(name)
+        if loaded is None:
+            loaded = self._load(name, busy, requested_by, progress)
+        loaded.last_used = time.monotonic()
+        self._publish()
+        return loaded
+
+    def _load(self, name: str, busy: set[str], requested_by: str, progress: Progress | None) -> LoadedModel:
+        own = self._settings(name)
+        dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
+        device = own.get("device") or self.device
+        self.on_event({"type": "model.loading", "model": name, "requested_by": requested_by})
+        started = time.monotonic()
+        try:
+            self._make_room(name, busy)
+            loaded = load_model(name, device, dtype, progress)
+        except ModelLoadError as exc:
+            self.on_event({"type": "model.load_failed", "model": name, "requested_by": requested_by,
+                           "duration_s": time.monotonic() - started, "error": str(exc)})
+            raise
+        self.models[name] = loaded
+        self.runners[name] = ModelRunner(loaded, self.prefill_chunk)
+        self._apply(name, loaded)
+        self.on_event({"type": "model.loaded", "model": name, "requested_by": requested_by,
+                       "duration_s": time.monotonic() - started, "memory_bytes": loaded.memory_bytes})
+        return loaded
+
+    def used_bytes(self) -> int:
+        return sum(m.memory_bytes for m in self.models.values())
+
+    def _make_room(self, name: str, busy: set[str]) -> None:
+        """Unload least recently used idle models until `name` fits the budget; else refuse."""
+        if self.budget_bytes is None:
+            return
+        need = estimate_bytes(name) or 0
+        if need > self.budget_bytes:
+            raise MemoryBudgetError(
+                f"The model `{name}` needs about {need / MIB:.1f} MiB, more than this worker's memory budget "
+                f"of {self.budget_bytes / MIB:.1f} MiB.")
+        while self.used_bytes() + need > self.budget_bytes:
+            idle = [n for n in self.models if n not in busy and not self.pinned(n)]
+            if not idle:
+                held = ", ".join(sorted(self.models)) or "none"
+                raise MemoryBudgetError(
+                    f"Not enough memory to load `{name}` (about {need / MIB:.1f} MiB): this worker's budget of "
+                    f"{self.budget_bytes / MIB:.1f} MiB is held by models in use or preloaded ({held}). "
+                    "Retry when they are idle, or unload one.")
+            victim = min(idle, key=lambda n: self.models[n].last_used)
+            self.unload(victim, busy, requested_by=f"evict:{name}")
+
+    def unload(self, name: str, busy: set[str], requested_by: str) -> bool:
+        """Unload now; refuses (ModelBusyError) while sequences of the model run or wait. False if not loaded."""
+        name = canonical_name(name)
+        if name not in self.models:
+            return False
+        if name in busy:
+            raise ModelBusyError(f"The model `{name}` is generating; unload it when its requests finish.")
+        started = time.monotonic()
+        loaded = self.models.pop(name)
+        self.runners.pop(name, None)
+        self._file_defaults.pop(name, None)
+        device = loaded.device
+        del loaded
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._publish()
+        logger.info("unloaded %s (%s)", name, requested_by)
+        self.on_event({"type": "model.unloaded", "model": name, "requested_by": requested_by,
+                       "duration_s": time.monotonic() - started})
+        return True
+
+    def unload_idle(self, busy: set[str]) -> None:
+        """Models idle past their timeout go (never preloaded ones, never with timeout -1)."""
+        now = time.monotonic()
+        for name in list(self.models):
+            timeout = self.idle_timeout(name)
+            if name in busy or self.pinned(name) or timeout < 0:
+                continue
+            if now - self.models[name].last_used >= timeout:
+                self.unload(name, busy, requested_by="idle")
