@@ -6,7 +6,12 @@ and history survive a re-download.
 """
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
+
+# The sampling defaults a worker takes from generation_config.json (workers.sampling.MODEL_DEFAULT_KEYS,
+# repeated here so the web side never imports torch).
+GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 class CachedModel(models.Model):
@@ -47,6 +52,19 @@ class CachedModel(models.Model):
 
     def __str__(self) -> str:
         return self.repo_id
+
+    def clean(self) -> None:
+        """What the admin form accepts: aliases as a list of names, known numeric sampling defaults."""
+        if not isinstance(self.aliases, list) or not all(isinstance(a, str) and a.strip() for a in self.aliases):
+            raise ValidationError({"aliases": 'A JSON list of names, e.g. ["tiny"].'})
+        defaults = self.generation_defaults
+        if not isinstance(defaults, dict):
+            raise ValidationError({"generation_defaults": 'A JSON object, e.g. {"temperature": 0.7}.'})
+        for key, value in defaults.items():
+            if key not in GENERATION_DEFAULT_KEYS:
+                raise ValidationError({"generation_defaults": f"Unknown key {key!r}; one of {', '.join(GENERATION_DEFAULT_KEYS)}."})
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValidationError({"generation_defaults": f"{key} must be a number."})
 
 
 class Worker(models.Model):

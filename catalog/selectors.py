@@ -193,6 +193,17 @@ def models_on_worker(worker: Worker) -> list[str]:
                 .values_list("model__repo_id", flat=True))
 
 
+def routing_table() -> dict:
+    """What a worker needs to pass a job on: {"loaded": {repo_id: [worker channel]}, "free": {channel: MiB}}."""
+    workers = [w for w in live_workers() if w.channel_name]
+    free = {w.channel_name: (w.memory_total_mb or 0.0) - w.memory_used_mb for w in workers}
+    loaded: dict[str, list[str]] = {}
+    rows = ModelLoad.objects.filter(worker__in=workers, status=ModelLoad.Status.LOADED)
+    for repo_id, channel in rows.values_list("model__repo_id", "worker__channel_name"):
+        loaded.setdefault(repo_id, []).append(channel)
+    return {"loaded": loaded, "free": free}
+
+
 def listed_models() -> list[tuple[CachedModel, dict]]:
     """The enabled cached causal LMs, each with its load state (status "cached" when on no worker)."""
     states = load_states()

@@ -170,7 +170,7 @@ def _catalog_row(model_name: str) -> CachedModel:
 
 def heartbeat(name: str, loaded: dict[str, dict], device: str = "") -> None:
     """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used"}})."""
-    worker = Worker.objects.get(name=name)
+    worker, _ = Worker.objects.get_or_create(name=name)  # a row lost with a reset database comes back
     worker.last_heartbeat = timezone.now()
     worker.status = Worker.Status.ONLINE
     worker.memory_used_mb = sum(info["memory_bytes"] for info in loaded.values()) / MIB

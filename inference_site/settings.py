@@ -172,6 +172,9 @@ INFERENCE = {
     "HEARTBEAT_SECONDS": env_float("INFERENCE_HEARTBEAT_SECONDS", 3.0),
     "WORKER_LOST_AFTER": env_float("INFERENCE_WORKER_LOST_AFTER", 15.0),
     "SCAN_INTERVAL": env_float("INFERENCE_SCAN_INTERVAL", 60.0),
+    # Workers pass a job for a model they do not hold to a worker that holds it, else to the one
+    # with the most free memory (false: whichever worker takes a job from the shared channel runs it).
+    "ROUTE_JOBS": env_bool("INFERENCE_ROUTE_JOBS", True),
 }
 
 LANGUAGE_CODE = "en-us"

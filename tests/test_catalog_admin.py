@@ -212,3 +212,18 @@ def test_a_worker_that_stops_beating_is_lost_and_its_models_not_loaded(cache):
     services.heartbeat(worker.name, {})  # it comes back
     worker.refresh_from_db()
     assert worker.status == Worker.Status.ONLINE
+
+
+def test_the_change_form_validates_aliases_and_generation_defaults(admin_client, cache, listener):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    url = f"/admin/catalog/cachedmodel/{alpha.pk}/change/"
+    form = {"enabled": "on", "aliases": '["a1"]', "idle_timeout": "", "dtype": "auto", "device": "",
+            "chat_template": "", "generation_defaults": '{"temperature": 0.5}',
+            "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
+    bad = admin_client.post(url, {**form, "generation_defaults": '{"temprature": 0.5}'})
+    assert bad.status_code == 200 and b"Unknown key" in bad.content
+    assert admin_client.post(url, {**form, "aliases": '"a1"'}).status_code == 200  # not a list: shown again
+    assert admin_client.post(url, form).status_code == 302
+    alpha.refresh_from_db()
+    assert alpha.aliases == ["a1"] and alpha.generation_defaults == {"temperature": 0.5}
+    assert listener()["settings"]["local/alpha"]["generation_defaults"] == {"temperature": 0.5}

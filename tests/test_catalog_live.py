@@ -152,9 +152,21 @@ def test_unload_model_frees_it_and_says_where(live):
                                                          "cached": False}
 
 
+def test_unloading_a_generating_model_is_refused_with_409(live):
+    body = {"model": "local/third", "prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{live.base_url}/v1/completions", headers=live.headers, json=body, timeout=60) as stream:
+        lines = stream.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # generating now
+        response = httpx.post(f"{live.base_url}/unload_model", headers=live.headers, json={"model": "local/third"})
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "model_busy"
+    assert listed(live)["local/third"]["status"] == "loaded"
+
+
 def test_idle_models_unload_and_preloaded_ones_stay(catalog_cache, tmp_path):
     env = catalog_env(catalog_cache, tmp_path)
     set_fields(env, "local/tiny-llama", preload=True)
+    set_fields(env, "local/third", generation_defaults={"top_k": 1})
     server = LiveServer(env, tmp_path, extra_args=("--model-timeout", "1"))
     try:
         server.wait_for_log("loaded local/tiny-llama@main on")  # preloaded at worker start, before any request
@@ -166,6 +178,15 @@ def test_idle_models_unload_and_preloaded_ones_stay(catalog_cache, tmp_path):
         assert models["local/tiny-llama"]["status"] == "loaded"
         assert "unloaded local/tiny-llama" not in server.log()
         assert complete(server, "local/tiny-llama").status_code == 200
+        # The catalog's default generation parameters apply under the request's own: top_k 1 is greedy.
+        greedy = complete(server, "local/third").json()["choices"][0]["text"]
+        explicit = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=60, json={
+            "model": "local/third", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}).json()
+        assert greedy == explicit["choices"][0]["text"]
+        sampled = {httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=60, json={
+            "model": "local/third", "prompt": "Once upon a time", "max_tokens": 4, "top_k": 0, "seed": seed,
+        }).json()["choices"][0]["text"] for seed in range(4)}
+        assert len(sampled) > 1  # the request wins over the catalog's top_k
     finally:
         server.stop()
 

@@ -12,7 +12,9 @@ import asyncio
 import functools
 import logging
 import os
+import random
 import socket
+from collections import OrderedDict
 
 from channels.consumer import AsyncConsumer
 from channels.consumer import get_handler_name
@@ -25,6 +27,7 @@ from . import protocol
 
 logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
+SEEN_JOBS = 10_000
 
 
 class EngineBridge:
@@ -142,6 +145,7 @@ class InferenceConsumer(AsyncConsumer):
             try:
                 await db(services.heartbeat)(self.worker_name, loaded)
                 await db(services.mark_lost_workers)()
+                InferenceConsumer.routing = await db(selectors.routing_table)()
             except Exception:
                 logger.warning("heartbeat of %s failed", self.worker_name, exc_info=True)
 
@@ -164,7 +168,47 @@ class InferenceConsumer(AsyncConsumer):
                 "type": protocol.MODEL_PROGRESS, "worker": self.worker_name,
                 "event": {"status": "not_loaded", "model": message["model"]}})
 
+    routing: dict = {"loaded": {}, "free": {}}
+    taken: "OrderedDict[str, None]" = OrderedDict()
+
+    def _first_time(self, request_id: str) -> bool:
+        """channels_redis can hand one message of a shared channel to two readers (django/channels_redis#163);
+        with routing both copies meet at the worker holding the model, which runs the job once."""
+        if request_id in self.taken:
+            return False
+        self.taken[request_id] = None
+        if len(self.taken) > SEEN_JOBS:
+            self.taken.popitem(last=False)
+        return True
+
+    def _route(self, model: str) -> str | None:
+        """Another worker's channel for a job this worker should not take, else None.
+
+        A worker that holds the model takes it; otherwise a live worker that holds it, else the
+        one with the most free memory (ties stay here). From the catalog, as of the last heartbeat.
+        """
+        repo_id, _, revision = model.partition("@")
+        held = EngineBridge._instance.engine.models if EngineBridge._instance is not None else {}
+        if f"{repo_id}@{revision or 'main'}" in held:
+            return None
+        holders = [c for c in self.routing["loaded"].get(repo_id, ()) if c != self.channel_name]
+        if holders:
+            return random.choice(holders)
+        free = self.routing["free"]
+        if self.channel_name not in free:
+            return None
+        best = max(free, key=free.get)
+        return best if free[best] > free[self.channel_name] else None
+
     async def generation_submit(self, message: dict) -> None:
+        if settings.INFERENCE["ROUTE_JOBS"] and not message.get("routed"):
+            target = self._route(message["model"])
+            if target is not None:  # one hop at most: the receiver takes it whatever its table says
+                await self.channel_layer.send(target, {**message, "routed": True})
+                return
+        if not self._first_time(message["request_id"]):
+            logger.info("dropped a second copy of %s", message["request_id"])
+            return
         bridge = self.bridge
         if not bridge.engine.has_room():
             # Bounded admission: a full worker says so at once instead of queueing without end.
