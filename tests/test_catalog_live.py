@@ -166,7 +166,8 @@ def test_unloading_a_generating_model_is_refused_with_409(live):
 def test_idle_models_unload_and_preloaded_ones_stay(catalog_cache, tmp_path):
     env = catalog_env(catalog_cache, tmp_path)
     set_fields(env, "local/tiny-llama", preload=True)
-    set_fields(env, "local/third", generation_defaults={"top_k": 1})
+    set_fields(env, "local/third", generation_defaults={"top_k": 1},
+               chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
     server = LiveServer(env, tmp_path, extra_args=("--model-timeout", "1"))
     try:
         server.wait_for_log("loaded local/tiny-llama@main on")  # preloaded at worker start, before any request
@@ -187,6 +188,12 @@ def test_idle_models_unload_and_preloaded_ones_stay(catalog_cache, tmp_path):
             "model": "local/third", "prompt": "Once upon a time", "max_tokens": 4, "top_k": 0, "seed": seed,
         }).json()["choices"][0]["text"] for seed in range(4)}
         assert len(sampled) > 1  # the request wins over the catalog's top_k
+        # The catalog's chat template replaces the model's own.
+        tokens = httpx.post(f"{server.base_url}/tokenize", headers=server.headers, timeout=60, json={
+            "model": "local/third", "messages": [{"role": "user", "content": "hello world"}]}).json()["tokens"]
+        text = httpx.post(f"{server.base_url}/detokenize", headers=server.headers, timeout=60,
+                          json={"model": "local/third", "tokens": tokens}).json()["prompt"]
+        assert text == "[hello world]"
     finally:
         server.stop()
 

@@ -108,6 +108,16 @@ class InferenceConsumer(AsyncConsumer):
             await await_many_dispatch([receive, self.channel_receive], self.dispatch)
         finally:
             heartbeats.cancel()
+            await self._say_stopped()
+
+    async def _say_stopped(self) -> None:
+        """Best effort on a clean shutdown (a killed worker is found lost by its silence instead)."""
+        from catalog import services
+
+        try:
+            await asyncio.wait_for(database_sync_to_async(services.stop_worker)(self.worker_name), 5)
+        except BaseException:  # shutting down: never let bookkeeping block or raise
+            logger.debug("could not mark %s stopped", self.worker_name, exc_info=True)
 
     async def dispatch(self, message: dict) -> None:
         # As AsyncConsumer.dispatch without closing old DB connections first: this consumer
@@ -171,15 +181,20 @@ class InferenceConsumer(AsyncConsumer):
     routing: dict = {"loaded": {}, "free": {}}
     taken: "OrderedDict[str, None]" = OrderedDict()
 
-    def _first_time(self, request_id: str) -> bool:
-        """channels_redis can hand one message of a shared channel to two readers (django/channels_redis#163);
-        with routing both copies meet at the worker holding the model, which runs the job once."""
+    async def _first_time(self, request_id: str) -> bool:
+        """Whether this worker may run the job: channels_redis can hand one message of a shared channel
+        to two readers (django/channels_redis#163), so over Redis a worker first claims the request id
+        (SET NX); a forwarded copy of a job this worker already took is dropped the same way."""
         if request_id in self.taken:
             return False
         self.taken[request_id] = None
         if len(self.taken) > SEEN_JOBS:
             self.taken.popitem(last=False)
-        return True
+        connection = getattr(self.channel_layer, "connection", None)
+        if connection is None:  # the in-process layer delivers each message once
+            return True
+        key = f"{self.channel_layer.prefix}claim:{request_id}"
+        return bool(await connection(self.channel_layer.consistent_hash(key)).set(key, 1, nx=True, ex=300))
 
     def _route(self, model: str) -> str | None:
         """Another worker's channel for a job this worker should not take, else None.
@@ -206,7 +221,7 @@ class InferenceConsumer(AsyncConsumer):
             if target is not None:  # one hop at most: the receiver takes it whatever its table says
                 await self.channel_layer.send(target, {**message, "routed": True})
                 return
-        if not self._first_time(message["request_id"]):
+        if not await self._first_time(message["request_id"]):
             logger.info("dropped a second copy of %s", message["request_id"])
             return
         bridge = self.bridge

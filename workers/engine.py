@@ -312,6 +312,7 @@ class Engine:
         if request.finished:
             self.requests.pop(request.request_id, None)
             self._job_done()
+            self.manager.touch(request.model_name)  # idle time counts from the last request's end
             usage = request.usage()
             self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": usage})
             logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,

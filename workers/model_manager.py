@@ -119,6 +119,11 @@ class ModelManager:
                        "duration_s": time.monotonic() - started, "memory_bytes": loaded.memory_bytes})
         return loaded
 
+    def touch(self, name: str) -> None:
+        loaded = self.models.get(name)
+        if loaded is not None:
+            loaded.last_used = time.monotonic()
+
     def used_bytes(self) -> int:
         return sum(m.memory_bytes for m in self.models.values())
 
