@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from catalog.selectors import resolve_model_id
 
 from .base import OpenAIView, sse_response
-from .completions import merge_delta, usage_body
+from .completions import collect_choices, usage_body
 from .generation import GenerationStream, new_request_id, open_generation
 from .parsing import OutputParser, Piece
 from .serializers.chat import ChatRequestSerializer
@@ -143,15 +143,7 @@ class ChatShaper:
         return choice
 
     async def body(self, stream: GenerationStream) -> dict:
-        merged: dict[int, dict] = {}
-        usage = None
-        try:
-            async for event in stream.events():
-                for delta in event.get("choices", ()):
-                    merge_delta(merged, delta)
-                usage = event.get("usage", usage)
-        finally:
-            await stream.cancel()
+        merged, usage = await collect_choices(stream)
         body = {**self.base, "object": "chat.completion",
                 "choices": [self._choice(merged[i]) for i in sorted(merged)], "usage": usage_body(usage)}
         if self.with_token_ids:

@@ -62,19 +62,25 @@ class CompletionShaper:
                 yield {**self.base, "choices": [], "usage": usage_body(event["usage"])}
 
     async def body(self, stream: GenerationStream) -> dict:
-        merged: dict[int, dict] = {}
-        usage = None
-        try:
-            async for event in stream.events():
-                for delta in event.get("choices", ()):
-                    merge_delta(merged, delta)
-                usage = event.get("usage", usage)
-        finally:
-            await stream.cancel()
+        merged, usage = await collect_choices(stream)
         body = {**self.base, "choices": [self._choice(merged[i]) for i in sorted(merged)], "usage": usage_body(usage)}
         if self.with_token_ids:
             body["prompt_token_ids"] = stream.started.get("prompt_token_ids")
         return body
+
+
+async def collect_choices(stream: GenerationStream) -> tuple[dict[int, dict], dict]:
+    """Every choice's deltas joined (the non-streamed answer), and the usage; cancels if cut short."""
+    merged: dict[int, dict] = {}
+    usage = None
+    try:
+        async for event in stream.events():
+            for delta in event.get("choices", ()):
+                merge_delta(merged, delta)
+            usage = event.get("usage", usage)
+    finally:
+        await stream.cancel()
+    return merged, usage
 
 
 def merge_delta(merged: dict[int, dict], delta: dict) -> None:
