@@ -9,7 +9,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
-def measure_raw(model_id: str, prompts: list[str], max_new_tokens: int) -> dict:
+def _median_rate(tokens: int, run, repeats: int) -> tuple[float, list[float]]:
+    """Tokens per second of `run()`: the median of `repeats` runs, and every run's figure."""
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        rates.append(round(tokens / (time.perf_counter() - started), 1))
+    return statistics.median(rates), rates
+
+
+def measure_raw(model_id: str, prompts: list[str], max_new_tokens: int, repeats: int = 1) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=True)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_id, local_files_only=True).eval()
@@ -23,15 +33,13 @@ def measure_raw(model_id: str, prompts: list[str], max_new_tokens: int) -> dict:
             model(**single)
             prefill_times.append(time.perf_counter() - started)
         figures["prefill_ms_p50"] = round(statistics.median(prefill_times) * 1000, 1)
-        started = time.perf_counter()
-        model.generate(**single, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-        figures["single_tokens_per_s"] = round(max_new_tokens / (time.perf_counter() - started), 1)
+        options = {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "do_sample": False}
+        figures["single_tokens_per_s"], figures["single_runs"] = _median_rate(
+            max_new_tokens, lambda: model.generate(**single, **options), repeats)
         batch = tokenizer(prompts, return_tensors="pt", padding=True)
-        started = time.perf_counter()
-        model.generate(**batch, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-        elapsed = time.perf_counter() - started
         figures["batch_size"] = len(prompts)
-        figures["batch_tokens_per_s"] = round(len(prompts) * max_new_tokens / elapsed, 1)
+        figures["batch_tokens_per_s"], figures["batch_runs"] = _median_rate(
+            len(prompts) * max_new_tokens, lambda: model.generate(**batch, **options), repeats)
     del model
     gc.collect()
     return figures

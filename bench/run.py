@@ -28,6 +28,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,4,16,32")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--memory-runs", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--scale-out", action="store_true", help="also run against 2 workers over a private redis-server")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -45,16 +46,24 @@ def ensure_model(model: str, size: str, cache: Path) -> None:
     build_tiny_model(model, size=size, cache_dir=cache)
 
 
-def sweep(base_url: str, model: str, levels: list[int], max_tokens: int, extra: dict | None) -> list[dict]:
+def sweep(base_url: str, model: str, levels: list[int], max_tokens: int, extra: dict | None,
+          repeats: int = 1) -> list[dict]:
+    """Per concurrency level, the run of median throughput among `repeats` (errors of all runs count)."""
     asyncio.run(run_load(base_url, model, bench_prompts(4), 4, 8, extra))  # warm-up: loads the model
     rows = []
     for concurrency in levels:
-        result = asyncio.run(run_load(base_url, model, bench_prompts(max(concurrency, 2)), concurrency, max_tokens, extra))
-        rows.append(result.summary())
+        summaries = []
+        for _ in range(repeats):
+            result = asyncio.run(run_load(base_url, model, bench_prompts(max(concurrency, 2)), concurrency,
+                                          max_tokens, extra))
+            summaries.append(result.summary())
+            errors = [r.error for r in result.results if r.error]
+            if errors:
+                print(f"  first error: {errors[0]}")
+        row = sorted(summaries, key=lambda s: s["tokens_per_s"])[len(summaries) // 2]
+        rows.append({**row, "errors": sum(s["errors"] for s in summaries),
+                     "runs_tokens_per_s": [s["tokens_per_s"] for s in summaries]})
         print(f"  c={concurrency}: {rows[-1]}", flush=True)
-        errors = [r.error for r in result.results if r.error]
-        if errors:
-            print(f"  first error: {errors[0]}")
     return rows
 
 
@@ -89,7 +98,7 @@ def main() -> None:
     results: dict = {"model": args.model, "params_m": param_count(args.model), "max_tokens": args.max_tokens,
                      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
     print("raw engine…", flush=True)
-    results["raw"] = measure_raw(args.model, prompts, args.max_tokens)
+    results["raw"] = measure_raw(args.model, prompts, args.max_tokens, args.repeats)
     print(f"  {results['raw']}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-"))
 
@@ -97,7 +106,7 @@ def main() -> None:
     ours = OurServer(cache, work / "ours")
     try:
         idle = rss_mb(ours.pid)
-        results["ours"] = sweep(ours.base_url, args.model, levels, args.max_tokens, {"ignore_eos": True})
+        results["ours"] = sweep(ours.base_url, args.model, levels, args.max_tokens, {"ignore_eos": True}, args.repeats)
         runs = memory_runs(ours, args.model, args.memory_runs)
         results["memory"] = {"idle_mb": idle, "after_runs_mb": runs, "growth_mb": round(runs[-1] - runs[0], 1)}
     finally:
@@ -110,7 +119,7 @@ def main() -> None:
         print("transformers serve --continuous-batching…", flush=True)
         peer = PeerServer(cache, work / "peer", args.model)
         try:
-            results["peer"] = sweep(peer.base_url, args.model, levels, args.max_tokens, None)
+            results["peer"] = sweep(peer.base_url, args.model, levels, args.max_tokens, None, args.repeats)
         finally:
             peer.stop()
 
@@ -118,7 +127,7 @@ def main() -> None:
         print("scale-out: 2 workers over Redis…", flush=True)
         scale = ScaleOut(cache, work / "scale")
         try:
-            results["scale_out"] = sweep(scale.base_url, args.model, [16], args.max_tokens, {"ignore_eos": True})
+            results["scale_out"] = sweep(scale.base_url, args.model, [16], args.max_tokens, {"ignore_eos": True}, args.repeats)
         finally:
             scale.stop()
 

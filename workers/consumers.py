@@ -14,6 +14,8 @@ import logging
 import os
 import random
 import socket
+import sys
+import threading
 from collections import OrderedDict
 
 from channels.consumer import AsyncConsumer
@@ -39,10 +41,13 @@ class EngineBridge:
         from .engine import Engine  # torch is imported only once a worker really starts
 
         config = settings.INFERENCE
+        sys.setswitchinterval(config["GIL_SWITCH_INTERVAL"])
         self.layer = layer
         self.name = name
         self.loop = asyncio.get_running_loop()
         self.outbox: asyncio.Queue = asyncio.Queue()
+        self._pending: list[tuple[str, dict]] = []  # emitted by the engine thread, not yet in the outbox
+        self._pending_lock = threading.Lock()
         self.model_events: asyncio.Queue = asyncio.Queue()
         budget = int(config["WORKER_MEMORY_BUDGET_MB"] * MIB) or None
         self.engine = Engine(self._emit, device=config["DEVICE"], dtype=config["DTYPE"],
@@ -77,8 +82,21 @@ class EngineBridge:
                 logger.warning("could not record %s", event, exc_info=True)
 
     def _emit(self, channel: str, message: dict) -> None:
-        """Called from the engine thread."""
-        self.loop.call_soon_threadsafe(self.outbox.put_nowait, (channel, message))
+        """Called from the engine thread; one loop wake-up carries all of a step's messages.
+
+        The pending list is non-empty exactly while a hand-over is scheduled and not yet run.
+        """
+        with self._pending_lock:
+            self._pending.append((channel, message))
+            if len(self._pending) > 1:
+                return
+        self.loop.call_soon_threadsafe(self._take_pending)
+
+    def _take_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            self.outbox.put_nowait(item)
 
     def send(self, channel: str, message: dict) -> None:
         """Called from the event loop; shares the outbox so a reply channel sees messages in order."""

@@ -5,8 +5,9 @@ channel layer: jobs come in as `workers.protocol` dicts, and every outgoing
 message goes through the `emit(reply_channel, message)` callable it was given.
 
 Each step: drop finished rows, let waiting sequences in (up to `max_num_seqs`),
-prefill newcomers within a token budget, decode one token for every running
-sequence in one batched forward, and publish one message per request.
+decode one token for every running sequence in one batched forward, publish one
+message per request, then prefill newcomers within a token budget and publish
+their first tokens at once (they decode with the batch from the next step).
 """
 from __future__ import annotations
 
@@ -225,13 +226,22 @@ class Engine:
 
     # --- one step --------------------------------------------------------
     def _step(self) -> None:
+        """Decode the running batch and publish, then prefill newcomers and publish their first tokens.
+
+        Newcomers' first tokens go out as soon as their prefill ends (time to first token is
+        the prefill, not prefill + a decode step); they join the batch from the next step.
+        """
         for runner in self.runners.values():
             runner.drop_finished()
         self._let_waiting_in()
-        self._prefill()
         for runner in self.runners.values():
             for seq, logits in runner.decode():
                 seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids))
+        self._publish_all()
+        if self._prefill():
+            self._publish_all()
+
+    def _publish_all(self) -> None:
         for request in list(self.requests.values()):
             self._publish(request)
 
@@ -244,8 +254,8 @@ class Engine:
                 self.prefilling.append(seq)
                 running += 1
 
-    def _prefill(self) -> None:
-        """Spend at most `prefill_chunk` prompt tokens this step.
+    def _prefill(self) -> bool:
+        """Spend at most `prefill_chunk` prompt tokens this step; whether any prompt finished its prefill.
 
         Short prompts are prefilled together in one padded forward; a long prompt
         (or one whose every position must be scored) goes alone, in chunks.
@@ -279,6 +289,7 @@ class Engine:
         for name, sequences in together.items():
             done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
         self._start_decoding(done)
+        return bool(done)
 
     def _start_decoding(self, done: list[tuple[Sequence, torch.Tensor]]) -> None:
         """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""

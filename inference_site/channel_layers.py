@@ -1,0 +1,53 @@
+"""The embedded mode's channel layer: Channels' in-memory layer without its per-message costs.
+
+Every streamed token crosses the layer once per step per request, so its Python cost
+competes with the model for the same cores. Channels' InMemoryChannelLayer deep-copies
+each message and scans every channel for expired messages on each receive; this one
+hands messages over as they are and cleans up expired ones at most once a second.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from copy import deepcopy
+
+from channels.exceptions import ChannelFull
+from channels.layers import InMemoryChannelLayer
+
+CLEAN_INTERVAL_SECONDS = 1.0
+
+
+class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
+    """Messages are handed over, not copied: a sender must not change a message after sending it.
+
+    (The Redis layer serializes each message, so code that keeps to this works on both.)
+    """
+
+    _last_clean = 0.0
+
+    async def send(self, channel: str, message: dict) -> None:
+        assert isinstance(message, dict), "message is not a dict"
+        queue = self.channels.get(channel)
+        if queue is None:
+            self.require_valid_channel_name(channel)
+            queue = self.channels.setdefault(channel, asyncio.Queue(maxsize=self.get_capacity(channel)))
+        try:
+            queue.put_nowait((time.time() + self.expiry, message))
+        except asyncio.QueueFull:
+            raise ChannelFull(channel) from None
+
+    def _clean_expired(self) -> None:
+        now = time.monotonic()
+        if now - self._last_clean >= CLEAN_INTERVAL_SECONDS:
+            self._last_clean = now
+            super()._clean_expired()
+
+    async def group_send(self, group: str, message: dict) -> None:
+        """Each member gets its own copy: receivers must never share one dict."""
+        self.require_valid_group_name(group)
+        self._clean_expired()
+        for channel in list(self.groups.get(group, {})):
+            try:
+                await self.send(channel, deepcopy(message))
+            except ChannelFull:
+                pass
