@@ -4,10 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def ratio(numerator: float | None, denominator: float | None) -> str:
-    if not numerator or not denominator:
-        return "–"
-    return f"{numerator / denominator:.2f}"
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def markdown(results: dict) -> str:
@@ -19,18 +17,21 @@ def markdown(results: dict) -> str:
         f"{raw['single_tokens_per_s']} tok/s, padded batch of {raw['batch_size']} {raw['batch_tokens_per_s']} tok/s, "
         f"prefill of one prompt {raw['prefill_ms_p50']} ms (p50).",
         "",
-        "| server | concurrency | requests | tokens/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms | errors | ours/raw | ours/peer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Raw, ours and the peer were measured in {results.get('repeats', 1)} interleaved rounds: each figure is the "
+        "median over rounds (tokens/s of every round in the JSON), each ratio the median of the ratios within a round.",
+        "",
+        "| server | concurrency | requests | tokens/s | per round | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms | errors | ours/raw | ours/peer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    peer_by_c = {row["concurrency"]: row for row in results.get("peer", [])}
+    ratios = results.get("ratios", {})
     for name in ("ours", "peer", "scale_out"):
         for row in results.get(name, []):
             c = row["concurrency"]
-            raw_tps = raw["single_tokens_per_s"] if c == 1 else raw["batch_tokens_per_s"] if c >= raw["batch_size"] else None
-            versus_raw = ratio(row["tokens_per_s"], raw_tps) if name == "ours" else "–"
-            versus_peer = ratio(row["tokens_per_s"], peer_by_c.get(c, {}).get("tokens_per_s")) if name == "ours" else "–"
+            mine = ratios.get(str(c), {}) if name == "ours" else {}
+            versus_raw, versus_peer = _ratio(mine.get("ours_raw")), _ratio(mine.get("ours_peer"))
             lines.append(
-                f"| {name} | {c} | {row['requests']} | {row['tokens_per_s']} | {row['ttft_p50_ms']} | {row['ttft_p95_ms']} | "
+                f"| {name} | {c} | {row['requests']} | {row['tokens_per_s']} | {', '.join(map(str, row.get('runs_tokens_per_s', [])))} | "
+                f"{row['ttft_p50_ms']} | {row['ttft_p95_ms']} | "
                 f"{row['itl_p50_ms']} | {row['itl_p95_ms']} | {row['errors']} | {versus_raw} | {versus_peer} |"
             )
     memory = results.get("memory")

@@ -1,7 +1,10 @@
 """`python -m bench.run`: raw engine vs. our full stack vs. `transformers serve --continuous-batching`.
 
 One run, one model, one workload (16 prompts, greedy, N new tokens, EOS ignored
-where the server allows it); writes bench/results/results.{md,json} and plot.png.
+where the server allows it). The three are measured in interleaved rounds (raw,
+then ours, then the peer, `--repeats` times), so a slow spell of a shared machine
+hits all of them alike: every figure is the median over rounds, and every ratio the
+median of the ratios within a round. Writes bench/results/results.{md,json} and plot.png.
 """
 from __future__ import annotations
 
@@ -10,11 +13,12 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import tempfile
 from pathlib import Path
 
 from .load import bench_prompts, run_load
-from .raw import measure_raw
+from .raw import RawEngine
 from .report import markdown, plot
 from .servers import OurServer, PeerServer, ScaleOut, rss_mb
 
@@ -27,8 +31,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size", default="small", choices=["tiny", "small"], help="size to build if the model is missing")
     parser.add_argument("--concurrency", default="1,4,16,32")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; medians are reported")
     parser.add_argument("--memory-runs", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--scale-out", action="store_true", help="also run against 2 workers over a private redis-server")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -46,25 +50,58 @@ def ensure_model(model: str, size: str, cache: Path) -> None:
     build_tiny_model(model, size=size, cache_dir=cache)
 
 
-def sweep(base_url: str, model: str, levels: list[int], max_tokens: int, extra: dict | None,
-          repeats: int = 1) -> list[dict]:
-    """Per concurrency level, the run of median throughput among `repeats` (errors of all runs count)."""
-    asyncio.run(run_load(base_url, model, bench_prompts(4), 4, 8, extra))  # warm-up: loads the model
+def warm_up(base_url: str, model: str, extra: dict | None) -> None:
+    """Loads the model on the server before anything is timed."""
+    asyncio.run(run_load(base_url, model, bench_prompts(4), 4, 8, extra))
+
+
+def measure_levels(base_url: str, model: str, levels: list[int], max_tokens: int, extra: dict | None) -> list[dict]:
+    """One round: a streaming load at each concurrency (at least 2 requests each)."""
     rows = []
     for concurrency in levels:
-        summaries = []
-        for _ in range(repeats):
-            result = asyncio.run(run_load(base_url, model, bench_prompts(max(concurrency, 2)), concurrency,
-                                          max_tokens, extra))
-            summaries.append(result.summary())
-            errors = [r.error for r in result.results if r.error]
-            if errors:
-                print(f"  first error: {errors[0]}")
-        row = sorted(summaries, key=lambda s: s["tokens_per_s"])[len(summaries) // 2]
-        rows.append({**row, "errors": sum(s["errors"] for s in summaries),
-                     "runs_tokens_per_s": [s["tokens_per_s"] for s in summaries]})
-        print(f"  c={concurrency}: {rows[-1]}", flush=True)
+        result = asyncio.run(run_load(base_url, model, bench_prompts(max(concurrency, 2)), concurrency, max_tokens, extra))
+        errors = [r.error for r in result.results if r.error]
+        if errors:
+            print(f"  c={concurrency} first error: {errors[0]}")
+        rows.append(result.summary())
     return rows
+
+
+def median_rows(rounds: list[list[dict]]) -> list[dict]:
+    """Per level, the round of median throughput (errors of every round count), with every round's figure."""
+    rows = []
+    for per_level in zip(*rounds):
+        row = sorted(per_level, key=lambda r: r["tokens_per_s"])[len(per_level) // 2]
+        rows.append({**row, "errors": sum(r["errors"] for r in per_level),
+                     "runs_tokens_per_s": [r["tokens_per_s"] for r in per_level]})
+    return rows
+
+
+def median_raw(rounds: list[dict]) -> dict:
+    keys = ("prefill_ms_p50", "single_tokens_per_s", "batch_tokens_per_s")
+    merged = {key: statistics.median(r[key] for r in rounds) for key in keys}
+    return {**merged, "batch_size": rounds[0]["batch_size"],
+            "single_runs": [r["single_tokens_per_s"] for r in rounds],
+            "batch_runs": [r["batch_tokens_per_s"] for r in rounds]}
+
+
+def round_ratios(raw: list[dict], ours: list[list[dict]], peer: list[list[dict]]) -> dict:
+    """Per level, the median over rounds of ours/raw and ours/peer measured in the same round."""
+    ratios: dict[str, dict] = {}
+    for index, row in enumerate(ours[0]):
+        c = row["concurrency"]
+        versus_raw, versus_peer = [], []
+        for round_index, ours_round in enumerate(ours):
+            mine = ours_round[index]["tokens_per_s"]
+            raw_round = raw[round_index]
+            baseline = raw_round["single_tokens_per_s"] if c == 1 else raw_round["batch_tokens_per_s"] if c >= raw_round["batch_size"] else None
+            if baseline:
+                versus_raw.append(mine / baseline)
+            if peer and peer[round_index][index]["tokens_per_s"]:
+                versus_peer.append(mine / peer[round_index][index]["tokens_per_s"])
+        ratios[str(c)] = {"ours_raw": round(statistics.median(versus_raw), 2) if versus_raw else None,
+                     "ours_peer": round(statistics.median(versus_peer), 2) if versus_peer else None}
+    return ratios
 
 
 def memory_runs(server: OurServer, model: str, runs: int) -> list[float]:
@@ -94,40 +131,64 @@ def main() -> None:
     os.environ["HF_HUB_CACHE"] = str(cache)
     ensure_model(args.model, args.size, cache)
     levels = [int(c) for c in args.concurrency.split(",")]
-    prompts = bench_prompts(16)
     results: dict = {"model": args.model, "params_m": param_count(args.model), "max_tokens": args.max_tokens,
-                     "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
-    print("raw engine…", flush=True)
-    results["raw"] = measure_raw(args.model, prompts, args.max_tokens, args.repeats)
-    print(f"  {results['raw']}", flush=True)
+                     "repeats": args.repeats, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
     work = Path(tempfile.mkdtemp(prefix="bench-"))
+    ours_extra = {"ignore_eos": True}
 
-    print("ours…", flush=True)
     ours = OurServer(cache, work / "ours")
+    peer = None
+    raw = None
     try:
-        idle = rss_mb(ours.pid)
-        results["ours"] = sweep(ours.base_url, args.model, levels, args.max_tokens, {"ignore_eos": True}, args.repeats)
-        runs = memory_runs(ours, args.model, args.memory_runs)
-        results["memory"] = {"idle_mb": idle, "after_runs_mb": runs, "growth_mb": round(runs[-1] - runs[0], 1)}
-    finally:
-        ours.stop()
-    single = next((row for row in results["ours"] if row["concurrency"] == 1), None)
-    if single and single["ttft_p50_ms"] is not None:
-        results["ttft_overhead_ms"] = round(single["ttft_p50_ms"] - results["raw"]["prefill_ms_p50"], 1)
-
-    if not args.skip_peer:
-        print("transformers serve --continuous-batching…", flush=True)
-        peer = PeerServer(cache, work / "peer", args.model)
-        try:
-            results["peer"] = sweep(peer.base_url, args.model, levels, args.max_tokens, None, args.repeats)
-        finally:
+        results["memory"] = {"idle_mb": rss_mb(ours.pid)}
+        warm_up(ours.base_url, args.model, ours_extra)
+        if not args.skip_peer:
+            peer = PeerServer(cache, work / "peer", args.model)
+            warm_up(peer.base_url, args.model, None)
+        raw = RawEngine(args.model, bench_prompts(16))
+        raw_rounds, ours_rounds, peer_rounds = [], [], []
+        for index in range(args.repeats):
+            print(f"round {index + 1}/{args.repeats}", flush=True)
+            raw_rounds.append(raw.measure(args.max_tokens))
+            print(f"  raw: {raw_rounds[-1]}", flush=True)
+            ours_rounds.append(measure_levels(ours.base_url, args.model, levels, args.max_tokens, ours_extra))
+            print(f"  ours: {[r['tokens_per_s'] for r in ours_rounds[-1]]} tok/s", flush=True)
+            if peer:
+                peer_rounds.append(measure_levels(peer.base_url, args.model, levels, args.max_tokens, None))
+                print(f"  peer: {[r['tokens_per_s'] for r in peer_rounds[-1]]} tok/s", flush=True)
+        raw.close()
+        raw = None
+        if peer:
             peer.stop()
+            peer = None
+        results["raw"] = median_raw(raw_rounds)
+        results["ours"] = median_rows(ours_rounds)
+        if peer_rounds:
+            results["peer"] = median_rows(peer_rounds)
+        results["ratios"] = round_ratios(raw_rounds, ours_rounds, peer_rounds)
+        print("memory…", flush=True)
+        runs = memory_runs(ours, args.model, args.memory_runs)
+        results["memory"].update(after_runs_mb=runs, growth_mb=round(runs[-1] - runs[0], 1))
+    finally:
+        if raw:
+            raw.close()
+        if peer:
+            peer.stop()
+        ours.stop()
+    if 1 in levels:  # per round: our TTFT p50 at concurrency 1 minus raw prefill in that round
+        at_one = levels.index(1)
+        overheads = [mine[at_one]["ttft_p50_ms"] - raw_round["prefill_ms_p50"]
+                     for mine, raw_round in zip(ours_rounds, raw_rounds) if mine[at_one]["ttft_p50_ms"] is not None]
+        if overheads:
+            results["ttft_overhead_ms"] = round(statistics.median(overheads), 1)
 
     if args.scale_out:
         print("scale-out: 2 workers over Redis…", flush=True)
         scale = ScaleOut(cache, work / "scale")
         try:
-            results["scale_out"] = sweep(scale.base_url, args.model, [16], args.max_tokens, {"ignore_eos": True}, args.repeats)
+            warm_up(scale.base_url, args.model, ours_extra)
+            results["scale_out"] = median_rows([measure_levels(scale.base_url, args.model, [16], args.max_tokens, ours_extra)
+                                                for _ in range(args.repeats)])
         finally:
             scale.stop()
 
