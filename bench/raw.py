@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 class RawEngine:
-    """The model loaded in the benchmark's own process; `measure()` is one round of raw figures."""
+    """The model loaded in the benchmark's own process, measured a figure at a time."""
 
     def __init__(self, model_id: str, prompts: list[str]) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=True)
@@ -21,31 +21,34 @@ class RawEngine:
         with torch.no_grad():
             self.model.generate(**self.single, max_new_tokens=4, do_sample=False)  # warm-up
 
-    def measure(self, max_new_tokens: int) -> dict:
-        """Prefill of one prompt (p50 of 5), one sequence, and the padded batch, greedy, EOS ignored."""
-        options = {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "do_sample": False}
+    def prefill_ms(self) -> float:
+        """Prefill of one prompt: p50 of 5 forwards."""
+        times = []
         with torch.no_grad():
-            prefill_times = []
             for _ in range(5):
                 started = time.perf_counter()
                 self.model(**self.single)
-                prefill_times.append(time.perf_counter() - started)
-            single = _timed(lambda: self.model.generate(**self.single, **options))
-            batch = _timed(lambda: self.model.generate(**self.batch, **options))
-        rows = int(self.batch["input_ids"].shape[0])
-        return {
-            "prefill_ms_p50": round(statistics.median(prefill_times) * 1000, 1),
-            "single_tokens_per_s": round(max_new_tokens / single, 1),
-            "batch_size": rows,
-            "batch_tokens_per_s": round(rows * max_new_tokens / batch, 1),
-        }
+                times.append(time.perf_counter() - started)
+        return round(statistics.median(times) * 1000, 1)
+
+    def single_tokens_per_s(self, max_new_tokens: int) -> float:
+        return round(max_new_tokens / self._generate(self.single, max_new_tokens), 1)
+
+    def batch_tokens_per_s(self, max_new_tokens: int) -> float:
+        return round(self.batch_size * max_new_tokens / self._generate(self.batch, max_new_tokens), 1)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.batch["input_ids"].shape[0])
+
+    def _generate(self, inputs, max_new_tokens: int) -> float:
+        """Seconds for greedy generation of exactly max_new_tokens (EOS ignored)."""
+        with torch.no_grad():
+            started = time.perf_counter()
+            self.model.generate(**inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+            return time.perf_counter() - started
 
     def close(self) -> None:
         del self.model
         gc.collect()
 
-
-def _timed(run) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started

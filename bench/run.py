@@ -1,10 +1,10 @@
 """`python -m bench.run`: raw engine vs. our full stack vs. `transformers serve --continuous-batching`.
 
 One run, one model, one workload (16 prompts, greedy, N new tokens, EOS ignored
-where the server allows it). The three are measured in interleaved rounds (raw,
-then ours, then the peer, `--repeats` times), so a slow spell of a shared machine
-hits all of them alike: every figure is the median over rounds, and every ratio the
-median of the ratios within a round. Writes bench/results/results.{md,json} and plot.png.
+where the server allows it). The three are measured in interleaved rounds: per
+concurrency level, its raw baseline, ours and the peer back to back, `--repeats`
+times, so a slow spell of a shared machine hits all of them alike. Every figure is
+the median over rounds, and every ratio the median of the ratios within a round. Writes bench/results/results.{md,json} and plot.png.
 """
 from __future__ import annotations
 
@@ -55,16 +55,38 @@ def warm_up(base_url: str, model: str, extra: dict | None) -> None:
     asyncio.run(run_load(base_url, model, bench_prompts(4), 4, 8, extra))
 
 
-def measure_levels(base_url: str, model: str, levels: list[int], max_tokens: int, extra: dict | None) -> list[dict]:
-    """One round: a streaming load at each concurrency (at least 2 requests each)."""
-    rows = []
+def measure_level(base_url: str, model: str, concurrency: int, max_tokens: int, extra: dict | None) -> dict:
+    """A streaming load at one concurrency (at least 2 requests)."""
+    result = asyncio.run(run_load(base_url, model, bench_prompts(max(concurrency, 2)), concurrency, max_tokens, extra))
+    errors = [r.error for r in result.results if r.error]
+    if errors:
+        print(f"  c={concurrency} first error: {errors[0]}")
+    return result.summary()
+
+
+def one_round(raw: RawEngine, servers: dict[str, tuple[str, dict | None]], model: str, levels: list[int],
+              max_tokens: int) -> tuple[dict, dict[str, list[dict]]]:
+    """Per level, its raw baseline (one sequence for 1, the padded batch for the first level
+    at or past the batch size) and then every server, back to back."""
+    figures: dict = {"batch_size": raw.batch_size}
+    rows: dict[str, list[dict]] = {name: [] for name in servers}
+
+    def single() -> None:
+        figures["prefill_ms_p50"] = raw.prefill_ms()
+        figures["single_tokens_per_s"] = raw.single_tokens_per_s(max_tokens)
+
+    if 1 not in levels:
+        single()
     for concurrency in levels:
-        result = asyncio.run(run_load(base_url, model, bench_prompts(max(concurrency, 2)), concurrency, max_tokens, extra))
-        errors = [r.error for r in result.results if r.error]
-        if errors:
-            print(f"  c={concurrency} first error: {errors[0]}")
-        rows.append(result.summary())
-    return rows
+        if concurrency == 1:
+            single()
+        elif concurrency >= raw.batch_size and "batch_tokens_per_s" not in figures:
+            figures["batch_tokens_per_s"] = raw.batch_tokens_per_s(max_tokens)
+        for name, (base_url, extra) in servers.items():
+            rows[name].append(measure_level(base_url, model, concurrency, max_tokens, extra))
+    if "batch_tokens_per_s" not in figures:
+        figures["batch_tokens_per_s"] = raw.batch_tokens_per_s(max_tokens)
+    return figures, rows
 
 
 def median_rows(rounds: list[list[dict]]) -> list[dict]:
@@ -146,16 +168,17 @@ def main() -> None:
             peer = PeerServer(cache, work / "peer", args.model)
             warm_up(peer.base_url, args.model, None)
         raw = RawEngine(args.model, bench_prompts(16))
+        servers = {"ours": (ours.base_url, ours_extra), **({"peer": (peer.base_url, None)} if peer else {})}
         raw_rounds, ours_rounds, peer_rounds = [], [], []
         for index in range(args.repeats):
             print(f"round {index + 1}/{args.repeats}", flush=True)
-            raw_rounds.append(raw.measure(args.max_tokens))
-            print(f"  raw: {raw_rounds[-1]}", flush=True)
-            ours_rounds.append(measure_levels(ours.base_url, args.model, levels, args.max_tokens, ours_extra))
-            print(f"  ours: {[r['tokens_per_s'] for r in ours_rounds[-1]]} tok/s", flush=True)
-            if peer:
-                peer_rounds.append(measure_levels(peer.base_url, args.model, levels, args.max_tokens, None))
-                print(f"  peer: {[r['tokens_per_s'] for r in peer_rounds[-1]]} tok/s", flush=True)
+            figures, rows = one_round(raw, servers, args.model, levels, args.max_tokens)
+            raw_rounds.append(figures)
+            ours_rounds.append(rows["ours"])
+            peer_rounds.extend([rows["peer"]] if peer else [])
+            print(f"  raw: {figures}", flush=True)
+            for name, measured in rows.items():
+                print(f"  {name}: {[r['tokens_per_s'] for r in measured]} tok/s", flush=True)
         raw.close()
         raw = None
         if peer:
@@ -187,7 +210,7 @@ def main() -> None:
         scale = ScaleOut(cache, work / "scale")
         try:
             warm_up(scale.base_url, args.model, ours_extra)
-            results["scale_out"] = median_rows([measure_levels(scale.base_url, args.model, [16], args.max_tokens, ours_extra)
+            results["scale_out"] = median_rows([[measure_level(scale.base_url, args.model, 16, args.max_tokens, ours_extra)]
                                                 for _ in range(args.repeats)])
         finally:
             scale.stop()

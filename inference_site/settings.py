@@ -153,9 +153,6 @@ INFERENCE = {
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
-    # Python's GIL switch interval (seconds) in a process running an engine. The engine thread
-    # gives up the GIL in every torch op; a long interval lets the event loop keep it meanwhile.
-    "GIL_SWITCH_INTERVAL": env_float("INFERENCE_GIL_SWITCH_INTERVAL", 0.005),
     # Continuous batching: sequences decoded together, requests that may wait beyond them
     # (more get 503 + Retry-After at once), and prompt tokens prefilled per engine step.
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),

@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import socket
-import sys
 import threading
 from collections import OrderedDict
 
@@ -41,7 +40,6 @@ class EngineBridge:
         from .engine import Engine  # torch is imported only once a worker really starts
 
         config = settings.INFERENCE
-        sys.setswitchinterval(config["GIL_SWITCH_INTERVAL"])
         self.layer = layer
         self.name = name
         self.loop = asyncio.get_running_loop()

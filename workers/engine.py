@@ -72,6 +72,11 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def outstanding(self) -> int:
+        """Jobs submitted and not yet finished, cancelled or refused."""
+        return self._outstanding
+
     def has_room(self) -> bool:
         """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
         return self._outstanding < self.max_num_seqs + self.max_queue

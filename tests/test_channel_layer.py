@@ -1,0 +1,59 @@
+"""The embedded mode's in-memory channel layer: hands messages over, still expires, groups get copies."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.exceptions import ChannelFull
+
+from inference_site.channel_layers import HandoverInMemoryChannelLayer
+
+
+def test_messages_arrive_in_order_as_sent_without_copies():
+    async def scenario():
+        layer = HandoverInMemoryChannelLayer()
+        channel = await layer.new_channel("reply.")
+        sent = [{"type": "generation.delta", "choices": [{"index": 0, "text": str(i)}]} for i in range(3)]
+        for message in sent:
+            await layer.send(channel, message)
+        return sent, [await layer.receive(channel) for _ in sent]
+
+    sent, received = asyncio.run(scenario())
+    assert received == sent and all(a is b for a, b in zip(sent, received))
+
+
+def test_group_members_each_get_their_own_copy():
+    async def scenario():
+        layer = HandoverInMemoryChannelLayer()
+        first, second = await layer.new_channel(), await layer.new_channel()
+        for channel in (first, second):
+            await layer.group_add("workers", channel)
+        message = {"type": "generation.cancel", "request_id": "cmpl-1"}
+        await layer.group_send("workers", message)
+        return message, await layer.receive(first), await layer.receive(second)
+
+    message, first, second = asyncio.run(scenario())
+    assert first == second == message and first is not second and first is not message
+
+
+def test_expired_messages_are_dropped_and_a_full_channel_refuses():
+    async def scenario():
+        layer = HandoverInMemoryChannelLayer(expiry=0.05, capacity=2)
+        stale, fresh = await layer.new_channel(), await layer.new_channel()
+        await layer.send(stale, {"type": "old"})
+        await asyncio.sleep(0.1)
+        await layer.send(fresh, {"type": "new"})
+        received = await layer.receive(fresh)  # receiving cleans expired messages everywhere
+        await layer.send(fresh, {"type": "a"})
+        await layer.send(fresh, {"type": "b"})
+        with pytest.raises(ChannelFull):
+            await layer.send(fresh, {"type": "c"})
+        return received, stale in layer.channels
+
+    received, stale_kept = asyncio.run(scenario())
+    assert received == {"type": "new"} and not stale_kept
+
+
+def test_bad_channel_names_are_refused():
+    with pytest.raises(TypeError):
+        asyncio.run(HandoverInMemoryChannelLayer().send("bad name!", {"type": "x"}))

@@ -1,0 +1,89 @@
+"""The engine on its own (plain Python + torch, no Django): what goes out each step, and cancellation."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from huggingface_hub import constants
+
+from workers import protocol
+from workers.engine import Engine
+
+from .conftest import TINY_MODEL
+
+
+class Outbox:
+    """Collects what the engine emits, per reply channel, and lets a test wait for it."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, list[dict]] = {}
+        self.changed = threading.Condition()
+
+    def emit(self, channel: str, message: dict) -> None:
+        with self.changed:
+            self.messages.setdefault(channel, []).append(message)
+            self.changed.notify_all()
+
+    def wait_for(self, channel: str, done, timeout: float = 60.0) -> list[dict]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: done(self.messages.get(channel, [])), timeout), self.messages.get(channel)
+            return list(self.messages[channel])
+
+
+@pytest.fixture(scope="module")
+def engine(hf_cache):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        outbox = Outbox()
+        engine = Engine(outbox.emit, max_num_seqs=8)
+        engine.start()
+        yield engine, outbox
+        engine.stop()
+
+
+def submit(engine: Engine, prompt: str, **params) -> tuple[str, str]:
+    request_id, reply = f"cmpl-{uuid.uuid4().hex}", f"reply.{uuid.uuid4().hex}"
+    engine.submit(protocol.submit_message(request_id, reply, TINY_MODEL, [prompt], {"temperature": 0, **params}))
+    return request_id, reply
+
+
+def finished(messages: list[dict]) -> bool:
+    return any(m["type"] in (protocol.DONE, protocol.ERROR) for m in messages)
+
+
+def token_counts(messages: list[dict]) -> list[int]:
+    return [sum(len(c["token_ids"]) for c in m["choices"]) for m in messages if m["type"] in (protocol.DELTA, protocol.DONE)]
+
+
+def test_the_first_token_goes_out_after_prefill_then_one_token_per_step(engine):
+    """Time to first token is the prefill alone: the first delta holds one token, not prefill + a decode step."""
+    engine, outbox = engine
+    _, reply = submit(engine, "Once upon a time", max_tokens=6, ignore_eos=True)
+    messages = outbox.wait_for(reply, finished)
+    assert [m["type"] for m in messages[:1]] == [protocol.STARTED]
+    assert token_counts(messages) == [1] * 6  # one message per step, each with that step's token
+
+
+def test_requests_in_one_batch_each_get_one_message_per_step(engine):
+    engine, outbox = engine
+    replies = [submit(engine, f"Prompt {i} goes", max_tokens=5 + i, ignore_eos=True)[1] for i in range(4)]
+    for index, reply in enumerate(replies):
+        assert token_counts(outbox.wait_for(reply, finished)) == [1] * (5 + index)
+
+
+def test_a_cancelled_request_stops_within_one_step_and_frees_its_slot(engine):
+    engine, outbox = engine
+    request_id, reply = submit(engine, "Go on and on", max_tokens=400, ignore_eos=True)
+    outbox.wait_for(reply, lambda messages: len(token_counts(messages)) >= 3)
+    with outbox.changed:
+        engine.cancel(request_id)
+        at_cancel = len(outbox.messages[reply])
+    deadline = time.monotonic() + 10
+    while (request_id in engine.requests or engine.outstanding) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert request_id not in engine.requests and engine.outstanding == 0
+    time.sleep(0.2)  # a few more steps' time: nothing more comes
+    after = outbox.messages[reply][at_cancel:]
+    assert len(after) <= 1 and not finished(after)  # at most the step already under way; no DONE
