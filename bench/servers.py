@@ -1,6 +1,7 @@
 """The servers under test, each started as its own process on a free port."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,9 @@ class ScaleOut:
     def __init__(self, hf_cache: Path, work_dir: Path, workers: int = 2) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         self.redis = RedisServer(work_dir)
-        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url)
+        # The workers share this machine's cores: each gets its part, not torch's default of all of them.
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url, INFERENCE_TORCH_THREADS=threads)
         self.web = LiveServer(env, work_dir, extra_args=("--no-auth", "--no-worker"), name="web")
         self.workers = []
         for index in range(workers):
