@@ -54,8 +54,10 @@ def plot(results: dict, path: Path) -> None:
     figure, (throughput, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
     raw = results["raw"]
     levels = sorted({row["concurrency"] for row in results["ours"]})
-    raw_line = [raw["single_tokens_per_s"] if c == 1 else raw["batch_tokens_per_s"] for c in levels]
-    throughput.plot(levels, raw_line, "k--", marker="s", label="raw model.generate (1 / padded batch)")
+    # Raw has a figure for one sequence and for its padded batch (drawn at every level it fills).
+    raw_levels = [c for c in levels if c == 1 or c >= raw["batch_size"]]
+    raw_line = [raw["single_tokens_per_s"] if c == 1 else raw["batch_tokens_per_s"] for c in raw_levels]
+    throughput.plot(raw_levels, raw_line, "k--", marker="s", label=f"raw model.generate (1 / padded batch of {raw['batch_size']})")
     for name, style in (("ours", "o-"), ("peer", "^-"), ("scale_out", "d:")):
         rows = results.get(name) or []
         if rows:
