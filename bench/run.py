@@ -122,7 +122,7 @@ def round_ratios(raw: list[dict], ours: list[list[dict]], peer: list[list[dict]]
             if peer and peer[round_index][index]["tokens_per_s"]:
                 versus_peer.append(mine / peer[round_index][index]["tokens_per_s"])
         ratios[str(c)] = {"ours_raw": round(statistics.median(versus_raw), 2) if versus_raw else None,
-                     "ours_peer": round(statistics.median(versus_peer), 2) if versus_peer else None}
+                          "ours_peer": round(statistics.median(versus_peer), 2) if versus_peer else None}
     return ratios
 
 
