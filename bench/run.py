@@ -25,14 +25,21 @@ from .servers import OurServer, PeerServer, ScaleOut, rss_mb
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="local/small-llama")
     parser.add_argument("--size", default="small", choices=["tiny", "small"], help="size to build if the model is missing")
     parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; medians are reported")
-    parser.add_argument("--memory-runs", type=int, default=10)
+    parser.add_argument("--max-tokens", type=positive_int, default=128)
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds; medians are reported")
+    parser.add_argument("--memory-runs", type=positive_int, default=10)
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--scale-out", action="store_true", help="also run against 2 workers over a private redis-server")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
