@@ -1,108 +1,28 @@
-"""Read-only questions about models: what the Hugging Face cache holds, what a name means,
-how the catalog wants each model served and where it is loaded."""
+"""Read-only questions about models: what a name means, how the catalog wants each model
+served and where it is loaded (what the cache on disk holds is `catalog.hf_cache`)."""
 from __future__ import annotations
 
-import json
-import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from huggingface_hub import constants as hf_constants
 from django.conf import settings
 from django.utils import timezone
-from huggingface_hub import scan_cache_dir
+from huggingface_hub import constants as hf_constants
 
-from openai_api.errors import APIError
+from workers.protocol import ModelRef
 
-from .models import CachedModel as CatalogModel
-from .models import ModelLoad, Worker
+from .errors import ModelDisabled, ModelNotFound
+from .hf_cache import CacheEntry, cached_causal_lms
+from .models import CachedModel, ModelLoad, Worker
 
-CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-_SCAN_TTL_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class CachedModel:
-    repo_id: str
-    revision: str
-    size_on_disk: int
-    last_modified: float
-    architectures: tuple[str, ...]
-    snapshot_path: Path
-    revisions: tuple[str, ...] = ()
-
-    @property
-    def is_causal_lm(self) -> bool:
-        return any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in self.architectures)
+RULES_TTL_SECONDS = 2.0
 
 
-def _read_architectures(snapshot: Path) -> tuple[str, ...]:
-    try:
-        config = json.loads((snapshot / "config.json").read_text())
-    except (OSError, ValueError):
-        return ()
-    return tuple(a for a in (config.get("architectures") or ()) if isinstance(a, str))
-
-
-def _newest_revision(repo):
-    by_ref = {ref: rev for rev in repo.revisions for ref in rev.refs}
-    return by_ref.get("main") or max(repo.revisions, key=lambda rev: rev.last_modified, default=None)
-
-
-def scan_cached_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
-    """Every model repo in the Hugging Face cache, with what its config says it is."""
-    cache_dir = Path(cache_dir or hf_constants.HF_HUB_CACHE)
-    if not cache_dir.is_dir():
-        return []
-    info = scan_cache_dir(cache_dir)
-    models = []
-    for repo in info.repos:
-        if repo.repo_type != "model":
-            continue
-        revision = _newest_revision(repo)
-        if revision is None:
-            continue
-        models.append(
-            CachedModel(
-                repo_id=repo.repo_id,
-                revision=revision.commit_hash,
-                size_on_disk=repo.size_on_disk,
-                last_modified=repo.last_modified,
-                architectures=_read_architectures(Path(revision.snapshot_path)),
-                snapshot_path=Path(revision.snapshot_path),
-                revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
-            )
-        )
-    return sorted(models, key=lambda m: m.repo_id)
-
-
-_cache_lock = threading.Lock()
-_cache: dict[str, tuple[float, list[CachedModel]]] = {}
-
-
-def cached_causal_lms() -> list[CachedModel]:
-    """The causal LMs in the cache; rescans at most every couple of seconds."""
-    key = str(hf_constants.HF_HUB_CACHE)
-    with _cache_lock:
-        stamp, models = _cache.get(key, (0.0, []))
-        if time.monotonic() - stamp > _SCAN_TTL_SECONDS:
-            models = [m for m in scan_cached_models(key) if m.is_causal_lm]
-            _cache[key] = (time.monotonic(), models)
-        return models
-
-
-def forget_scan() -> None:
-    with _cache_lock:
-        _cache.clear()
-
-
-def find_cached_model(name: str) -> CachedModel | None:
-    """The enabled cached causal LM a name (or alias) means."""
+def find_cached_model(name: str, fresh: bool = False) -> CacheEntry | None:
+    """The enabled cached causal LM a name (or alias) means; `fresh` rescans the cache first."""
     repo_id = canonical_repo_id(name)
     if repo_id in catalog_rules()[1]:
         return None
-    return next((m for m in cached_causal_lms() if m.repo_id == repo_id), None)
+    return next((m for m in cached_causal_lms(fresh) if m.repo_id == repo_id), None)
 
 
 # --- the catalog's rules: aliases and disabled models, read at most every couple of seconds ---
@@ -114,9 +34,9 @@ def catalog_rules() -> tuple[dict[str, str], set[str]]:
     """({alias: repo_id}, {disabled repo_id}) from the catalog."""
     global _rules
     stamp, aliases, disabled = _rules
-    if time.monotonic() - stamp > _SCAN_TTL_SECONDS:
+    if time.monotonic() - stamp > RULES_TTL_SECONDS:
         aliases, disabled = {}, set()
-        for repo_id, names, enabled in CatalogModel.objects.filter(gone=False).values_list("repo_id", "aliases", "enabled"):
+        for repo_id, names, enabled in CachedModel.objects.filter(gone=False).values_list("repo_id", "aliases", "enabled"):
             for alias in names or ():
                 aliases[str(alias)] = repo_id
             if not enabled:
@@ -132,19 +52,20 @@ def forget_rules() -> None:
 
 def canonical_repo_id(name: str) -> str:
     """The repo id a model name or alias refers to (the `@revision` dropped)."""
-    repo_id = name.split("@", 1)[0]
-    return catalog_rules()[0].get(repo_id, catalog_rules()[0].get(name, repo_id))
+    repo_id = ModelRef.parse(name).repo_id
+    aliases = catalog_rules()[0]
+    return aliases.get(repo_id, aliases.get(name, repo_id))
 
 
 def model_settings_map() -> dict[str, dict]:
     """Per-model settings as workers take them (workers.protocol ModelSettings)."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults")
     return {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
-            for row in CatalogModel.objects.filter(gone=False).values(*fields)}
+            for row in CachedModel.objects.filter(gone=False).values(*fields)}
 
 
 def preload_models() -> list[str]:
-    return list(CatalogModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True))
+    return list(CachedModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True))
 
 
 # --- where models run -----------------------------------------------------------
@@ -204,7 +125,7 @@ def routing_table() -> dict:
     return {"loaded": loaded, "free": free}
 
 
-def listed_models() -> list[tuple[CachedModel, dict]]:
+def listed_models() -> list[tuple[CacheEntry, dict]]:
     """The enabled cached causal LMs, each with its load state (status "cached" when on no worker)."""
     states = load_states()
     disabled = catalog_rules()[1]
@@ -213,21 +134,18 @@ def listed_models() -> list[tuple[CachedModel, dict]]:
 
 
 def resolve_model_id(name: str) -> str:
-    """The id a client's model name refers to, or 404.
+    """The name a job carries for a client's model name (an alias becomes its repo id, any revision kept).
 
-    Names not in the cache pass through when the hub is reachable, so the worker
-    can download them on first request; offline they are unknown.
+    Raises ModelDisabled, or ModelNotFound when offline and not in the cache (even after a
+    fresh scan); online, unknown names pass through so the worker can download them.
     """
+    ref = ModelRef.parse(name)
     repo_id = canonical_repo_id(name)
     if repo_id in catalog_rules()[1]:
-        raise APIError(404, f"The model `{name}` is disabled on this server.", param="model", code="model_not_found")
-    if repo_id != name.split("@", 1)[0]:  # an alias: the job carries the real id (and any revision)
-        name = repo_id + (name[len(name.split("@", 1)[0]):] if "@" in name else "")
-    if find_cached_model(name) is not None:
-        return name
-    forget_scan()
-    if find_cached_model(name) is not None:
+        raise ModelDisabled(name)
+    name = str(ModelRef(repo_id, ref.revision))
+    if find_cached_model(name) is not None or find_cached_model(name, fresh=True) is not None:
         return name
     if hf_constants.HF_HUB_OFFLINE:
-        raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+        raise ModelNotFound(name)
     return name

@@ -22,7 +22,7 @@ from huggingface_hub import scan_cache_dir
 
 from workers import protocol
 
-from . import selectors
+from . import hf_cache, selectors
 from .models import CachedModel, LoadEvent, ModelLoad, Worker
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ class ScanResult:
 
 def scan_cache(cache_dir: str | Path | None = None) -> ScanResult:
     """Bring CachedModel rows in line with the cache; rows of vanished repos are marked gone, never dropped."""
-    found = selectors.scan_cached_models(cache_dir)
-    selectors.forget_scan()
+    found = hf_cache.scan_cached_models(cache_dir)
+    hf_cache.forget_scan()
     now = timezone.now()
     result = ScanResult()
     with transaction.atomic():
@@ -83,15 +83,6 @@ def broadcast_settings() -> None:
     """Every worker takes the whole settings map at once (no restart)."""
     selectors.forget_rules()
     _group_send({"type": protocol.MODEL_SETTINGS, "settings": selectors.model_settings_map()})
-
-
-def update_model(model: CachedModel, **fields) -> CachedModel:
-    """Change a model's settings and tell the workers."""
-    for name, value in fields.items():
-        setattr(model, name, value)
-    model.save()
-    broadcast_settings()
-    return model
 
 
 def save_model_settings(model: CachedModel) -> CachedModel:
@@ -142,7 +133,7 @@ def delete_from_cache(model: CachedModel, requested_by: str) -> int:
                 strategy.execute()
                 if repo.repo_path.exists():  # refs or blobs the strategy left behind
                     shutil.rmtree(repo.repo_path, ignore_errors=True)
-    selectors.forget_scan()
+    hf_cache.forget_scan()
     model.gone = True
     model.save(update_fields=["gone"])
     LoadEvent.objects.create(model_name=model.repo_id, model=model, action=LoadEvent.Action.UNLOAD,
@@ -163,8 +154,7 @@ def register_worker(name: str, host: str, pid: int, channel_name: str, device: s
 
 
 def _catalog_row(model_name: str) -> CachedModel:
-    repo_id = model_name.split("@", 1)[0]
-    row, _ = CachedModel.objects.get_or_create(repo_id=repo_id)
+    row, _ = CachedModel.objects.get_or_create(repo_id=protocol.ModelRef.parse(model_name).repo_id)
     return row
 
 
@@ -188,7 +178,7 @@ def heartbeat(name: str, loaded: dict[str, dict], device: str = "") -> None:
         status=ModelLoad.Status.UNLOADED)
 
 
-def record_model_event(worker_name: str, event: dict) -> None:
+def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
     """A load or unload on a worker: its ModelLoad status, and a LoadEvent for the finished ones."""
     worker = Worker.objects.filter(name=worker_name).first()
     if worker is None:
@@ -196,14 +186,14 @@ def record_model_event(worker_name: str, event: dict) -> None:
     row = _catalog_row(event["model"])
     kind = event["type"]
     now = timezone.now()
-    status = {"model.loading": ModelLoad.Status.LOADING, "model.loaded": ModelLoad.Status.LOADED,
-              "model.load_failed": ModelLoad.Status.ERROR, "model.unloaded": ModelLoad.Status.UNLOADED}[kind]
+    status = {protocol.MODEL_LOADING: ModelLoad.Status.LOADING, protocol.MODEL_LOADED: ModelLoad.Status.LOADED,
+              protocol.MODEL_LOAD_FAILED: ModelLoad.Status.ERROR, protocol.MODEL_UNLOADED: ModelLoad.Status.UNLOADED}[kind]
     defaults: dict = {"status": status, "error": event.get("error") or ""}
-    if kind == "model.loaded":
+    if kind == protocol.MODEL_LOADED:
         defaults.update(loaded_at=now, last_used=now, memory_mb=event.get("memory_bytes", 0) / MIB)
     ModelLoad.objects.update_or_create(model=row, worker=worker, defaults=defaults)
-    if kind != "model.loading":
-        action = LoadEvent.Action.UNLOAD if kind == "model.unloaded" else LoadEvent.Action.LOAD
+    if kind != protocol.MODEL_LOADING:
+        action = LoadEvent.Action.UNLOAD if kind == protocol.MODEL_UNLOADED else LoadEvent.Action.LOAD
         LoadEvent.objects.create(model_name=event["model"], model=row, worker=worker, action=action,
                                  requested_by=event.get("requested_by", ""), duration_s=event.get("duration_s"),
                                  error=event.get("error") or "")

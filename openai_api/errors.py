@@ -11,6 +11,8 @@ from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
+from catalog.errors import CatalogError
+
 logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {
@@ -46,6 +48,11 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+def catalog_error(exc: CatalogError) -> APIError:
+    """A model the catalog cannot serve (unknown, or disabled) is a 404 to the client."""
+    return APIError(404, exc.message, param="model", code="model_not_found")
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     return {
         "error": {
@@ -75,6 +82,8 @@ def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
 
 def exception_handler(exc: Exception, context: dict) -> Response:
     """DRF's EXCEPTION_HANDLER: map every exception to an OpenAI error body."""
+    if isinstance(exc, CatalogError):
+        exc = catalog_error(exc)
     if isinstance(exc, APIError):
         return Response(error_body(exc.status, exc.message, exc.param, exc.code), status=exc.status, headers=exc.headers)
     if isinstance(exc, RequestDataTooBig):
@@ -108,14 +117,6 @@ def exception_handler(exc: Exception, context: dict) -> Response:
         return Response(error_body(status, str(exc.detail), None, getattr(exc, "default_code", None)), status=status, headers=headers)
     logger.exception("unhandled error in API view", exc_info=exc)
     return Response(error_body(500, "The server had an error processing your request.", None, "internal_error"), status=500)
-
-
-def error_response(exc: APIError) -> JsonResponse:
-    """The same body outside DRF (SSE setup, plain Django views)."""
-    response = JsonResponse(error_body(exc.status, exc.message, exc.param, exc.code), status=exc.status)
-    for name, value in exc.headers.items():
-        response[name] = value
-    return response
 
 
 def not_found_view(request, exception=None) -> JsonResponse:

@@ -79,13 +79,13 @@ def worker_error(event: dict) -> APIError:
 async def send_cancel(layer, request_id: str) -> None:
     try:
         await layer.group_send(
-            settings.INFERENCE["WORKER_GROUP"], {"type": protocol.CANCEL, "request_id": request_id}
-        )
+            settings.INFERENCE["WORKER_GROUP"], protocol.cancel_message(request_id))
     except Exception:  # the client is gone either way; a lost cancel only wastes a slot
         logger.exception("could not send cancel for %s", request_id)
 
 
-async def open_generation(request_id: str, model: str, prompts: list, params: dict) -> GenerationStream:
+async def open_generation(request_id: str, model: str, prompts: list[protocol.Prompt],
+                          params: protocol.JobParams) -> GenerationStream:
     """Submit a job and wait until a worker has validated it and started generating.
 
     Raises APIError with the worker's status (400 for a prompt over the context,

@@ -8,13 +8,14 @@ from __future__ import annotations
 from asgiref.sync import sync_to_async
 from rest_framework.response import Response
 
-from catalog.selectors import CachedModel, canonical_repo_id, listed_models
+from catalog.hf_cache import CacheEntry
+from catalog.selectors import canonical_repo_id, listed_models
 
 from .base import OpenAIView
 from .errors import APIError
 
 
-def model_object(model: CachedModel, state: dict) -> dict:
+def model_object(model: CacheEntry, state: dict) -> dict:
     return {
         "id": model.repo_id,
         "object": "model",
@@ -32,7 +33,7 @@ class ModelListView(OpenAIView):
         return Response({"object": "list", "data": [model_object(m, state) for m, state in models]})
 
 
-def _find(model_id: str) -> tuple[CachedModel, dict] | None:
+def _find(model_id: str) -> tuple[CacheEntry, dict] | None:
     repo_id = canonical_repo_id(model_id)
     return next(((m, s) for m, s in listed_models() if m.repo_id == repo_id), None)
 

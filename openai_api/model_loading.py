@@ -23,11 +23,6 @@ from .generation import receive_within
 from .serializers.model_loading import ModelNameSerializer
 
 
-def canonical_name(name: str) -> str:
-    repo_id, _, revision = name.partition("@")
-    return f"{repo_id}@{revision or 'main'}"
-
-
 def requested_by(request) -> str:
     return f"api:{getattr(request.user, 'name', None) or 'anonymous'}"
 
@@ -36,7 +31,7 @@ async def _resolved(request) -> str:
     serializer = ModelNameSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     name = await sync_to_async(resolve_model_id)(serializer.validated_data["model"])
-    return canonical_name(name)
+    return protocol.ModelRef.parse(name).key
 
 
 def _no_worker() -> APIError:

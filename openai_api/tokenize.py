@@ -5,16 +5,19 @@ Both are zero-token jobs: the worker tokenizes (or renders) the prompt, reports 
 """
 from __future__ import annotations
 
+import dataclasses
+
 from asgiref.sync import sync_to_async
 from rest_framework.response import Response
 
 from catalog.selectors import resolve_model_id
+from workers.protocol import JobParams
 
 from .base import OpenAIView
 from .generation import GenerationStream, new_request_id, open_generation
 from .serializers.tokenize import DetokenizeRequestSerializer, TokenizeRequestSerializer
 
-ZERO_TOKEN_JOB = {"max_tokens": 0, "n": 1}
+ZERO_TOKEN_JOB = JobParams(max_tokens=0)
 
 
 async def drain_text(stream: GenerationStream) -> str:
@@ -48,5 +51,5 @@ class DetokenizeView(OpenAIView):
         if not data["tokens"]:
             return Response({"prompt": ""})
         stream = await open_generation(new_request_id("detok"), model, [{"token_ids": data["tokens"]}],
-                                     {**ZERO_TOKEN_JOB, "echo": True})
+                                     dataclasses.replace(ZERO_TOKEN_JOB, echo=True))
         return Response({"prompt": await drain_text(stream)})

@@ -11,9 +11,10 @@ from django.conf import settings
 from django.utils import timezone
 from huggingface_hub import constants as hf_constants
 
-from catalog import selectors, services
+from catalog import hf_cache, selectors, services
+from catalog.errors import ModelDisabled
 from catalog.models import CachedModel, LoadEvent, ModelLoad, Worker
-from openai_api.errors import APIError
+from openai_api.errors import catalog_error
 from workers import protocol
 from workers.tiny_models import build_non_causal_model, build_tiny_model
 
@@ -37,11 +38,11 @@ def cache(small_cache, monkeypatch, tmp_path) -> Path:
     copy = tmp_path / "hf"
     shutil.copytree(small_cache, copy, symlinks=True)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(copy))
-    selectors.forget_scan()
+    hf_cache.forget_scan()
     selectors.forget_rules()
     services.scan_cache(copy)
     yield copy
-    selectors.forget_scan()
+    hf_cache.forget_scan()
     selectors.forget_rules()
 
 
@@ -69,7 +70,8 @@ def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(c
     assert alpha.is_causal_lm and alpha.size_on_disk > 0 and alpha.revision in alpha.revisions
     assert alpha.architectures == ["LlamaForCausalLM"]
     assert not CachedModel.objects.get(repo_id="local/encoder").is_causal_lm
-    services.update_model(alpha, idle_timeout=42, aliases=["a"])
+    alpha.idle_timeout, alpha.aliases = 42, ["a"]
+    services.save_model_settings(alpha)
     import shutil
 
     shutil.rmtree(cache / "models--local--alpha")
@@ -84,13 +86,15 @@ def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(c
 
 def test_aliases_resolve_and_disabled_models_are_unknown(cache):
     alpha = CachedModel.objects.get(repo_id="local/alpha")
-    services.update_model(alpha, aliases=["alpha"])
+    alpha.aliases = ["alpha"]
+    services.save_model_settings(alpha)
     assert selectors.resolve_model_id("alpha") == "local/alpha"
     assert selectors.resolve_model_id("alpha@main") == "local/alpha@main"
     services.set_enabled([alpha], False)
-    with pytest.raises(APIError) as raised:
+    with pytest.raises(ModelDisabled) as raised:
         selectors.resolve_model_id("local/alpha")
-    assert raised.value.status == 404 and "disabled" in raised.value.message
+    error = catalog_error(raised.value)  # what the client gets
+    assert error.status == 404 and "disabled" in error.message
     assert [m.repo_id for m, _ in selectors.listed_models()] == []
 
 

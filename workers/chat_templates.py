@@ -21,7 +21,7 @@ from functools import lru_cache
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from .sequences import JobError
+from .errors import JobError
 
 FALLBACK_TEMPLATE = (
     "{%- for message in messages %}"

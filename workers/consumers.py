@@ -218,9 +218,10 @@ class InferenceConsumer(AsyncConsumer):
         A worker that holds the model takes it; otherwise a live worker that holds it, else the
         one with the most free memory (ties stay here). From the catalog, as of the last heartbeat.
         """
-        repo_id, _, revision = model.partition("@")
+        ref = protocol.ModelRef.parse(model)
+        repo_id = ref.repo_id
         held = EngineBridge._instance.engine.models if EngineBridge._instance is not None else {}
-        if f"{repo_id}@{revision or 'main'}" in held:
+        if ref.key in held:
             return None
         holders = [c for c in self.routing["loaded"].get(repo_id, ()) if c != self.channel_name]
         if holders:

@@ -21,9 +21,11 @@ from collections.abc import Callable
 import torch
 
 from . import protocol
-from .model_loader import LoadedModel, ModelLoadError
-from .model_manager import MemoryBudgetError, ModelBusyError, ModelManager, canonical_name
-from .sequences import JobError, Request, Sequence
+from .errors import JobError, ModelBusyError, ModelLoadError
+from .model_loader import LoadedModel
+from .model_manager import ModelManager
+from .protocol import ModelRef
+from .sequences import Request, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ class Engine:
         self._inbox.put(job)
 
     def cancel(self, request_id: str) -> None:
-        self._inbox.put({"type": protocol.CANCEL, "request_id": request_id})
+        self._inbox.put(protocol.cancel_message(request_id))
 
     def control(self, message: dict) -> None:
         """A model.load / model.unload / model.settings message; handled in order with jobs."""
@@ -164,12 +166,12 @@ class Engine:
         if kind == protocol.MODEL_SETTINGS:
             self.manager.configure(message.get("settings") or {})
             return
-        name = canonical_name(message["model"])
+        name = ModelRef.parse(message["model"]).key
         reply = message.get("reply_channel")
 
-        def send(event: dict) -> None:
+        def send(event: protocol.ModelEvent) -> None:
             if reply:
-                self.emit(reply, {"type": protocol.MODEL_PROGRESS, "worker": self.name, "event": event})
+                self.emit(reply, protocol.progress_message(self.name, event))
 
         def progress(stage: str, value: dict | None = None) -> None:
             send({"status": "loading", "model": name, "stage": stage, **({"progress": value} if value else {})})
@@ -183,10 +185,8 @@ class Engine:
             else:
                 unloaded = self.manager.unload(name, self._busy(), requested_by)
                 send({"status": "unloaded" if unloaded else "not_loaded", "model": name})
-        except ModelBusyError as exc:
-            send({"status": "error", "model": name, "message": str(exc), "code": "model_busy"})
-        except ModelLoadError as exc:
-            send({"status": "error", "model": name, "message": str(exc), "code": _load_error_code(exc)})
+        except (ModelBusyError, ModelLoadError) as exc:
+            send({"status": "error", "model": name, "message": str(exc), "code": exc.code})
         except Exception as exc:
             logger.exception("model control %s %s failed", kind, name)
             send({"status": "error", "model": name, "message": f"The worker failed: {exc}", "code": "internal_error"})
@@ -198,14 +198,13 @@ class Engine:
             return
         try:
             request = Request(job, self._model(job["model"]))
-            request.model_name = canonical_name(job["model"])
+            request.model_name = ModelRef.parse(job["model"]).key
             self._finish_empty_sequences(request)
         except JobError as exc:
             self._refuse(reply, exc.message_dict())
             return
         except ModelLoadError as exc:
-            status = 404 if exc.not_found else 503
-            self._refuse(reply, protocol.error_message(status, str(exc), "model", _load_error_code(exc)))
+            self._refuse(reply, protocol.error_message(exc.status, str(exc), "model", exc.code))
             return
         except Exception:
             logger.exception("could not admit %s", request_id)
@@ -335,9 +334,3 @@ class Engine:
                         usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
         elif deltas:
             self.emit(request.reply_channel, {"type": protocol.DELTA, "choices": deltas})
-
-
-def _load_error_code(exc: ModelLoadError) -> str:
-    if exc.not_found:
-        return "model_not_found"
-    return "insufficient_memory" if isinstance(exc, MemoryBudgetError) else "model_load_failed"

@@ -15,6 +15,8 @@ from huggingface_hub import snapshot_download, try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import cached_file
 
+from .errors import ModelLoadError
+from .protocol import ModelRef
 from .sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -22,14 +24,6 @@ logger = logging.getLogger(__name__)
 # progress(stage, {"current", "total"} | None): the load stages of /load_model, in order.
 Progress = Callable[[str, "dict | None"], None]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-
-
-class ModelLoadError(Exception):
-    """The model could not be loaded; `not_found` when no such repo/files exist."""
-
-    def __init__(self, message: str, not_found: bool = False) -> None:
-        super().__init__(message)
-        self.not_found = not_found
 
 
 @dataclass
@@ -76,11 +70,6 @@ def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def split_revision(name: str) -> tuple[str, str]:
-    repo_id, _, revision = name.partition("@")
-    return repo_id, revision or "main"
-
-
 def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
     """Sampling defaults and EOS ids the model's generation_config.json declares, verbatim."""
     path = cached_file(repo_id, "generation_config.json", revision=revision, local_files_only=True,
@@ -114,7 +103,8 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 def estimate_bytes(name: str) -> int | None:
     """Weight bytes on disk for a cached model (what loading it will roughly take); None if not cached."""
-    repo_id, revision = split_revision(name)
+    ref = ModelRef.parse(name)
+    repo_id, revision = ref.repo_id, ref.branch
     config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if not isinstance(config, str):
         return None
@@ -183,7 +173,8 @@ def _download(repo_id: str, revision: str, progress: Progress) -> None:
 def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
     """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
     report: Progress = progress or (lambda stage, value=None: None)
-    repo_id, revision = split_revision(name)
+    ref = ModelRef.parse(name)
+    repo_id, revision = ref.repo_id, ref.branch
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     started = time.monotonic()

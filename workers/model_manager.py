@@ -13,28 +13,17 @@ from collections.abc import Callable
 
 import torch
 
-from .model_loader import LoadedModel, ModelLoadError, Progress, estimate_bytes, load_model, split_revision
+from . import protocol
+from .errors import MemoryBudgetError, ModelBusyError, ModelLoadError
+from .model_loader import LoadedModel, Progress, estimate_bytes, load_model
+from .protocol import ModelRef
 from .runner import ModelRunner
 from .sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
 
-OnEvent = Callable[[dict], None]
+OnEvent = Callable[[protocol.ModelChange], None]
 MIB = 1024 * 1024
-
-
-class MemoryBudgetError(ModelLoadError):
-    """Loading would exceed the worker's memory budget and nothing idle can be unloaded."""
-
-
-class ModelBusyError(Exception):
-    """The model has running or queued sequences; it is unloaded only when idle."""
-
-
-def canonical_name(name: str) -> str:
-    """`repo` and `repo@main` are one model: the key every worker map uses."""
-    repo_id, revision = split_revision(name)
-    return f"{repo_id}@{revision}"
 
 
 class ModelManager:
@@ -64,7 +53,7 @@ class ModelManager:
 
     # --- settings --------------------------------------------------------------
     def _settings(self, name: str) -> dict:
-        return self.settings.get(split_revision(name)[0], {})
+        return self.settings.get(ModelRef.parse(name).repo_id, {})
 
     def configure(self, settings: dict[str, dict]) -> None:
         """Replace every model's settings; loaded models take new defaults and templates at once."""
@@ -91,7 +80,7 @@ class ModelManager:
     def get(self, name: str, busy: set[str], requested_by: str = "request",
             progress: Progress | None = None) -> LoadedModel:
         """The loaded model, loading it first (evicting idle models if the budget needs room)."""
-        name = canonical_name(name)
+        name = ModelRef.parse(name).key
         loaded = self.models.get(name)
         if loaded is None:
             loaded = self._load(name, busy, requested_by, progress)
@@ -103,19 +92,19 @@ class ModelManager:
         own = self._settings(name)
         dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
         device = own.get("device") or self.device
-        self.on_event({"type": "model.loading", "model": name, "requested_by": requested_by})
+        self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         started = time.monotonic()
         try:
             self._make_room(name, busy)
             loaded = load_model(name, device, dtype, progress)
         except ModelLoadError as exc:
-            self.on_event({"type": "model.load_failed", "model": name, "requested_by": requested_by,
+            self.on_event({"type": protocol.MODEL_LOAD_FAILED, "model": name, "requested_by": requested_by,
                            "duration_s": time.monotonic() - started, "error": str(exc)})
             raise
         self.models[name] = loaded
         self.runners[name] = ModelRunner(loaded, self.prefill_chunk)
         self._apply(name, loaded)
-        self.on_event({"type": "model.loaded", "model": name, "requested_by": requested_by,
+        self.on_event({"type": protocol.MODEL_LOADED, "model": name, "requested_by": requested_by,
                        "duration_s": time.monotonic() - started, "memory_bytes": loaded.memory_bytes})
         return loaded
 
@@ -149,7 +138,7 @@ class ModelManager:
 
     def unload(self, name: str, busy: set[str], requested_by: str) -> bool:
         """Unload now; refuses (ModelBusyError) while sequences of the model run or wait. False if not loaded."""
-        name = canonical_name(name)
+        name = ModelRef.parse(name).key
         if name not in self.models:
             return False
         if name in busy:
@@ -165,7 +154,7 @@ class ModelManager:
             torch.cuda.empty_cache()
         self._publish()
         logger.info("unloaded %s (%s)", name, requested_by)
-        self.on_event({"type": "model.unloaded", "model": name, "requested_by": requested_by,
+        self.on_event({"type": protocol.MODEL_UNLOADED, "model": name, "requested_by": requested_by,
                        "duration_s": time.monotonic() - started})
         return True
 

@@ -1,43 +1,23 @@
-"""Messages between the web side and workers over the channel layer.
+"""Messages between the web side and workers over the channel layer, each declared once here.
 
-Plain dicts (msgpack-safe for channels-redis). Views and the worker consumer
-both import this module; it imports neither Django views nor torch.
+On the wire every message is a plain dict (msgpack-safe for channels-redis); the TypedDicts
+below say what each one holds, and `JobParams` declares every sampling default of the request
+path. Views and the worker consumer both import this module; it imports neither Django nor torch.
 
-Web -> worker (on the shared worker channel):
-    {"type": "generation.submit", "request_id", "reply_channel", "model",
-     "prompts": [str | [int] | dict], "params": {...}}
-    A dict prompt is rendered on the worker (workers.chat_templates), either a conversation
-    {"messages": [...], "tools": [...] | None, "chat_template_kwargs": {...},
-     "add_generation_prompt": bool, "continue_final_message": bool}
-    or raw text with tokenizer options {"text": str, "add_special_tokens": bool},
-    or token ids whose echo keeps special tokens {"token_ids": [int]}.
-Web -> all workers (group):
-    {"type": "generation.cancel", "request_id"}
-Worker -> web (on the reply channel), in this order:
-    {"type": "generation.accepted", "worker": name}
-    {"type": "generation.started", "model", "prompt_tokens": [int per prompt],
-     "prompt_token_ids": [[int] per prompt], "max_model_len": int,
-     "open_blocks": [str per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""]}
-        or {"type": "generation.error", "status", "message", "param", "code"}
-    {"type": "generation.delta", "choices": [ChoiceDelta...]}   (once per step)
-    {"type": "generation.done", "usage": {"prompt_tokens", "completion_tokens"}}
+Web -> worker (on the shared worker channel):   SubmitMessage (its prompts: Prompt, its params: JobParams)
+Web -> all workers (group):                     CancelMessage
+Worker -> web (on the reply channel), in order: AcceptedMessage, then Started or ErrorMessage,
+                                                DeltaMessage (once per step), DoneMessage
 Model control (web/admin -> a worker's channel, the shared worker channel, or the group):
-    {"type": "model.load", "model": "repo@rev", "reply_channel": str | None, "requested_by": str}
-        on the shared channel one worker takes it; on a worker's own channel that worker.
-    {"type": "model.unload", "model": "repo@rev", "reply_channel": str | None, "requested_by": str}
-    {"type": "model.settings", "settings": {repo_id: ModelSettings}}   (group: every worker)
-    ModelSettings is {"enabled", "idle_timeout": int | None, "preload", "dtype", "device",
-    "chat_template", "generation_defaults"}; the whole map, replacing the last one.
-Worker -> the control request's reply channel:
-    {"type": "model.accepted", "worker": name}
-    {"type": "model.progress", "event": LoadEvent}   (until one with status ready/error)
-    LoadEvent is exactly /load_model's SSE payload: {"status": "loading", "model", "stage",
-    "progress"?} then {"status": "ready", "model", "cached"} or {"status": "error", "model",
-    "message", "code"}; an unload ends with {"status": "unloaded", "model"} or an error.
-A ChoiceDelta is {"index", "text", "token_ids", "logprobs", "finish_reason"}
-where logprobs is None or {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+    ControlMessage (model.load: one worker takes it; model.unload: every worker), SettingsMessage
+Worker -> the control request's reply channel:  ControlAccepted, then ProgressMessage until its
+                                                ModelEvent is terminal (`is_terminal`)
+Engine -> its own worker's catalog bookkeeping: ModelChange
 """
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Mapping, NotRequired, TypedDict
 
 SUBMIT = "generation.submit"
 CANCEL = "generation.cancel"
@@ -51,60 +31,293 @@ MODEL_UNLOAD = "model.unload"
 MODEL_SETTINGS = "model.settings"
 MODEL_ACCEPTED = "model.accepted"
 MODEL_PROGRESS = "model.progress"
-LOAD_STAGES = ("processor", "config", "download", "weights")
+# ModelChange types: what a worker's model manager did, for the catalog.
+MODEL_LOADING = "model.loading"
+MODEL_LOADED = "model.loaded"
+MODEL_LOAD_FAILED = "model.load_failed"
+MODEL_UNLOADED = "model.unloaded"
 
-# Sampling and output parameters a job may carry, with their neutral values.
-PARAM_DEFAULTS: dict[str, object] = {
-    "max_tokens": 16,  # None: the rest of the context after the prompt (chat's default)
-    "temperature": None,  # None: the model's generation_config, else 1.0
-    "top_p": None,
-    "top_k": None,
-    "min_p": None,
-    "repetition_penalty": None,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "no_repeat_ngram_size": 0,
-    "logit_bias": None,  # {token_id (str): bias}
-    "seed": None,
-    "n": 1,
-    "stop": [],
-    "ignore_eos": False,
-    "min_tokens": 0,
-    "logprobs": None,  # None or 0..5 top alternatives per token
-    "echo": False,
-    "suffix": None,
+DEFAULT_REVISION = "main"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model name split once: `repo`, `repo@main` and `repo@<commit>`.
+
+    `str(ref)` is the name as written (what a response echoes); `key` is how every map
+    names the model, so `repo` and `repo@main` are one model.
+    """
+
+    repo_id: str
+    revision: str | None = None  # None: written without one (the default branch)
+
+    @classmethod
+    def parse(cls, name: str) -> ModelRef:
+        repo_id, _, revision = name.partition("@")
+        return cls(repo_id, revision or None)
+
+    @property
+    def branch(self) -> str:
+        """The revision to load: the one written, else the default branch."""
+        return self.revision or DEFAULT_REVISION
+
+    @property
+    def key(self) -> str:
+        return f"{self.repo_id}@{self.branch}"
+
+    def __str__(self) -> str:
+        return self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}"
+
+
+# --- a generation job ------------------------------------------------------------
+
+@dataclass
+class JobParams:
+    """Sampling and output parameters of one job: every default of the request path, once.
+
+    None for the five sampling knobs in NEUTRAL_SAMPLING means "the model's
+    generation_config.json, else the neutral value" (resolved on the worker).
+    """
+
+    max_tokens: int | None = None  # None: the rest of the context after the prompt
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+    logit_bias: dict[str, float] | None = None  # {token id (str): bias}
+    seed: int | None = None
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None, or 0..20 top alternatives per token
+    echo: bool = False
+    suffix: str | None = None
+
+    @classmethod
+    def from_wire(cls, params: Mapping[str, Any]) -> JobParams:
+        unknown = set(params) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown job parameters: {sorted(unknown)}")
+        return cls(**params)
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Where neither the request nor generation_config.json sets a knob (transformers' own defaults).
+NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
 }
+# Request fields every generation endpoint shares, named as in JobParams.
+SHARED_REQUEST_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "no_repeat_ngram_size", "logit_bias", "seed", "n", "stop", "ignore_eos", "min_tokens",
+)
 
 
-def submit_message(
-    request_id: str, reply_channel: str, model: str, prompts: list, params: dict
-) -> dict:
-    unknown = set(params) - set(PARAM_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown job parameters: {sorted(unknown)}")
-    return {
-        "type": SUBMIT,
-        "request_id": request_id,
-        "reply_channel": reply_channel,
-        "model": model,
-        "prompts": prompts,
-        "params": {**PARAM_DEFAULTS, **params},
-    }
+def to_job_params(request: Mapping[str, Any], **endpoint: Any) -> JobParams:
+    """A validated request as job parameters (as vLLM's `to_sampling_params`).
+
+    The shared sampling fields are read by name (absent or null: JobParams' default); the
+    endpoint passes the fields it names its own way (`max_tokens`, `logprobs`, `echo`, `suffix`).
+    """
+    shared = {name: request[name] for name in SHARED_REQUEST_FIELDS if request.get(name) is not None}
+    return JobParams(**shared, **endpoint)
+
+
+class Conversation(TypedDict):
+    """A chat prompt, rendered by the worker's chat template (workers.chat_templates)."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    chat_template_kwargs: dict[str, Any]
+    add_generation_prompt: bool
+    continue_final_message: bool
+
+
+class TextPrompt(TypedDict):
+    """Raw text with tokenizer options (/tokenize)."""
+
+    text: str
+    add_special_tokens: bool
+
+
+class TokenIdsPrompt(TypedDict):
+    """Token ids whose echo keeps special tokens (/detokenize)."""
+
+    token_ids: list[int]
+
+
+Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt
+
+
+class SubmitMessage(TypedDict):
+    type: Literal["generation.submit"]
+    request_id: str
+    reply_channel: str
+    model: str
+    prompts: list[Prompt]
+    params: dict[str, Any]  # JobParams.to_wire()
+    routed: NotRequired[bool]  # passed on once by another worker; never again
+
+
+class CancelMessage(TypedDict):
+    type: Literal["generation.cancel"]
+    request_id: str
+
+
+class AcceptedMessage(TypedDict):
+    type: Literal["generation.accepted"]
+    worker: str
+
+
+class Started(TypedDict):
+    type: Literal["generation.started"]
+    model: str
+    prompt_tokens: list[int]  # per prompt
+    prompt_token_ids: list[list[int]]
+    max_model_len: int
+    open_blocks: list[str]  # per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""
+
+
+class ErrorMessage(TypedDict):
+    type: Literal["generation.error"]
+    status: int
+    message: str
+    param: str | None
+    code: str | None
+    retry_after: int | None
+
+
+class Logprobs(TypedDict):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class ChoiceDelta(TypedDict):
+    """What one choice produced in one step."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: Logprobs | None
+    finish_reason: str | None
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class DeltaMessage(TypedDict):
+    type: Literal["generation.delta"]
+    choices: list[ChoiceDelta]
+
+
+class DoneMessage(TypedDict):
+    type: Literal["generation.done"]
+    choices: list[ChoiceDelta]
+    usage: Usage
+
+
+def submit_message(request_id: str, reply_channel: str, model: str, prompts: list[Prompt],
+                   params: JobParams) -> SubmitMessage:
+    return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model,
+            "prompts": prompts, "params": params.to_wire()}
+
+
+def cancel_message(request_id: str) -> CancelMessage:
+    return {"type": CANCEL, "request_id": request_id}
 
 
 def error_message(status: int, message: str, param: str | None = None, code: str | None = None,
-                  retry_after: int | None = None) -> dict:
+                  retry_after: int | None = None) -> ErrorMessage:
     return {"type": ERROR, "status": status, "message": message, "param": param, "code": code,
             "retry_after": retry_after}
 
 
-def control_message(kind: str, model: str, reply_channel: str | None = None, requested_by: str = "") -> dict:
+# --- model control ----------------------------------------------------------------
+
+class ModelSettings(TypedDict):
+    """One model's catalog settings as workers take them (the whole map replaces the last one)."""
+
+    enabled: bool
+    idle_timeout: int | None
+    preload: bool
+    dtype: str
+    device: str
+    chat_template: str
+    generation_defaults: dict[str, Any]
+
+
+class ControlMessage(TypedDict):
+    type: Literal["model.load", "model.unload"]
+    model: str  # ModelRef.key
+    reply_channel: str | None
+    requested_by: str
+
+
+class SettingsMessage(TypedDict):
+    type: Literal["model.settings"]
+    settings: dict[str, ModelSettings]  # by repo id
+
+
+class ControlAccepted(TypedDict):
+    type: Literal["model.accepted"]
+    worker: str
+
+
+class ModelEvent(TypedDict):
+    """One step of a load or unload, exactly /load_model's SSE payload.
+
+    {"status": "loading", "model", "stage", "progress"?} then {"status": "ready", "model", "cached"}
+    or {"status": "error", "model", "message", "code"}; an unload ends "unloaded" or "not_loaded".
+    """
+
+    status: Literal["loading", "ready", "error", "unloaded", "not_loaded"]
+    model: str
+    stage: NotRequired[str]
+    progress: NotRequired[dict[str, int]]
+    cached: NotRequired[bool]
+    message: NotRequired[str]
+    code: NotRequired[str]
+
+
+class ProgressMessage(TypedDict):
+    type: Literal["model.progress"]
+    worker: str
+    event: ModelEvent
+
+
+class ModelChange(TypedDict):
+    """A load or unload a worker's model manager did, for the catalog's records."""
+
+    type: Literal["model.loading", "model.loaded", "model.load_failed", "model.unloaded"]
+    model: str
+    requested_by: str
+    duration_s: NotRequired[float]
+    error: NotRequired[str]
+    memory_bytes: NotRequired[int]
+
+
+def control_message(kind: str, model: str, reply_channel: str | None = None, requested_by: str = "") -> ControlMessage:
     """A model.load / model.unload request."""
     if kind not in (MODEL_LOAD, MODEL_UNLOAD):
         raise ValueError(f"not a model control message: {kind}")
     return {"type": kind, "model": model, "reply_channel": reply_channel, "requested_by": requested_by}
 
 
-def is_terminal(event: dict) -> bool:
+def progress_message(worker: str, event: ModelEvent) -> ProgressMessage:
+    return {"type": MODEL_PROGRESS, "worker": worker, "event": event}
+
+
+def is_terminal(event: ModelEvent) -> bool:
     """Whether a model.progress event ends its stream."""
     return event.get("status") in ("ready", "error", "unloaded")

@@ -7,7 +7,7 @@ defines them (over the completion's tokens only).
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers.generation.logits_process import (
@@ -18,46 +18,52 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from .protocol import NEUTRAL_SAMPLING, JobParams
+
 # Keys of generation_config.json that supply defaults where a request is silent.
-MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+MODEL_DEFAULT_KEYS = tuple(NEUTRAL_SAMPLING)
 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    no_repeat_ngram_size: int = 0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    seed: int | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: int | None = None
+    """A job's sampling knobs resolved for one model (JobParams declares their defaults)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    no_repeat_ngram_size: int
+    logit_bias: dict[int, float]
+    seed: int | None
+    ignore_eos: bool
+    min_tokens: int
+    logprobs: int | None
 
     @classmethod
-    def from_job(cls, params: dict, model_defaults: dict) -> "SamplingParams":
-        """Request values win; then generation_config.json; then OpenAI's neutral defaults."""
-        merged = {key: model_defaults.get(key) for key in MODEL_DEFAULT_KEYS}
-        merged.update({key: params[key] for key in MODEL_DEFAULT_KEYS if params.get(key) is not None})
-        neutral = cls()
+    def from_job(cls, params: JobParams, model_defaults: dict) -> "SamplingParams":
+        """Request values win; then generation_config.json; then the neutral values."""
+        chosen = {}
+        for key, neutral in NEUTRAL_SAMPLING.items():
+            value = getattr(params, key)
+            value = model_defaults.get(key) if value is None else value
+            chosen[key] = neutral if value is None else value
         return cls(
-            temperature=float(merged["temperature"] if merged["temperature"] is not None else neutral.temperature),
-            top_p=float(merged["top_p"] if merged["top_p"] is not None else neutral.top_p),
-            top_k=max(int(merged["top_k"] or 0), 0),
-            min_p=float(merged["min_p"] or 0.0),
-            repetition_penalty=float(merged["repetition_penalty"] or 1.0),
-            presence_penalty=float(params.get("presence_penalty") or 0.0),
-            frequency_penalty=float(params.get("frequency_penalty") or 0.0),
-            no_repeat_ngram_size=int(params.get("no_repeat_ngram_size") or 0),
-            logit_bias={int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()},
-            seed=params.get("seed"),
-            ignore_eos=bool(params.get("ignore_eos")),
-            min_tokens=int(params.get("min_tokens") or 0),
-            logprobs=params.get("logprobs"),
+            temperature=float(chosen["temperature"]),
+            top_p=float(chosen["top_p"]),
+            top_k=max(int(chosen["top_k"]), 0),  # -1: no top-k
+            min_p=float(chosen["min_p"]),
+            repetition_penalty=float(chosen["repetition_penalty"] or NEUTRAL_SAMPLING["repetition_penalty"]),
+            presence_penalty=float(params.presence_penalty),
+            frequency_penalty=float(params.frequency_penalty),
+            no_repeat_ngram_size=int(params.no_repeat_ngram_size),
+            logit_bias={int(k): float(v) for k, v in (params.logit_bias or {}).items()},
+            seed=params.seed,
+            ignore_eos=params.ignore_eos,
+            min_tokens=int(params.min_tokens),
+            logprobs=params.logprobs,
         )
 
     @property

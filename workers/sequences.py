@@ -7,20 +7,11 @@ from dataclasses import dataclass, field
 import torch
 
 from . import protocol
+from .protocol import ChoiceDelta, JobParams, Logprobs, Started, Usage
 from .detokenizer import IncrementalText
+from .errors import JobError
 from .model_loader import LoadedModel
 from .sampling import Sampler, SamplingParams, TokenChoice, token_logprobs
-
-
-class JobError(Exception):
-    """A job the engine refuses up front; carries the HTTP status the client gets."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def message_dict(self) -> dict:
-        return protocol.error_message(self.status, self.message, self.param, self.code)
 
 
 @dataclass
@@ -36,7 +27,7 @@ class PendingLogprobs:
         self.top_logprobs.append(top)
         self.text_offset.append(offset)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> Logprobs:
         return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
                 "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
 
@@ -129,14 +120,14 @@ class Sequence:
         self.finish_reason = reason
         self.state = None
 
-    def take_delta(self) -> dict | None:
+    def take_delta(self) -> ChoiceDelta | None:
         """What the client has not seen yet, as a protocol ChoiceDelta (None when nothing new)."""
         if self.sent_final:
             return None
         has_logprobs = self.pending_logprobs is not None and self.pending_logprobs.tokens
         if not (self.pending_text or self.pending_ids or has_logprobs or self.finished):
             return None
-        delta = {
+        delta: ChoiceDelta = {
             "index": self.index,
             "text": self.pending_text,
             "token_ids": self.pending_ids,
@@ -158,20 +149,20 @@ class Request:
         self.reply_channel: str = job["reply_channel"]
         self.model = model
         self.arrived = time.monotonic()
-        params = job["params"]
-        self.echo = bool(params["echo"])
+        params = JobParams.from_wire(job["params"])
+        self.echo = params.echo
         self.prompt_ids = [self._tokenize(prompt) for prompt in job["prompts"]]
-        max_tokens = self._max_tokens(params["max_tokens"])
+        max_tokens = self._max_tokens(params.max_tokens)
         self._check_limits(max_tokens, params)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
-        n = int(params["n"])
+        n = params.n
         self.sequences: list[Sequence] = []
         for prompt_index, (prompt, ids) in enumerate(zip(job["prompts"], self.prompt_ids)):
             echo_text = self._echo_text(prompt, ids) if self.echo else ""
             for sample in range(n):
                 sampler = Sampler(sampling, model.eos_token_ids, model.device, seed_offset=sample)
                 self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
-                                               max_tokens, params["stop"], params["suffix"]))
+                                               max_tokens, params.stop, params.suffix))
 
     # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
     open_blocks: tuple[str, ...] = ()
@@ -203,7 +194,7 @@ class Request:
             return int(requested)
         return max(self.model.max_model_len - max(len(ids) for ids in self.prompt_ids), 0)
 
-    def _check_limits(self, max_tokens: int, params: dict) -> None:
+    def _check_limits(self, max_tokens: int, params: JobParams) -> None:
         limit = self.model.max_model_len
         for ids in self.prompt_ids:
             if len(ids) + max_tokens > limit:
@@ -216,7 +207,7 @@ class Request:
                     "context_length_exceeded",
                 )
         vocab = self.model.vocab_size
-        bad = [k for k in (params.get("logit_bias") or {}) if not 0 <= int(k) < vocab]
+        bad = [k for k in (params.logit_bias or {}) if not 0 <= int(k) < vocab]
         if bad:
             raise JobError(400, f"Invalid token id {bad[0]} in logit_bias: the vocabulary has {vocab} tokens.",
                            "logit_bias", "invalid_token_id")
@@ -225,14 +216,14 @@ class Request:
     def finished(self) -> bool:
         return all(seq.finished for seq in self.sequences)
 
-    def started_message(self) -> dict:
+    def started_message(self) -> Started:
         return {"type": protocol.STARTED, "model": self.model.model_id,
                 "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids,
                 "max_model_len": self.model.max_model_len, "open_blocks": list(self.open_blocks)}
 
-    def usage(self) -> dict:
+    def usage(self) -> Usage:
         return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),
                 "completion_tokens": sum(len(seq.completion_ids) for seq in self.sequences)}
 
-    def take_deltas(self) -> list[dict]:
+    def take_deltas(self) -> list[ChoiceDelta]:
         return [delta for seq in self.sequences if (delta := seq.take_delta()) is not None]

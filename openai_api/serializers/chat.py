@@ -9,6 +9,8 @@ import json
 
 from rest_framework import serializers
 
+from workers.protocol import Conversation, JobParams, to_job_params
+
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
 
@@ -228,7 +230,7 @@ class ConversationSerializer(serializers.Serializer):
             if messages is not None and messages[-1]["role"] != "assistant":
                 raise invalid("continue_final_message", "continue_final_message needs a final assistant message.")
 
-    def conversation(self, extra_kwargs: dict | None = None) -> dict:
+    def conversation(self, extra_kwargs: dict | None = None) -> Conversation:
         """The job prompt (see workers.protocol) for these messages."""
         data = self.validated_data
         return {
@@ -280,7 +282,7 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         data = self.validated_data
         return bool(data.get("tools")) and data.get("tool_choice") != "none"
 
-    def job_prompt(self) -> str | dict:
+    def job_prompt(self) -> str | Conversation:
         """The job's one prompt: raw text as sent, or the conversation for the worker's template."""
         data = self.validated_data
         if "prompt" in data:
@@ -288,15 +290,10 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         extra = {"response_format": data["response_format"]} if data.get("response_format") else {}
         return self.conversation(extra)
 
-    def job_params(self) -> dict:
+    def job_params(self) -> JobParams:
         data = self.validated_data
         max_tokens = data.get("max_completion_tokens")
         if max_tokens is None:
             max_tokens = data.get("max_tokens")
-        return {
-            **super().job_params(),
-            "max_tokens": max_tokens,  # None: the rest of the context (vLLM's default)
-            "logprobs": (data.get("top_logprobs") or 0) if data["logprobs"] else None,
-            "echo": False,
-            "suffix": None,
-        }
+        return to_job_params(data, max_tokens=max_tokens,
+                             logprobs=(data.get("top_logprobs") or 0) if data["logprobs"] else None)

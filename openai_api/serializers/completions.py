@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from workers.protocol import JobParams, to_job_params
+
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat and responses default to the rest of the context
 
 
 class PromptField(serializers.Field):
@@ -68,13 +72,8 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
             raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
         return attrs
 
-    def job_params(self) -> dict:
+    def job_params(self) -> JobParams:
         data = self.validated_data
         max_tokens = data.get("max_tokens")
-        return {
-            **super().job_params(),
-            "max_tokens": 16 if max_tokens is None else max_tokens,
-            "logprobs": data.get("logprobs"),
-            "echo": data["echo"],
-            "suffix": data.get("suffix") or None,
-        }
+        return to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                             logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)

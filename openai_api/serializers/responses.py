@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from workers.protocol import Conversation, JobParams, to_job_params
+
 from .chat import ResponseFormatField, TemplateKwargsField, clean_message, clean_tool, invalid
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
@@ -133,13 +135,12 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSeriali
     def parse_tools(self) -> bool:
         return bool(self.validated_data["chat_tools"]) and self.validated_data.get("tool_choice") != "none"
 
-    def job_prompt(self) -> dict:
+    def job_prompt(self) -> Conversation:
         data = self.validated_data
         kwargs = {"response_format": data["response_format"]} if data.get("response_format") else {}
         return {"messages": data["messages"], "tools": data["chat_tools"] or None,
                 "chat_template_kwargs": {**kwargs, **(data.get("chat_template_kwargs") or {})},
                 "add_generation_prompt": True, "continue_final_message": False}
 
-    def job_params(self) -> dict:
-        return {**super().job_params(), "max_tokens": self.validated_data.get("max_output_tokens"),
-                "logprobs": None, "echo": False, "suffix": None}
+    def job_params(self) -> JobParams:
+        return to_job_params(self.validated_data, max_tokens=self.validated_data.get("max_output_tokens"))

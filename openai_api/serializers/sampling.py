@@ -42,24 +42,3 @@ class SamplingParamsSerializer(serializers.Serializer):
         if value > limit:
             raise serializers.ValidationError(f"Ensure this value is less than or equal to {limit}.")
         return value
-
-    def job_params(self) -> dict:
-        """The validated request as engine job parameters (see workers.protocol)."""
-        data = self.validated_data
-        params = {
-            "temperature": data.get("temperature"),
-            "top_p": data.get("top_p"),
-            "top_k": data.get("top_k"),
-            "min_p": data.get("min_p"),
-            "repetition_penalty": data.get("repetition_penalty"),
-            "presence_penalty": data.get("presence_penalty") or 0.0,
-            "frequency_penalty": data.get("frequency_penalty") or 0.0,
-            "no_repeat_ngram_size": data.get("no_repeat_ngram_size") or 0,
-            "logit_bias": data.get("logit_bias") or None,
-            "seed": data.get("seed"),
-            "n": data["n"],
-            "stop": data.get("stop") or [],
-            "ignore_eos": data["ignore_eos"],
-            "min_tokens": data.get("min_tokens") or 0,
-        }
-        return params

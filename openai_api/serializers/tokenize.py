@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from workers.protocol import Conversation, TextPrompt
+
 from .chat import ConversationSerializer, MessagesField, invalid
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 
@@ -21,7 +23,7 @@ class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer
         self.validate_template_options(attrs)
         return attrs
 
-    def job_prompt(self) -> dict:
+    def job_prompt(self) -> Conversation | TextPrompt:
         data = self.validated_data
         if "messages" in data:
             return self.conversation()

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from catalog.selectors import resolve_model_id
-from openai_api.errors import APIError
+from catalog.errors import CatalogError
 from workers import protocol
 
 
@@ -18,10 +18,9 @@ def resolve(name: str) -> str:
                            "CHANNEL_LAYER_URL=redis://… (or use POST /load_model, /unload_model or the admin).")
     try:
         repo = resolve_model_id(name)
-    except APIError as exc:
+    except CatalogError as exc:
         raise CommandError(exc.message) from exc
-    repo_id, _, revision = repo.partition("@")
-    return f"{repo_id}@{revision or 'main'}"
+    return protocol.ModelRef.parse(repo).key
 
 
 async def control(kind: str, name: str, timeout: float, write) -> list[dict]:

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog.selectors import cached_causal_lms
+from catalog.hf_cache import cached_causal_lms
 
 logger = logging.getLogger(__name__)
 

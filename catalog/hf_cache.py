@@ -1,0 +1,95 @@
+"""What the Hugging Face cache on disk holds, scanned at most every couple of seconds.
+
+Plain huggingface_hub, no database: `catalog.selectors` and `catalog.services` build on it.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import scan_cache_dir
+
+CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+SCAN_TTL_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One model repo in the cache (the catalog's database row is `catalog.models.CachedModel`)."""
+
+    repo_id: str
+    revision: str
+    size_on_disk: int
+    last_modified: float
+    architectures: tuple[str, ...]
+    snapshot_path: Path
+    revisions: tuple[str, ...] = ()
+
+    @property
+    def is_causal_lm(self) -> bool:
+        return any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in self.architectures)
+
+
+def _read_architectures(snapshot: Path) -> tuple[str, ...]:
+    try:
+        config = json.loads((snapshot / "config.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    return tuple(a for a in (config.get("architectures") or ()) if isinstance(a, str))
+
+
+def _newest_revision(repo):
+    by_ref = {ref: rev for rev in repo.revisions for ref in rev.refs}
+    return by_ref.get("main") or max(repo.revisions, key=lambda rev: rev.last_modified, default=None)
+
+
+def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
+    """Every model repo in the Hugging Face cache, with what its config says it is."""
+    cache_dir = Path(cache_dir or hf_constants.HF_HUB_CACHE)
+    if not cache_dir.is_dir():
+        return []
+    info = scan_cache_dir(cache_dir)
+    models = []
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        revision = _newest_revision(repo)
+        if revision is None:
+            continue
+        models.append(
+            CacheEntry(
+                repo_id=repo.repo_id,
+                revision=revision.commit_hash,
+                size_on_disk=repo.size_on_disk,
+                last_modified=repo.last_modified,
+                architectures=_read_architectures(Path(revision.snapshot_path)),
+                snapshot_path=Path(revision.snapshot_path),
+                revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
+            )
+        )
+    return sorted(models, key=lambda m: m.repo_id)
+
+
+_cache_lock = threading.Lock()
+_cache: dict[str, tuple[float, list[CacheEntry]]] = {}
+
+
+def cached_causal_lms(fresh: bool = False) -> list[CacheEntry]:
+    """The causal LMs in the cache; rescans when `fresh` or when the last scan is a couple of seconds old."""
+    key = str(hf_constants.HF_HUB_CACHE)
+    with _cache_lock:
+        stamp, models = _cache.get(key, (0.0, []))
+        if fresh or time.monotonic() - stamp > SCAN_TTL_SECONDS:
+            models = [m for m in scan_cached_models(key) if m.is_causal_lm]
+            _cache[key] = (time.monotonic(), models)
+        return models
+
+
+def forget_scan() -> None:
+    """The cache changed on disk (a scan, a delete): the next read rescans."""
+    with _cache_lock:
+        _cache.clear()
