@@ -9,6 +9,7 @@ import pytest
 from huggingface_hub import constants
 
 from workers import protocol
+from workers.config import EngineConfig
 from workers.engine import Engine
 
 from .conftest import TINY_MODEL
@@ -37,7 +38,7 @@ def engine(hf_cache):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
         outbox = Outbox()
-        engine = Engine(outbox.emit, max_num_seqs=8)
+        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=8))
         engine.start()
         yield engine, outbox
         engine.stop()

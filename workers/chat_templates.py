@@ -21,7 +21,9 @@ from functools import lru_cache
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
+from .config import TemplateSettings
 from .errors import JobError
+from .protocol import Conversation, TextPrompt, TokenIdsPrompt
 
 FALLBACK_TEMPLATE = (
     "{%- for message in messages %}"
@@ -45,28 +47,15 @@ class RenderedPrompt:
     open_block: str  # the prompt's unclosed trailing block ("<think>\n…"), or "": the web side's parser starts there
 
 
-def _setting(key: str, env: str) -> str | None:
-    try:
-        from django.conf import settings
-
-        if settings.configured:
-            value = settings.INFERENCE.get(key)
-            if value not in (None, ""):
-                return str(value)
-    except ImportError:  # the worker is importable without Django
-        pass
-    return os.environ.get(env) or None
-
-
 @lru_cache(maxsize=8)
 def _read_template(path: str) -> str:
     with open(path, encoding="utf-8") as handle:
         return handle.read()
 
 
-def server_template() -> str | None:
+def server_template(templates: TemplateSettings) -> str | None:
     """The `--chat-template` file's text, if the server was given one."""
-    path = _setting("CHAT_TEMPLATE", "INFERENCE_CHAT_TEMPLATE")
+    path = templates.path
     if not path:
         return None
     try:
@@ -76,10 +65,10 @@ def server_template() -> str | None:
                        "chat_template_unreadable") from exc
 
 
-def server_template_kwargs() -> dict:
+def server_template_kwargs(templates: TemplateSettings) -> dict:
     """Server-wide template kwargs: INFERENCE_CHAT_TEMPLATE_KWARGS, then the reasoning switch."""
     kwargs: dict = {}
-    raw = _setting("CHAT_TEMPLATE_KWARGS", "INFERENCE_CHAT_TEMPLATE_KWARGS")
+    raw = templates.kwargs_json
     if raw:
         try:
             loaded = json.loads(raw)
@@ -87,7 +76,7 @@ def server_template_kwargs() -> dict:
             loaded = None
         if isinstance(loaded, dict):
             kwargs.update(loaded)
-    reasoning = (_setting("REASONING", "INFERENCE_REASONING") or "auto").lower()
+    reasoning = (templates.reasoning or "auto").lower()
     if reasoning in ("on", "off"):
         kwargs["enable_thinking"] = reasoning == "on"
     return kwargs
@@ -103,12 +92,13 @@ def open_block(text: str) -> str:
     return text[start:] if start >= 0 else ""
 
 
-def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: dict) -> RenderedPrompt:
+def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conversation,
+                        templates: TemplateSettings) -> RenderedPrompt:
     """Render a conversation with the chosen template and tokenize it; bad input is a JobError 400."""
-    template = server_template()
+    template = server_template(templates)
     if template is None and not getattr(tokenizer, "chat_template", None):
         template = FALLBACK_TEMPLATE
-    kwargs = {**server_template_kwargs(), **(conversation.get("chat_template_kwargs") or {})}
+    kwargs = {**server_template_kwargs(templates), **(conversation.get("chat_template_kwargs") or {})}
     try:
         text = tokenizer.apply_chat_template(
             conversation["messages"],
@@ -130,10 +120,11 @@ def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: dict) 
     return RenderedPrompt(ids, text, open_block(text))
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict) -> RenderedPrompt:
-    """A dict prompt of either shape (a conversation, or text with tokenizer options)."""
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Conversation | TextPrompt | TokenIdsPrompt,
+                  templates: TemplateSettings) -> RenderedPrompt:
+    """A dict prompt of any of its shapes (a conversation, text with tokenizer options, token ids)."""
     if "messages" in prompt:
-        return render_conversation(tokenizer, prompt)
+        return render_conversation(tokenizer, prompt, templates)
     if "token_ids" in prompt:  # ids echoed back with their special tokens (for /detokenize)
         ids = list(prompt["token_ids"])
         if any(not isinstance(t, int) or not 0 <= t < len(tokenizer) for t in ids):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from . import protocol
+from .config import EngineConfig
 from .errors import JobError, ModelBusyError, ModelLoadError
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
@@ -36,19 +37,15 @@ CONTROL_TYPES = (protocol.MODEL_LOAD, protocol.MODEL_UNLOAD, protocol.MODEL_SETT
 
 
 class Engine:
-    def __init__(self, emit: Emit, device: str = "auto", dtype: str = "auto", torch_threads: int = 0,
-                 max_num_seqs: int = 32, max_queue: int = 256, prefill_chunk: int = 512,
-                 model_timeout: float = 300.0, memory_budget_bytes: int | None = None,
-                 on_model_event: Callable[[dict], None] | None = None, name: str = "") -> None:
+    def __init__(self, emit: Emit, config: EngineConfig = EngineConfig(),
+                 on_model_event: Callable[[protocol.ModelChange], None] | None = None, name: str = "") -> None:
         self.emit = emit
         self.name = name
-        self.device = device
-        self.dtype = dtype
-        self.torch_threads = torch_threads
-        self.max_num_seqs = max_num_seqs
-        self.max_queue = max_queue
-        self.prefill_chunk = prefill_chunk
-        self.manager = ModelManager(device, dtype, prefill_chunk, model_timeout, memory_budget_bytes, on_model_event)
+        self.config = config
+        self.max_num_seqs = config.max_num_seqs
+        self.prefill_chunk = config.prefill_chunk
+        self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
+                                    config.memory_budget_bytes, on_model_event)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self._idle_checked = 0.0
@@ -81,7 +78,7 @@ class Engine:
 
     def has_room(self) -> bool:
         """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
-        return self._outstanding < self.max_num_seqs + self.max_queue
+        return self._outstanding < self.max_num_seqs + self.config.max_queue
 
     def submit(self, job: dict) -> None:
         with self._lock:
@@ -101,8 +98,8 @@ class Engine:
             self._outstanding -= 1
 
     def _run(self) -> None:
-        if self.torch_threads > 0:
-            torch.set_num_threads(self.torch_threads)
+        if self.config.torch_threads > 0:
+            torch.set_num_threads(self.config.torch_threads)
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
@@ -197,7 +194,7 @@ class Engine:
             self._job_done()
             return
         try:
-            request = Request(job, self._model(job["model"]))
+            request = Request(job, self._model(job["model"]), self.config.templates)
             request.model_name = ModelRef.parse(job["model"]).key
             self._finish_empty_sequences(request)
         except JobError as exc:

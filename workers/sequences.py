@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import protocol
-from .protocol import ChoiceDelta, JobParams, Logprobs, Started, Usage
+from .protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, SubmitMessage, Usage
+from .chat_templates import render_prompt
+from .config import TemplateSettings
 from .detokenizer import IncrementalText
 from .errors import JobError
 from .model_loader import LoadedModel
@@ -144,14 +146,14 @@ class Sequence:
 class Request:
     """One submitted job: its prompts tokenized and checked, one Sequence per choice."""
 
-    def __init__(self, job: dict, model: LoadedModel) -> None:
+    def __init__(self, job: SubmitMessage, model: LoadedModel, templates: TemplateSettings) -> None:
         self.request_id: str = job["request_id"]
         self.reply_channel: str = job["reply_channel"]
         self.model = model
         self.arrived = time.monotonic()
         params = JobParams.from_wire(job["params"])
         self.echo = params.echo
-        self.prompt_ids = [self._tokenize(prompt) for prompt in job["prompts"]]
+        self.prompt_ids = [self._tokenize(prompt, templates) for prompt in job["prompts"]]
         max_tokens = self._max_tokens(params.max_tokens)
         self._check_limits(max_tokens, params)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
@@ -167,11 +169,9 @@ class Request:
     # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
     open_blocks: tuple[str, ...] = ()
 
-    def _tokenize(self, prompt: str | list[int] | dict) -> list[int]:
+    def _tokenize(self, prompt: Prompt, templates: TemplateSettings) -> list[int]:
         if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
-            from .chat_templates import render_prompt
-
-            rendered = render_prompt(self.model.tokenizer, prompt)
+            rendered = render_prompt(self.model.tokenizer, prompt, templates)
             self.open_blocks = (*self.open_blocks, rendered.open_block)
             return rendered.ids
         if isinstance(prompt, str):
@@ -181,7 +181,7 @@ class Request:
             raise JobError(400, f"Token ids in the prompt must be in [0, {vocab}).", "prompt", "invalid_token_id")
         return list(prompt)
 
-    def _echo_text(self, prompt: str | list[int] | dict, ids: list[int]) -> str:
+    def _echo_text(self, prompt: Prompt, ids: list[int]) -> str:
         if isinstance(prompt, dict):
             return self.model.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if isinstance(prompt, str):

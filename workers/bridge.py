@@ -1,0 +1,96 @@
+"""The hand-over between the engine's thread and the worker's event loop.
+
+The engine emits from its own thread; the bridge carries each message onto the channel
+layer in order, one loop wake-up per step. It also admits jobs (a full worker says so at
+once) and relays the engine's model changes to whoever records them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+
+from . import protocol
+from .config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+RecordChange = Callable[[protocol.ModelChange], Awaitable[None]]
+
+
+class EngineBridge:
+    """Owns one engine and carries its messages back onto the channel layer in order."""
+
+    def __init__(self, layer, name: str, config: EngineConfig, model_settings: dict[str, protocol.ModelSettings],
+                 record_change: RecordChange) -> None:
+        from .engine import Engine  # torch is imported only once a worker really starts
+
+        self.layer = layer
+        self.name = name
+        self.loop = asyncio.get_running_loop()
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self._pending: list[tuple[str, dict]] = []  # emitted by the engine thread, not yet in the outbox
+        self._pending_lock = threading.Lock()
+        self._changes: asyncio.Queue = asyncio.Queue()
+        self._record_change = record_change
+        self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name)
+        if model_settings:
+            self.engine.control({"type": protocol.MODEL_SETTINGS, "settings": model_settings})
+        self.sender = self.loop.create_task(self._send_forever())
+        self.recorder = self.loop.create_task(self._record_forever())
+        self.engine.start()
+
+    # --- from the event loop -----------------------------------------------------
+    def submit(self, job: protocol.SubmitMessage) -> None:
+        """Admit a job, or refuse it at once when the worker is full (bounded admission)."""
+        if not self.engine.has_room():
+            self.send(job["reply_channel"], protocol.error_message(
+                503, "The server is at capacity: too many requests are queued. Retry shortly.",
+                None, "queue_full", retry_after=1))
+            return
+        self.send(job["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.name})
+        self.engine.submit(job)
+
+    def control(self, message: protocol.ControlMessage) -> None:
+        """A load or unload for the engine; a load with a reply channel is acknowledged first."""
+        if message["type"] == protocol.MODEL_LOAD and message.get("reply_channel"):
+            self.send(message["reply_channel"], {"type": protocol.MODEL_ACCEPTED, "worker": self.name})
+        self.engine.control(message)
+
+    def send(self, channel: str, message: dict) -> None:
+        """Shares the outbox with the engine's messages, so a reply channel sees them in order."""
+        self.outbox.put_nowait((channel, message))
+
+    async def _send_forever(self) -> None:
+        while True:
+            channel, message = await self.outbox.get()
+            try:
+                await self.layer.send(channel, message)
+            except Exception:  # a full or vanished reply channel must not stop the worker
+                logger.warning("could not deliver %s to %s", message.get("type"), channel, exc_info=True)
+
+    async def _record_forever(self) -> None:
+        while True:
+            await self._record_change(await self._changes.get())
+
+    # --- from the engine thread --------------------------------------------------
+    def _on_model_change(self, change: protocol.ModelChange) -> None:
+        self.loop.call_soon_threadsafe(self._changes.put_nowait, change)
+
+    def _emit(self, channel: str, message: dict) -> None:
+        """One loop wake-up carries all of a step's messages.
+
+        The pending list is non-empty exactly while a hand-over is scheduled and not yet run.
+        """
+        with self._pending_lock:
+            self._pending.append((channel, message))
+            if len(self._pending) > 1:
+                return
+        self.loop.call_soon_threadsafe(self._take_pending)
+
+    def _take_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            self.outbox.put_nowait(item)

@@ -1,0 +1,47 @@
+"""What an engine is told when it starts: device, batching limits, chat-template choices.
+
+Plain Python. The worker's adapter builds one EngineConfig from Django's settings and
+passes it down; nothing below the adapter reads settings or the environment.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TemplateSettings:
+    """Server-wide chat-template choices: `serve --chat-template FILE`, its kwargs (JSON), `--reasoning`."""
+
+    path: str = ""
+    kwargs_json: str = ""
+    reasoning: str = "auto"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "auto"
+    dtype: str = "auto"
+    torch_threads: int = 0  # 0: torch's own choice
+    max_num_seqs: int = 32
+    max_queue: int = 256
+    prefill_chunk: int = 512
+    model_timeout: float = 300.0  # idle seconds before a model is unloaded
+    memory_budget_bytes: int | None = None  # None: no budget
+    templates: TemplateSettings = field(default_factory=TemplateSettings)
+
+    @classmethod
+    def from_settings(cls, inference: Mapping[str, Any]) -> EngineConfig:
+        """From `settings.INFERENCE` (inference_site/settings.py owns every default)."""
+        return cls(
+            device=inference["DEVICE"], dtype=inference["DTYPE"], torch_threads=inference["TORCH_THREADS"],
+            max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
+            prefill_chunk=inference["PREFILL_CHUNK"], model_timeout=inference["MODEL_TIMEOUT"],
+            memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
+            templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
+                                       kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
+                                       reasoning=inference.get("REASONING") or "auto"),
+        )
