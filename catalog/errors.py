@@ -19,3 +19,7 @@ class ModelNotFound(CatalogError):
 class ModelDisabled(CatalogError):
     def __init__(self, name: str) -> None:
         super().__init__(name, f"The model `{name}` is disabled on this server.")
+
+
+class NoWorker(Exception):
+    """No worker answered a model-control request in time."""

@@ -1,15 +1,19 @@
-"""What every OpenAI endpoint view shares: async DRF, size limit, SSE framing."""
+"""What every OpenAI endpoint view shares: async DRF, size limit, SSE framing, the generation pipeline."""
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 
 from adrf.views import APIView
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponseBase, StreamingHttpResponse
+from rest_framework.response import Response
+
+from catalog.selectors import resolve_model_id
 
 from .errors import APIError, error_body
-from .generation import GenerationStream
+from .generation import GenerationStream, new_request_id, open_generation
 
 
 class OpenAIView(APIView):
@@ -55,3 +59,45 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+async def resolve_model(name: str) -> str:
+    """The name a job carries for a client's model name (catalog errors become 404s in errors.py).
+
+    In a worker thread of its own (thread_sensitive=False), so a slow catalog read never
+    queues behind another request's.
+    """
+    return await sync_to_async(resolve_model_id, thread_sensitive=False)(name)
+
+
+class GenerationView(OpenAIView):
+    """validate -> resolve the model -> open the generation -> shape the answer.
+
+    A subclass names its `serializer_class` (with `job_prompts()` and `job_params()`, the
+    request as a job) and `id_prefix`, and implements `respond()`; `answer_without_job()`
+    may answer a request that needs no generation.
+    """
+
+    serializer_class: type
+    id_prefix: str
+
+    async def post(self, request) -> HttpResponseBase:
+        serializer = self.serializer_class(data=request.data, context=self.serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        model = await resolve_model(data["model"])
+        early = self.answer_without_job(data)
+        if early is not None:
+            return Response(early)
+        request_id = self.new_request_id()
+        stream = await open_generation(request_id, model, serializer.job_prompts(), serializer.job_params())
+        return await self.respond(serializer, request_id, model, stream)
+
+    def new_request_id(self) -> str:
+        return new_request_id(self.id_prefix)
+
+    def answer_without_job(self, data: dict) -> dict | None:
+        return None
+
+    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream) -> HttpResponseBase:
+        raise NotImplementedError

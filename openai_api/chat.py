@@ -1,6 +1,6 @@
 """`POST /v1/chat/completions`: messages rendered by the worker's chat template, output parsed here.
 
-The worker streams plain text; `parsing.OutputParser` splits it into reasoning, content and
+The worker streams plain text; `output_parsing.OutputParser` splits it into reasoning, content and
 tool calls, so this module never needs the tokenizer.
 """
 from __future__ import annotations
@@ -8,19 +8,18 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from asgiref.sync import sync_to_async
 from rest_framework.response import Response
 
-from catalog.selectors import resolve_model_id
+from workers.protocol import ChoiceDelta, Logprobs, Started
 
-from .base import OpenAIView, sse_response
-from .completions import collect_choices, usage_body
-from .generation import GenerationStream, new_request_id, open_generation
-from .parsing import OutputParser, Piece
+from .base import GenerationView, sse_response
+from .completions import usage_body
+from .generation import Collected, GenerationStream
+from .output_parsing import OutputParser, Piece
 from .serializers.chat import ChatRequestSerializer
 
 
-def chat_logprobs(logprobs: dict | None, top_n: int) -> list[dict]:
+def chat_logprobs(logprobs: Logprobs | None, top_n: int) -> list[dict]:
     """The worker's per-token logprobs in Chat Completions' `logprobs.content` shape."""
     if not logprobs:
         return []
@@ -66,7 +65,7 @@ def assistant_message(reasoning: str, content: str, tool_calls: list) -> dict:
 class ChatShaper:
     """Turns worker deltas into `chat.completion` objects or `chat.completion.chunk` events."""
 
-    def __init__(self, request_id: str, model: str, data: dict, parse_tools: bool, started: dict) -> None:
+    def __init__(self, request_id: str, model: str, data: dict, parse_tools: bool, started: Started) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.n = data["n"]
         self.with_logprobs = data["logprobs"]
@@ -93,7 +92,7 @@ class ChatShaper:
             chunk["usage"] = None
         return chunk
 
-    def _delta_chunks(self, delta: dict) -> list[dict]:
+    def _delta_chunks(self, delta: ChoiceDelta) -> list[dict]:
         index, parser = delta["index"], self._parser(delta["index"])
         pieces = parser.feed(delta["text"])
         if delta["finish_reason"]:
@@ -126,7 +125,7 @@ class ChatShaper:
             if self.include_usage and "usage" in event:
                 yield {**self.base, "object": "chat.completion.chunk", "choices": [], "usage": usage_body(event["usage"])}
 
-    def _choice(self, merged: dict) -> dict:
+    def _choice(self, merged: ChoiceDelta) -> dict:
         parser = self.new_parser()
         pieces = parser.feed(merged["text"]) + parser.finish()
         reasoning = "".join(piece.text for piece in pieces if piece.kind == "reasoning")
@@ -142,24 +141,21 @@ class ChatShaper:
             choice["token_ids"] = merged["token_ids"]
         return choice
 
-    async def body(self, stream: GenerationStream) -> dict:
-        merged, usage = await collect_choices(stream)
+    def body(self, answer: Collected) -> dict:
         body = {**self.base, "object": "chat.completion",
-                "choices": [self._choice(merged[i]) for i in sorted(merged)], "usage": usage_body(usage)}
+                "choices": [self._choice(choice) for choice in answer.choices], "usage": usage_body(answer.usage)}
         if self.with_token_ids:
             body["prompt_token_ids"] = self.prompt_token_ids
         return body
 
 
-class ChatCompletionsView(OpenAIView):
-    async def post(self, request):
-        serializer = ChatRequestSerializer(data=request.data, context=self.serializer_context())
-        serializer.is_valid(raise_exception=True)
+class ChatCompletionsView(GenerationView):
+    serializer_class = ChatRequestSerializer
+    id_prefix = "chatcmpl"
+
+    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data
-        model = await sync_to_async(resolve_model_id)(data["model"])
-        request_id = new_request_id("chatcmpl")
-        stream = await open_generation(request_id, model, [serializer.job_prompt()], serializer.job_params())
         shaper = ChatShaper(request_id, model, data, serializer.parse_tools, stream.started)
         if data["stream"]:
             return sse_response(shaper.chunks(stream), stream)
-        return Response(await shaper.body(stream))
+        return Response(shaper.body(await stream.collect()))

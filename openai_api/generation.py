@@ -9,6 +9,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -34,10 +35,18 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+@dataclass
+class Collected:
+    """A whole answer: each choice's deltas joined (in index order), and the usage."""
+
+    choices: list[protocol.ChoiceDelta]
+    usage: protocol.Usage
+
+
 class GenerationStream:
     """Events of one job, read from its reply channel; `cancel()` stops the job on its worker."""
 
-    def __init__(self, layer, request_id: str, reply_channel: str, started: dict) -> None:
+    def __init__(self, layer, request_id: str, reply_channel: str, started: protocol.Started) -> None:
         self.layer = layer
         self.request_id = request_id
         self.reply_channel = reply_channel
@@ -50,7 +59,7 @@ class GenerationStream:
         except TimeoutError:
             raise APIError(503, "The worker stopped answering.", code="worker_timeout") from None
 
-    async def events(self) -> AsyncIterator[dict]:
+    async def events(self) -> AsyncIterator[protocol.DeltaMessage | protocol.DoneMessage]:
         """Yield delta events until the job is done; raise APIError for a worker error."""
         timeout = settings.INFERENCE["WORKER_EVENT_TIMEOUT"]
         while not self.finished:
@@ -63,6 +72,19 @@ class GenerationStream:
                 self.finished = True
             yield event
 
+    async def collect(self) -> Collected:
+        """Drain the stream into the non-streamed answer (the streamed one joined); cancels if cut short."""
+        merged: dict[int, protocol.ChoiceDelta] = {}
+        usage = None
+        try:
+            async for event in self.events():
+                for delta in event.get("choices", ()):
+                    merge_delta(merged, delta)
+                usage = event.get("usage", usage)
+        finally:
+            await self.cancel()
+        return Collected([merged[index] for index in sorted(merged)], usage)
+
     async def cancel(self) -> None:
         if self.finished:
             return
@@ -70,7 +92,29 @@ class GenerationStream:
         await send_cancel(self.layer, self.request_id)
 
 
-def worker_error(event: dict) -> APIError:
+def merge_delta(merged: dict[int, protocol.ChoiceDelta], delta: protocol.ChoiceDelta) -> None:
+    """Accumulate one choice's deltas."""
+    current = merged.get(delta["index"])
+    if current is None:
+        merged[delta["index"]] = {**delta, "token_ids": list(delta["token_ids"]),
+                                  "logprobs": _copy_logprobs(delta["logprobs"])}
+        return
+    current["text"] += delta["text"]
+    current["token_ids"].extend(delta["token_ids"])
+    current["finish_reason"] = delta["finish_reason"] or current["finish_reason"]
+    if delta["logprobs"] is not None:
+        if current["logprobs"] is None:
+            current["logprobs"] = _copy_logprobs(delta["logprobs"])
+        else:
+            for key, values in delta["logprobs"].items():
+                current["logprobs"][key].extend(values)
+
+
+def _copy_logprobs(logprobs: protocol.Logprobs | None) -> protocol.Logprobs | None:
+    return None if logprobs is None else {key: list(values) for key, values in logprobs.items()}
+
+
+def worker_error(event: protocol.ErrorMessage) -> APIError:
     retry_after = event.get("retry_after")
     headers = {"Retry-After": str(retry_after)} if retry_after else None
     return APIError(event["status"], event["message"], event.get("param"), event.get("code"), headers)

@@ -1,25 +1,24 @@
 """`POST /load_model` (SSE progress, as transformers serve) and `POST /unload_model`.
 
-The view resolves the name, sends a `model.load` control message to the worker channel
-and relays the worker's events verbatim; the worker owns every decision.
+The view resolves the name and relays `catalog.services.load_model`/`unload_model`, the one
+model-control round trip (the commands and the admin use it too); the worker owns every decision.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 
-from catalog.selectors import live_workers, resolve_model_id
+from catalog import services
+from catalog.errors import NoWorker
+from catalog.selectors import live_workers
 from workers import protocol
 
-from .base import OpenAIView, sse_frame
+from .base import OpenAIView, resolve_model, sse_frame
 from .errors import APIError
-from .generation import receive_within
 from .serializers.model_loading import ModelNameSerializer
 
 
@@ -30,8 +29,7 @@ def requested_by(request) -> str:
 async def _resolved(request) -> str:
     serializer = ModelNameSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
-    name = await sync_to_async(resolve_model_id)(serializer.validated_data["model"])
-    return protocol.ModelRef.parse(name).key
+    return protocol.ModelRef.parse(await resolve_model(serializer.validated_data["model"])).key
 
 
 def _no_worker() -> APIError:
@@ -42,35 +40,23 @@ def _no_worker() -> APIError:
 class LoadModelView(OpenAIView):
     async def post(self, request):
         name = await _resolved(request)
-        layer = get_channel_layer()
-        reply = await layer.new_channel("reply.")
         config = settings.INFERENCE
-        await layer.send(config["WORKER_CHANNEL"],
-                         protocol.control_message(protocol.MODEL_LOAD, name, reply, requested_by(request)))
+        messages = services.load_model(name, requested_by(request), ack_timeout=config["WORKER_ACK_TIMEOUT"],
+                                       event_timeout=config["WORKER_EVENT_TIMEOUT"])
         try:
-            accepted = await receive_within(layer, reply, config["WORKER_ACK_TIMEOUT"])
-        except TimeoutError:
+            accepted = await anext(messages)
+        except NoWorker:
             raise _no_worker() from None
         if accepted.get("type") != protocol.MODEL_ACCEPTED:
             raise APIError(503, "The worker sent an unexpected message.", code="worker_protocol")
-        response = StreamingHttpResponse(self._events(layer, reply, name), content_type="text/event-stream")
+        response = StreamingHttpResponse(self._events(messages), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response
 
-    async def _events(self, layer, reply: str, name: str) -> AsyncIterator[bytes]:
-        timeout = settings.INFERENCE["WORKER_EVENT_TIMEOUT"]
-        while True:
-            try:
-                message = await receive_within(layer, reply, timeout)
-            except TimeoutError:
-                yield sse_frame({"status": "error", "model": name, "message": "The worker stopped answering.",
-                                 "code": "worker_timeout"})
-                return
-            event = message.get("event") or {}
-            yield sse_frame(event)
-            if protocol.is_terminal(event):
-                return
+    async def _events(self, messages: AsyncIterator[protocol.ProgressMessage]) -> AsyncIterator[bytes]:
+        async for message in messages:
+            yield sse_frame(message.get("event") or {})
 
 
 class UnloadModelView(OpenAIView):
@@ -78,19 +64,10 @@ class UnloadModelView(OpenAIView):
         """Every worker holding the model unloads it; 409 if one is generating with it."""
         name = await _resolved(request)
         expected = max(1, len(await sync_to_async(live_workers)()))
-        layer = get_channel_layer()
-        reply = await layer.new_channel("reply.")
-        config = settings.INFERENCE
-        await layer.group_send(config["WORKER_GROUP"],
-                               protocol.control_message(protocol.MODEL_UNLOAD, name, reply, requested_by(request)))
-        replies: list[dict] = []
-        try:
-            async with asyncio.timeout(config["WORKER_ACK_TIMEOUT"]):
-                while len(replies) < expected:
-                    replies.append(await layer.receive(reply))
-        except TimeoutError:
-            if not replies:
-                raise _no_worker() from None
+        replies = [reply async for reply in services.unload_model(
+            name, requested_by(request), timeout=settings.INFERENCE["WORKER_ACK_TIMEOUT"], answers=expected)]
+        if not replies:
+            raise _no_worker()
         events = [(r.get("worker"), r.get("event") or {}) for r in replies]
         busy = [e for _, e in events if e.get("status") == "error"]
         if busy:

@@ -9,15 +9,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-from asgiref.sync import sync_to_async
 from rest_framework.response import Response
 
-from catalog.selectors import resolve_model_id
+from workers.protocol import ChoiceDelta, Usage
 
-from .base import OpenAIView, sse_response
+from .base import GenerationView, sse_response
 from .chat import parser_for
-from .generation import GenerationStream, new_request_id, open_generation
-from .parsing import OutputParser, Piece
+from .generation import GenerationStream, new_request_id
+from .output_parsing import OutputParser, Piece
 from .serializers.responses import ResponsesRequestSerializer
 
 
@@ -34,7 +33,7 @@ class ResponseBuilder:
         self.output: list[dict] = []
         self.current: dict | None = None  # the open reasoning or message item
         self.status = "in_progress"
-        self.usage: dict | None = None
+        self.finish_reason: str | None = None
         self.response = {
             "id": response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "model": model, "output": self.output, "error": None, "incomplete_details": None,
@@ -88,6 +87,14 @@ class ResponseBuilder:
         item["status"] = "completed"
         yield self._event("response.output_item.done", output_index=index, item=item)
 
+    def delta(self, delta: ChoiceDelta) -> Iterator[dict]:
+        """The events of one step's text (and of the parser's end, on the last step)."""
+        pieces = self.parser.feed(delta["text"])
+        if delta["finish_reason"]:
+            self.finish_reason = delta["finish_reason"]
+            pieces += self.parser.finish()
+        yield from self.pieces(pieces)
+
     def pieces(self, pieces: list[Piece]) -> Iterator[dict]:
         for piece in pieces:
             if piece.kind == "tool_call":
@@ -118,7 +125,7 @@ class ResponseBuilder:
         item["status"] = "completed"
         yield self._event("response.output_item.done", output_index=index, item=dict(item))
 
-    def finish(self, finish_reason: str | None, usage: dict) -> Iterator[dict]:
+    def finish(self, usage: Usage) -> Iterator[dict]:
         if not any(item["type"] in ("message", "function_call") for item in self.output) and (
                 self.current is None or self.current["type"] != "message"):
             yield from self._open("message")  # an empty answer is still a message
@@ -128,7 +135,7 @@ class ResponseBuilder:
             "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
         }
-        if finish_reason == "length":
+        if self.finish_reason == "length":
             self.status = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
             yield self._event("response.incomplete", response=self._snapshot())
@@ -141,37 +148,30 @@ async def response_events(builder: ResponseBuilder, stream: GenerationStream) ->
     """The whole event sequence of one response, from the worker's deltas."""
     for event in builder.start():
         yield event
-    finish_reason, usage = None, {"prompt_tokens": 0, "completion_tokens": 0}
+    usage: Usage = {"prompt_tokens": 0, "completion_tokens": 0}
     async for event in stream.events():
         for delta in event.get("choices", ()):
-            pieces = builder.parser.feed(delta["text"])
-            if delta["finish_reason"]:
-                finish_reason = delta["finish_reason"]
-                pieces += builder.parser.finish()
-            for out in builder.pieces(pieces):
+            for out in builder.delta(delta):
                 yield out
         usage = event.get("usage", usage)
-    for event in builder.finish(finish_reason, usage):
+    for event in builder.finish(usage):
         yield event
 
 
-class ResponsesView(OpenAIView):
-    async def post(self, request):
-        serializer = ResponsesRequestSerializer(data=request.data, context=self.serializer_context())
-        serializer.is_valid(raise_exception=True)
+class ResponsesView(GenerationView):
+    serializer_class = ResponsesRequestSerializer
+
+    def new_request_id(self) -> str:
+        return new_request_id("resp").replace("-", "_")
+
+    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data
-        model = await sync_to_async(resolve_model_id)(data["model"])
-        response_id = new_request_id("resp").replace("-", "_")
-        stream = await open_generation(response_id, model, [serializer.job_prompt()], serializer.job_params())
         parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
-        builder = ResponseBuilder(response_id, model, data, parser)
-        events = response_events(builder, stream)
+        builder = ResponseBuilder(request_id, model, data, parser)
         if data["stream"]:
-            return sse_response(events, stream)
-        try:
-            last = None
-            async for last in events:
-                pass
-        finally:
-            await stream.cancel()
-        return Response(last["response"])
+            return sse_response(response_events(builder, stream), stream)
+        answer = await stream.collect()
+        # The same event sequence over the joined answer; its last event carries the final response.
+        events = [*builder.start(), *(e for choice in answer.choices for e in builder.delta(choice)),
+                  *builder.finish(answer.usage)]
+        return Response(events[-1]["response"])

@@ -6,7 +6,7 @@ from .health import health
 from .model_list import ModelDetailView, ModelListView
 from .model_loading import LoadModelView, UnloadModelView
 from .responses import ResponsesView
-from .tokenize import DetokenizeView, TokenizeView
+from .tokenization import DetokenizeView, TokenizeView
 
 urlpatterns = [
     path("health", health),

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from openai_api.parsing import OutputParser, parse_text
+from openai_api.output_parsing import OutputParser, parse_text
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

@@ -282,13 +282,13 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         data = self.validated_data
         return bool(data.get("tools")) and data.get("tool_choice") != "none"
 
-    def job_prompt(self) -> str | Conversation:
+    def job_prompts(self) -> list[str | Conversation]:
         """The job's one prompt: raw text as sent, or the conversation for the worker's template."""
         data = self.validated_data
         if "prompt" in data:
-            return data["prompt"]
+            return [data["prompt"]]
         extra = {"response_format": data["response_format"]} if data.get("response_format") else {}
-        return self.conversation(extra)
+        return [self.conversation(extra)]
 
     def job_params(self) -> JobParams:
         data = self.validated_data

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from workers.protocol import JobParams, to_job_params
+from workers.protocol import JobParams, Prompt, to_job_params
 
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
@@ -71,6 +71,9 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
         if attrs.get("stream_options") and not attrs.get("stream"):
             raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
         return attrs
+
+    def job_prompts(self) -> list[Prompt]:
+        return self.validated_data["prompt"]
 
     def job_params(self) -> JobParams:
         data = self.validated_data

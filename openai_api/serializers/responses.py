@@ -135,12 +135,12 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSeriali
     def parse_tools(self) -> bool:
         return bool(self.validated_data["chat_tools"]) and self.validated_data.get("tool_choice") != "none"
 
-    def job_prompt(self) -> Conversation:
+    def job_prompts(self) -> list[Conversation]:
         data = self.validated_data
         kwargs = {"response_format": data["response_format"]} if data.get("response_format") else {}
-        return {"messages": data["messages"], "tools": data["chat_tools"] or None,
-                "chat_template_kwargs": {**kwargs, **(data.get("chat_template_kwargs") or {})},
-                "add_generation_prompt": True, "continue_final_message": False}
+        return [{"messages": data["messages"], "tools": data["chat_tools"] or None,
+                 "chat_template_kwargs": {**kwargs, **(data.get("chat_template_kwargs") or {})},
+                 "add_generation_prompt": True, "continue_final_message": False}]
 
     def job_params(self) -> JobParams:
         return to_job_params(self.validated_data, max_tokens=self.validated_data.get("max_output_tokens"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from workers.protocol import Conversation, TextPrompt
+from workers.protocol import Conversation, JobParams, TextPrompt, TokenIdsPrompt
 
 from .chat import ConversationSerializer, MessagesField, invalid
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
@@ -23,13 +23,24 @@ class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer
         self.validate_template_options(attrs)
         return attrs
 
-    def job_prompt(self) -> Conversation | TextPrompt:
+    def job_prompts(self) -> list[Conversation | TextPrompt]:
         data = self.validated_data
         if "messages" in data:
-            return self.conversation()
-        return {"text": data["prompt"], "add_special_tokens": data["add_special_tokens"]}
+            return [self.conversation()]
+        return [{"text": data["prompt"], "add_special_tokens": data["add_special_tokens"]}]
+
+    def job_params(self) -> JobParams:
+        """A zero-token job: the worker tokenizes, reports the ids in `started`, and finishes."""
+        return JobParams(max_tokens=0)
 
 
 class DetokenizeRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     model = StrictCharField(max_length=512)
     tokens = serializers.ListField(child=StrictIntegerField(min_value=0), max_length=1_000_000)
+
+    def job_prompts(self) -> list[TokenIdsPrompt]:
+        return [{"token_ids": self.validated_data["tokens"]}]
+
+    def job_params(self) -> JobParams:
+        """A zero-token job whose echo is the text of the ids."""
+        return JobParams(max_tokens=0, echo=True)

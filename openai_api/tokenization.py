@@ -1,0 +1,34 @@
+"""`POST /tokenize` and `POST /detokenize`: the worker's tokenizer and chat template, as vLLM serves them.
+
+Both are zero-token jobs: the worker tokenizes (or renders) the prompt, reports its ids in the
+`started` message, and finishes at once; detokenize reads the echoed text of a token-id prompt.
+"""
+from __future__ import annotations
+
+from rest_framework.response import Response
+
+from .base import GenerationView
+from .generation import GenerationStream
+from .serializers.tokenize import DetokenizeRequestSerializer, TokenizeRequestSerializer
+
+
+class TokenizeView(GenerationView):
+    serializer_class = TokenizeRequestSerializer
+    id_prefix = "tok"
+
+    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
+        await stream.collect()
+        tokens = stream.started["prompt_token_ids"][0]
+        return Response({"tokens": tokens, "count": len(tokens), "max_model_len": stream.started.get("max_model_len")})
+
+
+class DetokenizeView(GenerationView):
+    serializer_class = DetokenizeRequestSerializer
+    id_prefix = "detok"
+
+    def answer_without_job(self, data: dict) -> dict | None:
+        return {"prompt": ""} if not data["tokens"] else None
+
+    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
+        answer = await stream.collect()
+        return Response({"prompt": "".join(choice["text"] for choice in answer.choices)})
