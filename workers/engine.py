@@ -80,7 +80,7 @@ class Engine:
         """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
         return self._outstanding < self.max_num_seqs + self.config.max_queue
 
-    def submit(self, job: dict) -> None:
+    def submit(self, job: protocol.SubmitMessage) -> None:
         with self._lock:
             self._outstanding += 1
         self._inbox.put(job)
@@ -88,7 +88,7 @@ class Engine:
     def cancel(self, request_id: str) -> None:
         self._inbox.put(protocol.cancel_message(request_id))
 
-    def control(self, message: dict) -> None:
+    def control(self, message: protocol.ControlMessage | protocol.SettingsMessage) -> None:
         """A model.load / model.unload / model.settings message; handled in order with jobs."""
         self._inbox.put(message)
 
@@ -188,7 +188,7 @@ class Engine:
             logger.exception("model control %s %s failed", kind, name)
             send({"status": "error", "model": name, "message": f"The worker failed: {exc}", "code": "internal_error"})
 
-    def _admit(self, job: dict) -> None:
+    def _admit(self, job: protocol.SubmitMessage) -> None:
         request_id, reply = job["request_id"], job["reply_channel"]
         if request_id in self._cancelled:
             self._job_done()
