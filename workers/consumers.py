@@ -36,7 +36,7 @@ class InferenceConsumer(AsyncConsumer):
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
         self.config = settings.INFERENCE
-        self.model_settings: dict[str, protocol.ModelSettings] = {}
+        self.catalog_settings: dict[str, protocol.ModelSettings] = {}
         self.routing: RoutingTable = EMPTY_TABLE
         self.claims = JobClaims(self.channel_layer)
         self._bridge: EngineBridge | None = None
@@ -61,7 +61,7 @@ class InferenceConsumer(AsyncConsumer):
         # Created on the first job: an idle worker has not even imported torch.
         if self._bridge is None:
             self._bridge = EngineBridge(self.channel_layer, self.worker_name, EngineConfig.from_settings(self.config),
-                                        self.model_settings,
+                                        self.catalog_settings,
                                         functools.partial(catalog_sync.record_change, self.worker_name))
         return self._bridge
 
@@ -70,7 +70,7 @@ class InferenceConsumer(AsyncConsumer):
         welcome = await catalog_sync.join(self.worker_name, self.channel_name, self.config["DEVICE"],
                                           self.config["WORKER_MEMORY_BUDGET_MB"] or None)
         if welcome is not None:
-            self.model_settings = welcome.settings
+            self.catalog_settings = welcome.settings
             for name in welcome.preload:
                 self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
         while True:
@@ -79,7 +79,7 @@ class InferenceConsumer(AsyncConsumer):
             self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
 
     async def model_settings(self, message: protocol.SettingsMessage) -> None:
-        self.model_settings = message.get("settings") or {}
+        self.catalog_settings = message.get("settings") or {}
         if self._bridge is not None:
             self._bridge.engine.control(message)
 
