@@ -3,7 +3,8 @@
 HTTP: the OpenAI API is served by a Django handler without the admin's session,
 CSRF, auth and messages middleware (each costs a thread hop per request, and the
 API authenticates with bearer keys in DRF); /admin/ and /static/ get the full stack.
-Channel: the worker consumer on the inference channel.
+Every HTTP request passes the guard first (inference_site.guard: size limits, request id,
+security headers, the access line). Channel: the worker consumer on the inference channel.
 """
 import os
 
@@ -40,11 +41,13 @@ async def http_app(scope, receive, send):
 
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter  # noqa: E402
 
+from inference_site.guard import RequestGuard  # noqa: E402
+
 from workers.consumers import InferenceConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": http_app,
+        "http": RequestGuard(http_app),
         "channel": ChannelNameRouter(
             {settings.INFERENCE["WORKER_CHANNEL"]: InferenceConsumer.as_asgi()}
         ),

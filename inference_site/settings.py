@@ -8,9 +8,11 @@ from pathlib import Path
 
 import dj_database_url
 
+from .logs import logging_config
+from .private_files import private_dir, private_file, secret_key
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("INFERENCE_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR = private_dir(Path(os.environ.get("INFERENCE_VAR_DIR", BASE_DIR / "var")))
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -30,9 +32,28 @@ def env_float(name: str, default: float) -> float:
     return float(value) if value not in (None, "") else default
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-local-only-change-me")
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# Without DJANGO_SECRET_KEY, a random key generated on first start into the var dir (mode 0600).
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or secret_key(VAR_DIR)
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",")
+# `serve --host H` adds H; the guard checks the Host header of API requests against this too.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+
+# Everything `check --deploy` asks for, from the environment (the README's production recipe sets them).
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+# Behind a TLS-terminating proxy: DJANGO_SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https
+_proxy_header = env_list("DJANGO_SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_header) if len(_proxy_header) == 2 else None
+X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
     "daphne",
@@ -43,6 +64,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "catalog",
     "openai_api",
@@ -56,6 +79,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
@@ -90,6 +114,8 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    if DATABASES["default"]["NAME"] != ":memory:":
+        private_file(Path(DATABASES["default"]["NAME"]))  # never world-readable (SQLite keeps the mode)
     # Concurrent request threads and the worker share one file: wait, don't fail.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
     # Write transactions take the lock up front: a read that later writes would otherwise fail
@@ -122,10 +148,29 @@ else:
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["openai_api.authentication.BearerKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["openai_api.authentication.HasAPIKeyOrAuthDisabled"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["openai_api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "openai_api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# /openapi.json and /docs (drf-spectacular; Swagger UI and Redoc served from drf-spectacular-sidecar).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "inference-site",
+    "DESCRIPTION": "An OpenAI-compatible inference server for Hugging Face models.",
+    "VERSION": "1.0.0",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    "APPEND_COMPONENTS": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "SECURITY": [{"bearer": []}],
 }
 
 # The inference service's own knobs, all from the environment.
@@ -140,6 +185,10 @@ INFERENCE = {
         )
     ),
     "MAX_REQUEST_BYTES": env_int("INFERENCE_MAX_REQUEST_BYTES", 2 * 1024 * 1024),
+    # Arrays and objects in a JSON body may nest this deep (checked before parsing; deeper is a 400).
+    "MAX_JSON_DEPTH": env_int("INFERENCE_MAX_JSON_DEPTH", 64),
+    # Addresses (comma-separated networks) that may scrape /metrics without a key.
+    "METRICS_ALLOW": os.environ.get("INFERENCE_METRICS_ALLOW", "127.0.0.1/32,::1/128"),
     "MAX_N": env_int("INFERENCE_MAX_N", 16),
     "MAX_PROMPTS": env_int("INFERENCE_MAX_PROMPTS", 64),
     # Named channel every worker listens on; cancellations go to a group of all workers.
@@ -185,11 +234,5 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("INFERENCE_LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
-}
+# LOG_FORMAT=json: one JSON object per line; every line of a request names its X-Request-Id.
+LOGGING = logging_config(os.environ.get("LOG_FORMAT", "plain"), os.environ.get("INFERENCE_LOG_LEVEL", "INFO"))

@@ -119,6 +119,15 @@ def exception_handler(exc: Exception, context: dict) -> Response:
     return Response(error_body(500, "The server had an error processing your request.", None, "internal_error"), status=500)
 
 
+def bad_request_view(request, exception=None) -> JsonResponse:
+    """Django's own 400s (a Host outside ALLOWED_HOSTS on the admin, a bad multipart body)."""
+    return JsonResponse(error_body(400, "Bad request.", None, "bad_request"), status=400)
+
+
+def forbidden_view(request, exception=None) -> JsonResponse:
+    return JsonResponse(error_body(403, "Forbidden.", None, "forbidden"), status=403)
+
+
 def not_found_view(request, exception=None) -> JsonResponse:
     return JsonResponse(error_body(404, f"Unknown path: {request.path}", None, "unknown_url"), status=404)
 

@@ -23,6 +23,7 @@ import torch
 from . import protocol
 from .config import EngineConfig
 from .errors import JobError, ModelBusyError, ModelLoadError
+from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
 from .protocol import ModelRef
@@ -44,8 +45,9 @@ class Engine:
         self.config = config
         self.max_num_seqs = config.max_num_seqs
         self.prefill_chunk = config.prefill_chunk
+        self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
-                                    config.memory_budget_bytes, on_model_event)
+                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event))
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self._idle_checked = 0.0
@@ -119,6 +121,7 @@ class Engine:
                     # Hand the GIL over once per step so the event loop (HTTP, channel layer)
                     # is never starved by a fast model's Python-bound steps.
                     time.sleep(0)
+                self.metrics.queues(self.requests.values(), self.waiting)
 
     def _drain_inbox(self, block: bool) -> None:
         messages = []
@@ -147,6 +150,7 @@ class Engine:
             for seq in request.sequences:
                 seq.abort()
             self._job_done()
+            self.metrics.forget(request)
             generated = sum(len(seq.completion_ids) for seq in request.sequences)
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
@@ -235,9 +239,13 @@ class Engine:
         for runner in self.runners.values():
             runner.drop_finished()
         self._let_waiting_in()
+        decoded = []
         for runner in self.runners.values():
             for seq, logits in runner.decode():
                 seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids))
+                decoded.append(seq)
+        self.metrics.step(len(decoded))
+        self.metrics.tokens(decoded)
         self._publish_all()
         if self._prefill():
             self._publish_all()
@@ -253,6 +261,7 @@ class Engine:
             seq = self.waiting.popleft()
             if not seq.finished:
                 self.prefilling.append(seq)
+                self.metrics.scheduled(seq.request)
                 running += 1
 
     def _prefill(self) -> bool:
@@ -305,6 +314,7 @@ class Engine:
                 member.accept(member.sampler.choose(logits, member.prompt_ids, member.completion_ids))
                 if not member.finished:
                     joined.setdefault(member.request.model_name, []).append(member)
+            self.metrics.tokens(group)
             self.prefilling = [s for s in self.prefilling if s not in group]
         for name, sequences in joined.items():
             self.runners[name].join(sequences)
@@ -314,6 +324,7 @@ class Engine:
         for seq in request.sequences:
             seq.abort()
         self._job_done()
+        self.metrics.forget(request)
         self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
 
     def _publish(self, request: Request) -> None:
@@ -326,8 +337,18 @@ class Engine:
             self._job_done()
             self.manager.touch(request.model_name)  # idle time counts from the last request's end
             usage = request.usage()
+            self.metrics.finished(request, usage)
             self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": usage})
             logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
                         usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
         elif deltas:
             self.emit(request.reply_channel, {"type": protocol.DELTA, "choices": deltas})
+
+
+def _also(first: Callable[[dict], None], then: Callable[[dict], None] | None) -> Callable[[dict], None]:
+    """One callback that calls both (the second may be None)."""
+    def both(event: dict) -> None:
+        first(event)
+        if then is not None:
+            then(event)
+    return both

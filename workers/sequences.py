@@ -182,10 +182,12 @@ class Request:
         return list(prompt)
 
     def _echo_text(self, prompt: Prompt, ids: list[int]) -> str:
-        if isinstance(prompt, dict):
-            return self.model.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if isinstance(prompt, str):
             return prompt
+        if isinstance(prompt, dict):
+            if "text" in prompt:
+                return prompt["text"]
+            return self.model.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return self.model.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _max_tokens(self, requested: int | None) -> int:
@@ -211,6 +213,12 @@ class Request:
         if bad:
             raise JobError(400, f"Invalid token id {bad[0]} in logit_bias: the vocabulary has {vocab} tokens.",
                            "logit_bias", "invalid_token_id")
+        bounds = (("top_k", params.get("top_k") or 0, vocab, "the vocabulary size"),
+                  ("min_tokens", params.get("min_tokens") or 0, max_tokens, "max_tokens (or the context left)"),
+                  ("no_repeat_ngram_size", params.get("no_repeat_ngram_size") or 0, limit, "the context length"))
+        for name, value, most, what in bounds:
+            if value > most:
+                raise JobError(400, f"{name} must be at most {what}, {most}; got {value}.", name, "invalid_value")
 
     @property
     def finished(self) -> bool:

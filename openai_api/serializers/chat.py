@@ -263,6 +263,8 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
             raise invalid("top_logprobs", "top_logprobs needs logprobs to be true.")
         if attrs.get("stream_options") and not attrs.get("stream"):
             raise invalid("stream_options", "stream_options is only allowed when stream is true.")
+        max_tokens = attrs.get("max_completion_tokens")
+        self.check_min_tokens(attrs, attrs.get("max_tokens") if max_tokens is None else max_tokens)
         self.validate_template_options(attrs)
         self._validate_tool_choice(attrs)
         return attrs

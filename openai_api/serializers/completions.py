@@ -61,6 +61,8 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
     echo = StrictBooleanField(required=False, default=False)
     best_of = StrictIntegerField(required=False, allow_null=True, min_value=1)
     return_token_ids = StrictBooleanField(required=False, default=False)
+    add_special_tokens = StrictBooleanField(required=False, default=True,
+                                            help_text="add the tokenizer's special tokens (BOS) to string prompts")
 
     def validate(self, attrs: dict) -> dict:
         best_of = attrs.get("best_of")
@@ -70,13 +72,19 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
             raise serializers.ValidationError({"best_of": ["best_of cannot be used with stream."]})
         if attrs.get("stream_options") and not attrs.get("stream"):
             raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
+        max_tokens = attrs.get("max_tokens")
+        self.check_min_tokens(attrs, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
         return attrs
-
-    def job_prompts(self) -> list[Prompt]:
-        return self.validated_data["prompt"]
 
     def job_params(self) -> JobParams:
         data = self.validated_data
         max_tokens = data.get("max_tokens")
         return to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                              logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
+
+    def job_prompts(self) -> list[Prompt]:
+        """The prompts as the job carries them: strings become {"text", "add_special_tokens"} when BOS is off."""
+        prompts = self.validated_data["prompt"]
+        if self.validated_data["add_special_tokens"]:
+            return prompts
+        return [{"text": p, "add_special_tokens": False} if isinstance(p, str) else p for p in prompts]

@@ -75,7 +75,8 @@ class LogitBiasField(serializers.Field):
             raise serializers.ValidationError("At most 1024 biased tokens are allowed.")
         result: dict[str, float] = {}
         for key, value in data.items():
-            if not str(key).isdigit():
+            # ASCII digits only: "²".isdigit() is true, and int("²") raises.
+            if not (key.isascii() and key.isdigit() and len(key) <= 10):
                 raise serializers.ValidationError(f"Invalid token id {key!r}: keys must be token ids.")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
                 raise serializers.ValidationError(f"Bias for token {key} must be a number in [-100, 100].")

@@ -98,6 +98,7 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSeriali
                           "send the whole conversation in `input` instead of previous_response_id.")
         if attrs.get("n", 1) != 1:
             raise invalid("n", "The Responses API returns one output; n must be 1.")
+        self.check_min_tokens(attrs, attrs.get("max_output_tokens"))
         attrs["messages"] = input_messages(attrs["input"], attrs.get("instructions"))
         tools = attrs.get("tools") or []
         if not isinstance(tools, list):

@@ -14,6 +14,7 @@ from .fields import (
 )
 
 INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1  # token counts and ids beyond this fit no model; the worker checks the model's own limits
 
 
 class SamplingParamsSerializer(serializers.Serializer):
@@ -30,15 +31,24 @@ class SamplingParamsSerializer(serializers.Serializer):
     seed = StrictIntegerField(required=False, allow_null=True, min_value=-INT64_MAX - 1, max_value=INT64_MAX)
     user = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=512)
     # Hugging Face / vLLM extras (the OpenAI SDK's extra_body lands at top level).
-    top_k = StrictIntegerField(required=False, allow_null=True, min_value=-1)
+    top_k = StrictIntegerField(required=False, allow_null=True, min_value=-1, max_value=INT32_MAX)
     min_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     repetition_penalty = StrictFloatField(required=False, allow_null=True, min_value=0.01, max_value=10.0)
-    no_repeat_ngram_size = StrictIntegerField(required=False, allow_null=True, min_value=0)
+    no_repeat_ngram_size = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX)
     ignore_eos = StrictBooleanField(required=False, default=False)
-    min_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0)
+    min_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX)
 
     def validate_n(self, value: int) -> int:
         limit = self.context.get("max_n", 16)
         if value > limit:
             raise serializers.ValidationError(f"Ensure this value is less than or equal to {limit}.")
         return value
+
+    @staticmethod
+    def check_min_tokens(attrs: dict, max_tokens: int | None) -> None:
+        """min_tokens may not exceed max_tokens (as vLLM); without max_tokens the worker checks the context."""
+        min_tokens = attrs.get("min_tokens")
+        if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+            raise serializers.ValidationError(
+                {"min_tokens": [f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})."]})
+

@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from catalog.hf_cache import cached_causal_lms
+from inference_site import http_limits
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class Command(BaseCommand):
 
         self.stdout.write(f"Model catalog: {scan_cache()}")
         self._announce_auth(port, no_auth)
+        self._allow_host(host)
+        http_limits.install()
         from inference_site.asgi import application
 
         def start_worker() -> None:
@@ -89,6 +92,21 @@ class Command(BaseCommand):
             settings.INFERENCE[key] = value
             os.environ[f"INFERENCE_{key}"] = value
 
+    def _allow_host(self, host: str) -> None:
+        """The address served on is a valid Host (unless DJANGO_ALLOWED_HOSTS says exactly which are)."""
+        if os.environ.get("DJANGO_ALLOWED_HOSTS"):
+            return
+        if host in ("0.0.0.0", "::"):
+            import socket
+
+            names = {socket.gethostname(), socket.getfqdn()}
+            self.stderr.write(self.style.WARNING(
+                f"Serving on every interface: requests must name this host ({', '.join(sorted(names))}) or "
+                "localhost; set DJANGO_ALLOWED_HOSTS to the names clients use."))
+        else:
+            names = {f"[{host}]" if ":" in host else host}
+        settings.ALLOWED_HOSTS.extend(sorted(names - set(settings.ALLOWED_HOSTS)))
+
     def _ensure_a_model(self) -> None:
         if cached_causal_lms():
             return
@@ -107,8 +125,11 @@ class Command(BaseCommand):
         from openai_api.keys import ensure_local_key
 
         raw_key, path, created = ensure_local_key(port)
-        if created:
+        if created and sys.stdout.isatty():
+            # Once, to the terminal only: a redirected stdout is a log file, and keys never go into logs.
             self.stdout.write(f"Created an API key for local use: {raw_key}")
+        elif created:
+            self.stdout.write(f"Created an API key for local use in {path}")
         else:
             self.stdout.write(f"Using the API key in {path}")
         self.stdout.write(f"API key file (mode 0600): {path}")

@@ -1,0 +1,67 @@
+"""Daphne's HTTP parser (Twisted) answers what it refuses in OpenAI's shape instead of hanging up.
+
+Twisted closes the connection without a word on a request line or header over 16 KiB, and
+answers a malformed request (`Content-Length: -5`) with an empty 400. Here its limits are raised
+so that sizes up to PARSER_LIMIT reach the ASGI guard (inference_site.guard: 414/431 with a
+body), and anything beyond, or malformed, gets a JSON error before the connection closes.
+"""
+from __future__ import annotations
+
+import json
+
+import daphne.server
+from daphne.http_protocol import HTTPFactory
+
+PARSER_LIMIT = 1024 * 1024  # bytes of request line + headers Twisted reads before refusing
+REFUSED_TIMEOUT = 10  # seconds a refused connection may keep sending before it is dropped
+REASONS = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields Too Large"}
+
+
+def error_bytes(status: int, message: str, code: str) -> bytes:
+    from openai_api.errors import error_body
+
+    body = json.dumps(error_body(status, message, None, code)).encode()
+    return (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+def refuse(channel, status: int, message: str, code: str) -> None:
+    """Answer, stop reading (what the client still sends is dropped), close once it is done or quiet.
+
+    Closing at once while the client is still sending would reset the connection and lose the answer.
+    """
+    channel.dataReceived = lambda data: None
+    channel._buffer = b""  # LineReceiver stops at once instead of parsing the lines it already holds
+    channel.transport.write(error_bytes(status, message, code))
+    channel.transport.loseWriteConnection()
+    channel.setTimeout(REFUSED_TIMEOUT)
+
+
+def line_too_long(channel, line: bytes) -> None:
+    if getattr(channel, "_HTTPChannel__first_line", 0):
+        refuse(channel, 414, f"The request line is longer than {PARSER_LIMIT} bytes.", "uri_too_long")
+    else:
+        refuse(channel, 431, f"A request header is longer than {PARSER_LIMIT} bytes.", "headers_too_large")
+
+
+def bad_request(channel) -> None:
+    if channel._receivedHeaderSize > channel.totalHeadersSize:
+        refuse(channel, 431, f"The request headers exceed {PARSER_LIMIT} bytes.", "headers_too_large")
+    else:
+        refuse(channel, 400, "The HTTP request is malformed (request line or headers).", "malformed_request")
+
+
+class LimitedHTTPFactory(HTTPFactory):
+    def buildProtocol(self, addr):
+        protocol = super().buildProtocol(addr)
+        channel = getattr(protocol, "_channel", protocol)
+        channel.MAX_LENGTH = PARSER_LIMIT
+        channel.totalHeadersSize = PARSER_LIMIT
+        channel.lineLengthExceeded = lambda line: line_too_long(channel, line)
+        channel._respondToBadRequestAndDisconnect = lambda: bad_request(channel)
+        return protocol
+
+
+def install() -> None:
+    """Make daphne.server.Server build LimitedHTTPFactory (it names HTTPFactory at run time)."""
+    daphne.server.HTTPFactory = LimitedHTTPFactory

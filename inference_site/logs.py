@@ -1,0 +1,58 @@
+"""Log records carry the request id of the HTTP request they belong to; LOG_FORMAT=json makes them JSON lines.
+
+The id lives in a context variable set by the ASGI guard, so every line logged while a request
+is handled (its view, its sync_to_async threads) names it; lines outside a request show "-".
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+from datetime import datetime, timezone
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds `record.request_id` (a handler filter, so records of every logger get it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = REQUEST_ID.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request_id, and the traceback if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", REQUEST_ID.get()),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def logging_config(log_format: str, level: str) -> dict:
+    """settings.LOGGING for LOG_FORMAT `plain` (default) or `json`."""
+    formatters = {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"},
+        "json": {"()": "inference_site.logs.JsonFormatter"},
+    }
+    if log_format not in formatters:
+        raise ValueError(f"LOG_FORMAT must be plain or json, not {log_format!r}")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": "inference_site.logs.RequestIdFilter"}},
+        "formatters": formatters,
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": log_format,
+                                 "filters": ["request_id"]}},
+        "root": {"handlers": ["console"], "level": level},
+        # Django's own 4xx warnings would repeat the guard's access line; 5xx still log with a traceback.
+        "loggers": {"django.request": {"level": "ERROR"}},
+    }
