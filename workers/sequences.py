@@ -213,9 +213,9 @@ class Request:
         if bad:
             raise JobError(400, f"Invalid token id {bad[0]} in logit_bias: the vocabulary has {vocab} tokens.",
                            "logit_bias", "invalid_token_id")
-        bounds = (("top_k", params.get("top_k") or 0, vocab, "the vocabulary size"),
-                  ("min_tokens", params.get("min_tokens") or 0, max_tokens, "max_tokens (or the context left)"),
-                  ("no_repeat_ngram_size", params.get("no_repeat_ngram_size") or 0, limit, "the context length"))
+        bounds = (("top_k", params.top_k or 0, vocab, "the vocabulary size"),
+                  ("min_tokens", params.min_tokens, max_tokens, "max_tokens (or the context left)"),
+                  ("no_repeat_ngram_size", params.no_repeat_ngram_size, limit, "the context length"))
         for name, value, most, what in bounds:
             if value > most:
                 raise JobError(400, f"{name} must be at most {what}, {most}; got {value}.", name, "invalid_value")
