@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import openai
 from openai import AsyncOpenAI, OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -32,6 +33,19 @@ def server(hf_cache, tmp_path_factory):
 @pytest.fixture(scope="session")
 def client(server) -> OpenAI:
     return OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def warm_server(server, client):
+    """The server after one job: the worker has imported torch and loaded the model (on a busy
+    machine that first start can outlast INFERENCE_WORKER_ACK_TIMEOUT and answer 503)."""
+    for _ in range(3):
+        try:
+            client.completions.create(model=TINY_MODEL, prompt="warm", max_tokens=1)
+            break
+        except openai.APIStatusError:
+            continue
+    return server
 
 
 @pytest.fixture

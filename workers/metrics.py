@@ -43,6 +43,11 @@ MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on 
                        buckets=LOAD_BUCKETS)
 
 
+def label(model: str) -> str:
+    """A model's label: its name as clients send it (`repo`, or `repo@revision` off the default branch)."""
+    return model.removesuffix(f"@{protocol.DEFAULT_REVISION}")
+
+
 class EngineMetrics:
     """Per-request timing state the hooks need, kept beside the engine rather than in its requests."""
 
@@ -56,7 +61,7 @@ class EngineMetrics:
         """A choice of `request` leaves the waiting queue for prefill."""
         if request.request_id not in self._scheduled:
             self._scheduled.add(request.request_id)
-            QUEUE.labels(request.model_name).observe(time.monotonic() - request.arrived)
+            QUEUE.labels(label(request.model_name)).observe(time.monotonic() - request.arrived)
 
     def tokens(self, sequences, now: float | None = None) -> None:
         """Each of `sequences` just took one token."""
@@ -65,10 +70,10 @@ class EngineMetrics:
             request = seq.request
             if request.request_id not in self._first_token:
                 self._first_token.add(request.request_id)
-                TTFT.labels(request.model_name).observe(now - request.arrived)
+                TTFT.labels(label(request.model_name)).observe(now - request.arrived)
             last = self._last_token.get(id(seq))
             if last is not None:
-                ITL.labels(request.model_name).observe(now - last)
+                ITL.labels(label(request.model_name)).observe(now - last)
             self._last_token[id(seq)] = now
 
     def step(self, batch_size: int) -> None:
@@ -76,7 +81,7 @@ class EngineMetrics:
             BATCH_SIZE.observe(batch_size)
 
     def finished(self, request, usage: dict) -> None:
-        model = request.model_name
+        model = label(request.model_name)
         E2E.labels(model).observe(time.monotonic() - request.arrived)
         PROMPT_TOKENS.labels(model).inc(usage["prompt_tokens"])
         GENERATION_TOKENS.labels(model).inc(usage["completion_tokens"])
@@ -96,7 +101,7 @@ class EngineMetrics:
         running, queued = Tally(), Tally()
         for request in requests:
             let_in = any(id(seq) not in waiting_seqs and not seq.finished for seq in request.sequences)
-            (running if let_in else queued)[request.model_name] += 1
+            (running if let_in else queued)[label(request.model_name)] += 1
         counts = {model: (running[model], queued[model]) for model in set(self._gauges) | set(running) | set(queued)}
         for model, (now_running, now_waiting) in counts.items():
             if self._gauges.get(model) != (now_running, now_waiting):
@@ -108,4 +113,4 @@ class EngineMetrics:
     def model_loaded(event: dict) -> None:
         """An on_model_event callback: a finished load's duration."""
         if event.get("type") == protocol.MODEL_LOADED and event.get("duration_s") is not None:
-            MODEL_LOAD.labels(event["model"]).observe(event["duration_s"])
+            MODEL_LOAD.labels(label(event["model"])).observe(event["duration_s"])

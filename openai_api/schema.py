@@ -1,0 +1,115 @@
+"""The OpenAPI 3.1 description of the API (drf-spectacular), built from the request serializers.
+
+Views call their serializer inside `post`, so drf-spectacular cannot guess it: the extensions here
+name each view's request serializer and responses, give our custom fields their JSON Schema, and
+declare the bearer key. Registered on import (openai_api.apps); the view modules stay untouched.
+"""
+from __future__ import annotations
+
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerFieldExtension,
+    OpenApiViewExtension,
+)
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view, inline_serializer
+from rest_framework import serializers
+
+from .errors import ERROR_TYPES
+
+STRING_ARRAY = {"type": "array", "items": {"type": "string"}}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+OBJECT = {"type": "object", "additionalProperties": True}
+
+FIELD_SCHEMAS = {
+    "openai_api.serializers.completions.PromptField": {
+        "oneOf": [{"type": "string"}, {**STRING_ARRAY, "minItems": 1}, {**TOKEN_IDS, "minItems": 1},
+                  {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1}]},
+    "openai_api.serializers.fields.StopField": {"oneOf": [{"type": "string"}, {**STRING_ARRAY, "maxItems": 16}]},
+    "openai_api.serializers.fields.LogitBiasField": {
+        "type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        "description": 'token id (as a string of ASCII digits) -> bias, e.g. {"50256": -100}'},
+    "openai_api.serializers.chat.MessagesField": {"type": "array", "items": OBJECT, "minItems": 1},
+    "openai_api.serializers.chat.ToolsField": {"type": "array", "items": OBJECT, "maxItems": 128},
+    "openai_api.serializers.chat.ToolChoiceField": {
+        "oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, OBJECT]},
+    "openai_api.serializers.chat.ResponseFormatField": OBJECT,
+    "openai_api.serializers.chat.TemplateKwargsField": OBJECT,
+}
+
+
+def _field_extension(target: str, schema: dict) -> type:
+    return type(target.rsplit(".", 1)[1] + "Schema", (OpenApiSerializerFieldExtension,), {
+        "target_class": target,
+        "map_serializer_field": lambda self, auto_schema, direction: schema,
+    })
+
+
+FIELD_EXTENSIONS = [_field_extension(target, schema) for target, schema in FIELD_SCHEMAS.items()]
+
+
+class BearerKeyScheme(OpenApiAuthenticationExtension):
+    target_class = "openai_api.authentication.BearerKeyAuthentication"
+    name = "bearer"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "an API key: `Authorization: Bearer <key>`"}
+
+
+ERROR_BODY = inline_serializer("ErrorResponse", {"error": inline_serializer("Error", {
+    "message": serializers.CharField(),
+    "type": serializers.ChoiceField(choices=sorted(set(ERROR_TYPES.values()))),
+    "param": serializers.CharField(allow_null=True),
+    "code": serializers.CharField(allow_null=True),
+})})
+ERRORS = {status: OpenApiResponse(ERROR_BODY, description="an OpenAI-shaped error")
+          for status in (400, 401, 403, 404, 405, 409, 413, 415, 429, 431, 500, 503)}
+
+
+def responses(streams: bool, media_type: str = "application/json") -> dict:
+    """200 as an object (and an SSE stream where `stream: true` is allowed), every error in OpenAI's shape."""
+    ok = {(200, media_type): OpenApiTypes.OBJECT if media_type == "application/json" else OpenApiTypes.STR}
+    if streams:
+        ok[(200, "text/event-stream")] = OpenApiTypes.STR
+    return {**ok, **{(status, "application/json"): error for status, error in ERRORS.items()}}
+
+
+def _view_extension(target: str, method: str, request: str | None, streams: bool, summary: str,
+                    media_type: str = "application/json") -> type:
+    def view_replacement(self):
+        serializer = _serializer(request) if request else None
+        schema = extend_schema(request=serializer, responses=responses(streams, media_type), summary=summary,
+                               operation_id=summary.lower().replace(" ", "_").replace("/", ""))
+        return extend_schema_view(**{method: schema})(self.target_class)
+
+    return type(target.rsplit(".", 1)[1] + "Schema", (OpenApiViewExtension,),
+                {"target_class": target, "view_replacement": view_replacement})
+
+
+def _serializer(dotted: str):
+    from importlib import import_module
+
+    module, name = dotted.rsplit(".", 1)
+    return getattr(import_module(module), name)
+
+
+S = "openai_api.serializers."
+VIEW_EXTENSIONS = [
+    _view_extension("openai_api.completions.CompletionsView", "post", S + "completions.CompletionRequestSerializer",
+                    True, "Create completion"),
+    _view_extension("openai_api.chat.ChatCompletionsView", "post", S + "chat.ChatRequestSerializer",
+                    True, "Create chat completion"),
+    _view_extension("openai_api.responses.ResponsesView", "post", S + "responses.ResponsesRequestSerializer",
+                    True, "Create response"),
+    _view_extension("openai_api.tokenize.TokenizeView", "post", S + "tokenize.TokenizeRequestSerializer",
+                    False, "Tokenize"),
+    _view_extension("openai_api.tokenize.DetokenizeView", "post", S + "tokenize.DetokenizeRequestSerializer",
+                    False, "Detokenize"),
+    _view_extension("openai_api.model_loading.LoadModelView", "post", S + "model_loading.ModelNameSerializer",
+                    True, "Load model"),
+    _view_extension("openai_api.model_loading.UnloadModelView", "post", S + "model_loading.ModelNameSerializer",
+                    False, "Unload model"),
+    _view_extension("openai_api.model_list.ModelListView", "get", None, False, "List models"),
+    _view_extension("openai_api.model_list.ModelDetailView", "get", None, False, "Retrieve model"),
+    _view_extension("openai_api.metrics.MetricsView", "get", None, False, "Metrics", "text/plain"),
+]
