@@ -1,0 +1,52 @@
+"""The OpenAPI 3.1 schema at /openapi.json, its docs at /docs, and Schemathesis fuzzing every operation."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+OPERATIONS = {
+    ("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
+    ("/tokenize", "post"), ("/detokenize", "post"), ("/load_model", "post"), ("/unload_model", "post"),
+    ("/v1/models", "get"), ("/v1/models/{model_id}", "get"), ("/metrics", "get"),
+}
+
+
+def test_schema_describes_every_endpoint_from_the_serializers(server):
+    schema = httpx.get(f"{server.base_url}/openapi.json").json()
+    assert schema["openapi"].startswith("3.1")
+    assert {(path, method) for path, item in schema["paths"].items() for method in item} == OPERATIONS
+    completion = schema["components"]["schemas"]["CompletionRequestRequest"]["properties"]
+    assert completion["temperature"]["maximum"] == 2 and completion["logprobs"]["maximum"] == 5
+    assert "add_special_tokens" in completion and "prompt" in completion
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+
+
+def test_docs_are_served_with_local_assets(server):
+    for path in ("/docs", "/docs/redoc"):
+        page = httpx.get(server.base_url + path).text
+        assert "/static/drf_spectacular_sidecar/" in page
+        assert not re.search(r'(src|href)="(https?:)?//', page), "docs must not load assets from elsewhere"
+    asset = httpx.get(f"{server.base_url}/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+    assert asset.status_code == 200 and len(asset.content) > 100_000
+
+
+def test_schemathesis_finds_no_server_error_and_no_response_off_the_schema(warm_server, tmp_path):
+    """Bounded: a few examples per operation, fixed seed (about two minutes on 2 cores)."""
+    server = warm_server
+    st = Path(sys.executable).with_name("st")
+    result = subprocess.run(
+        [str(st), "run", f"{server.base_url}/openapi.json", "-H", f"Authorization: Bearer {server.key}",
+         "--checks", "not_a_server_error,response_schema_conformance,content_type_conformance",
+         "--phases", "coverage,fuzzing", "--max-examples", "10", "--workers", "1", "--seed", "1",
+         "--generation-database", "none", "--request-timeout", "60", "--no-color",
+         "--report", "junit", "--report-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    summary = result.stdout[-4000:]
+    assert result.returncode == 0, summary
+    assert "Tested: 10" in summary and " failed" not in summary.split("SUMMARY")[-1], summary
+    assert "Traceback" not in server.log()
