@@ -25,13 +25,23 @@ def chat_logprobs(logprobs: Logprobs | None, top_n: int) -> list[dict]:
         return []
 
     def entry(token: str, logprob: float) -> dict:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+        return {"token": token, "logprob": logprob, "bytes": token_bytes(token)}
 
     content = []
     for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
         ranked = sorted((top or {}).items(), key=lambda item: -item[1])[:top_n]
         content.append({**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in ranked]})
     return content
+
+
+def token_bytes(token: str) -> list[int]:
+    """A logprobs token's UTF-8 bytes; `bytes:\\xNN…` tokens (part of a character) carry theirs written out."""
+    if token.startswith("bytes:\\x"):
+        try:
+            return list(bytes.fromhex(token[len("bytes:"):].replace("\\x", "")))
+        except ValueError:  # generated text that merely starts with "bytes:\x"
+            pass
+    return list(token.encode("utf-8"))
 
 
 def parser_for(open_block: str, parse_tools: bool) -> OutputParser:

@@ -14,6 +14,7 @@ from .detokenizer import IncrementalText
 from .errors import JobError
 from .model_loader import LoadedModel
 from .sampling import Sampler, SamplingParams, TokenChoice, token_logprobs
+from .token_text import TokenText, settled_length
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Sequence:
         return self.finish_reason is not None
 
     def _token_text(self, token_id: int) -> str:
-        return self.request.model.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.request.token_text(token_id)
 
     def _top(self, choice: TokenChoice) -> dict[str, float]:
         top = {self._token_text(t): lp for t, lp in choice.top}
@@ -75,7 +76,7 @@ class Sequence:
         top_n = self.sampler.params.logprobs or 0
         tokenizer = self.request.model.tokenizer
         for position, token_id in enumerate(self.prompt_ids):
-            offset = len(tokenizer.decode(self.prompt_ids[:position], skip_special_tokens=True))
+            offset = settled_length(tokenizer.decode(self.prompt_ids[:position], skip_special_tokens=True))
             offset = min(offset, self.echo_length)
             if position == 0:
                 self.pending_logprobs.add(self._token_text(token_id), None, None, offset)
@@ -95,7 +96,7 @@ class Sequence:
 
     def accept(self, choice: TokenChoice) -> None:
         """Take the sampled token: extend the text, decide whether the sequence ends."""
-        offset_before = self.echo_length + len(self.text.text)
+        offset_before = self.echo_length + settled_length(self.text.text)
         self.completion_ids.append(choice.token_id)
         self.pending_ids.append(choice.token_id)
         if self.pending_logprobs is not None:
@@ -150,6 +151,7 @@ class Request:
         self.request_id: str = job["request_id"]
         self.reply_channel: str = job["reply_channel"]
         self.model = model
+        self.token_text = TokenText(model.tokenizer)
         self.arrived = time.monotonic()
         params = JobParams.from_wire(job["params"])
         self.echo = params.echo
