@@ -29,10 +29,14 @@ class ModelLoadInline(admin.TabularInline):
     model = ModelLoad
     extra = 0
     can_delete = False
-    fields = readonly_fields = ("worker", "status", "memory_mb", "loaded_at", "last_used", "error")
+    fields = readonly_fields = ("worker", "status", "memory", "loaded_at", "last_used", "error")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
+
+    @admin.display(description="memory (MiB)")
+    def memory(self, obj: ModelLoad) -> str:
+        return f"{obj.memory_mb:.1f}"
 
 
 @admin.register(CachedModel)
@@ -152,10 +156,14 @@ class WorkerAdmin(admin.ModelAdmin):
 
 @admin.register(LoadEvent)
 class LoadEventAdmin(admin.ModelAdmin):
-    list_display = ("at", "action", "model_name", "worker", "requested_by", "duration_s", "error")
+    list_display = ("at", "action", "model_name", "worker", "requested_by", "duration", "error")
     list_filter = ("action", "requested_by")
     search_fields = ("model_name", "requested_by")
-    readonly_fields = [f.name for f in LoadEvent._meta.fields]
+    fields = readonly_fields = [f.name if f.name != "duration_s" else "duration" for f in LoadEvent._meta.fields]
+
+    @admin.display(description="duration (s)", ordering="duration_s")
+    def duration(self, obj: LoadEvent) -> str:
+        return "" if obj.duration_s is None else f"{obj.duration_s:.2f}"
 
     def has_add_permission(self, request) -> bool:
         return False

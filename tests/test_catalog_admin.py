@@ -231,3 +231,17 @@ def test_the_change_form_validates_aliases_and_generation_defaults(admin_client,
     alpha.refresh_from_db()
     assert alpha.aliases == ["a1"] and alpha.generation_defaults == {"temperature": 0.5}
     assert listener()["settings"]["local/alpha"]["generation_defaults"] == {"temperature": 0.5}
+
+
+def test_admin_rounds_memory_and_durations(admin_client, cache):
+    worker = online_worker()
+    services.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
+                                              "requested_by": "request", "duration_s": 1.23456789,
+                                              "memory_bytes": 920_887})  # 0.87823486328125 MiB
+    events = admin_client.get("/admin/catalog/loadevent/").content.decode()
+    assert "1.23" in events and "1.2345" not in events
+    model = CachedModel.objects.get(repo_id="local/alpha")
+    detail = admin_client.get(f"{CHANGELIST}{model.pk}/change/").content.decode()
+    assert "0.9" in detail and "0.878" not in detail
+    event = LoadEvent.objects.get()
+    assert "1.2345" not in admin_client.get(f"/admin/catalog/loadevent/{event.pk}/change/").content.decode()
