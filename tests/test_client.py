@@ -52,3 +52,26 @@ def test_models_health_and_a_bad_key(server):
     assert '"ok"' in run_client(server, "--health").stdout
     bad = run_client(server, "--api-key", "wrong", "--message", "hi")
     assert bad.returncode != 0 and "401" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_interactive_chat_without_max_tokens_stays_within_the_context(warm_server):
+    server = warm_server
+    """Each reply is capped to the room the conversation leaves; old turns go when it is full (512 tokens)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "INFERENCE_API_KEY")}
+    env.update(INFERENCE_KEY_DIR=str(server.key_file.parent), DJANGO_SETTINGS_MODULE="inference_site.settings",
+               INFERENCE_VAR_DIR=str(server.work_dir / "client-var"), HF_HUB_OFFLINE="1")
+    terminal, tty = os.openpty()  # the interactive mode needs a terminal on stdin
+    process = subprocess.Popen([sys.executable, "manage.py", "client", "--url", f"{server.base_url}/v1",
+                                "--temperature", "0", "--show-usage"],
+                               stdin=tty, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env, text=True)
+    os.close(tty)
+    os.write(terminal, b"".join(b"turn %d: tell me a long story\n" % i for i in range(5)) + b"quit\n")
+    try:
+        out, err = process.communicate(timeout=300)
+    finally:
+        os.close(terminal)
+    assert process.returncode == 0, err
+    assert "error" not in err and "Traceback" not in err, err
+    usages = [line for line in err.splitlines() if line.startswith("[usage]")]
+    assert len(usages) == 5, err
+    assert all(int(line.split("=")[1].split()[0]) <= 512 for line in usages)

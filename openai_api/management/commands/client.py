@@ -18,6 +18,8 @@ import httpx
 from django.core.management.base import BaseCommand, CommandError
 
 HELP = "Commands: /clear (forget the conversation), /system TEXT (set the system prompt), /help, quit"
+REPLY_TOKENS = 256  # an interactive reply's default length, when the context has room for it
+MIN_REPLY_TOKENS = 32  # below this much room, the oldest turns are dropped
 
 
 def is_loopback(url: str) -> bool:
@@ -66,8 +68,24 @@ class Client:
         except httpx.HTTPError as exc:
             raise CommandError(f"Cannot reach {self.url}: {exc}") from exc
 
+    @property
+    def root(self) -> str:
+        return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+
+    def context_left(self, model: str, messages: list[dict]) -> int | None:
+        """Tokens of context the conversation leaves (negative: it is over), from the server's /tokenize;
+        None where the server cannot say."""
+        try:
+            response = self.http.post(self.root + "/tokenize", json={"model": model, "messages": messages})
+            body = response.json()
+            if response.status_code == 400 and body["error"]["code"] == "context_length_exceeded":
+                return -1
+            return int(body["max_model_len"]) - int(body["count"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+
     def health(self) -> dict:
-        root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+        root = self.root
         try:
             return self._check(self.http.get(root + "/health")).json()
         except httpx.HTTPError as exc:
@@ -184,9 +202,27 @@ class Command(BaseCommand):
         self._write("\n")
         self._usage(usage)
 
-    def chat_turn(self, messages: list[dict]) -> str:
+    def fit_context(self, messages: list[dict]) -> tuple[list[dict], int | None]:
+        """Without --max-tokens: drop the oldest turns until a reply has room, and cap the reply to that room.
+
+        Returns the messages to send and the reply's max_tokens (None: the server's default, where
+        the server cannot count tokens).
+        """
+        while True:
+            left = self.client.context_left(self.model, messages)
+            if left is None:
+                return messages, None
+            oldest = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+            if left >= MIN_REPLY_TOKENS or oldest is None or oldest == len(messages) - 1:
+                return messages, max(1, min(REPLY_TOKENS, left))
+            messages = messages[:oldest] + messages[oldest + 2:]  # a user turn and its answer
+            self.stderr.write("(dropped the oldest turn to fit the model's context)")
+
+    def chat_turn(self, messages: list[dict], max_tokens: int | None = None) -> str:
         """Send the conversation, print the answer (reasoning dimmed to stderr), return the content."""
         body = {**self._sampling(), "messages": messages}
+        if max_tokens is not None and "max_tokens" not in body:
+            body["max_tokens"] = max_tokens
         content, usage = "", None
         if self.options["stream"]:
             for chunk in self.client.stream("/chat/completions", body):
@@ -237,7 +273,10 @@ class Command(BaseCommand):
             else:
                 messages.append({"role": "user", "content": line})
                 try:
-                    messages.append({"role": "assistant", "content": self.chat_turn(messages)})
+                    max_tokens = None
+                    if self.options["max_tokens"] is None:
+                        messages, max_tokens = self.fit_context(messages)
+                    messages.append({"role": "assistant", "content": self.chat_turn(messages, max_tokens)})
                 except CommandError as exc:
                     messages.pop()
                     self.stderr.write(f"error: {exc}")
