@@ -1,6 +1,7 @@
 """The OpenAPI 3.1 schema at /openapi.json, its docs at /docs, and Schemathesis fuzzing every operation."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -50,3 +51,12 @@ def test_schemathesis_finds_no_server_error_and_no_response_off_the_schema(warm_
     assert result.returncode == 0, summary
     assert "Tested: 10" in summary and " failed" not in summary.split("SUMMARY")[-1], summary
     assert "Traceback" not in server.log()
+
+
+def test_schema_generates_without_warnings(tmp_path):
+    """A renamed view or serializer would silently drop out of the schema: warnings fail here."""
+    result = subprocess.run([sys.executable, "manage.py", "spectacular", "--validate", "--fail-on-warn",
+                             "--file", str(tmp_path / "schema.yaml")], cwd=Path(__file__).resolve().parent.parent,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "INFERENCE_VAR_DIR": str(tmp_path / "var")})
+    assert result.returncode == 0, result.stdout + result.stderr
