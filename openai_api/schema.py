@@ -80,7 +80,10 @@ def _view_extension(target: str, method: str, request: str | None, streams: bool
         serializer = _serializer(request) if request else None
         schema = extend_schema(request=serializer, responses=responses(streams, media_type), summary=summary,
                                operation_id=summary.lower().replace(" ", "_").replace("/", ""))
-        return extend_schema_view(**{method: schema})(self.target_class)
+        # A subclass: extend_schema_view wraps inherited handlers in plain (sync) functions, which on
+        # the served class itself would turn the async views sync.
+        documented = type(self.target_class.__name__, (self.target_class,), {"__module__": __name__})
+        return extend_schema_view(**{method: schema})(documented)
 
     return type(target.rsplit(".", 1)[1] + "Schema", (OpenApiViewExtension,),
                 {"target_class": target, "view_replacement": view_replacement})
