@@ -30,7 +30,9 @@ MAX_URL_BYTES = 8 * 1024
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
 REFUSED_METHODS = {"TRACE", "TRACK", "CONNECT"}
+CLIENT_GONE = 499  # logged (as nginx does) when the client left before any response started
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")  # a decoded path could forge log lines
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
@@ -83,16 +85,17 @@ class RequestGuard:
         request_id = request_id_from(scope.get("headers") or [])
         token = REQUEST_ID.set(request_id)
         started = time.monotonic()
-        outcome = {"status": 500, "code": None, "html": False}
+        outcome = {"status": CLIENT_GONE, "code": None}
 
         async def send_guarded(message: dict) -> None:
             if message["type"] == "http.response.start":
                 outcome["status"] = message["status"]
-                message = {**message, "headers": self._headers(message.get("headers") or [], request_id, outcome)}
+                message = {**message, "headers": self._headers(message.get("headers") or [], request_id)}
             elif message["type"] == "http.response.body" and outcome["status"] >= 400 and outcome["code"] is None:
                 outcome["code"] = error_code(message.get("body") or b"")
             await send(message)
 
+        refused = None
         try:
             refused = refusal(scope)
             if refused is not None:
@@ -102,19 +105,19 @@ class RequestGuard:
         finally:
             elapsed = time.monotonic() - started
             self._log(scope, outcome, elapsed)
-            observe_http(route_of(scope["path"]) if outcome["status"] != 414 else "unmatched",
-                         scope["method"], outcome["status"], elapsed)
+            refused_early = refused is not None and refused[0] in (414, 431)  # not worth resolving
+            observe_http("unmatched" if refused_early else route_of(scope["path"]), scope["method"],
+                         outcome["status"], elapsed)
             REQUEST_ID.reset(token)
 
     @staticmethod
-    def _headers(headers: list, request_id: str, outcome: dict) -> list:
+    def _headers(headers: list, request_id: str) -> list:
         present = {name.lower() for name, _ in headers}
         extra = [(b"x-request-id", request_id.encode())]
         if b"x-content-type-options" not in present:
             extra.append((b"x-content-type-options", b"nosniff"))
         content_type = next((value for name, value in headers if name.lower() == b"content-type"), b"")
         if content_type.startswith(b"text/html"):
-            outcome["html"] = True
             if b"x-frame-options" not in present:
                 extra.append((b"x-frame-options", b"DENY"))
             if b"content-security-policy" not in present:
@@ -124,7 +127,7 @@ class RequestGuard:
     @staticmethod
     def _log(scope: dict, outcome: dict, elapsed: float) -> None:
         status = outcome["status"]
-        path = scope["path"] if len(scope["path"]) <= 200 else scope["path"][:200] + "…"
+        path = CONTROL_CHARACTERS.sub("?", scope["path"][:200]) + ("…" if len(scope["path"]) > 200 else "")
         line = f"{scope['method']} {path} {status} {elapsed * 1000:.1f}ms"
         if outcome["code"]:
             line += f" {outcome['code']}"

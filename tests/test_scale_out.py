@@ -28,8 +28,10 @@ def postgres_server():
 
 
 def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_server, postgres_server, reference):
+    metrics_dir = tmp_path / "prometheus"  # every process writes its metrics here; one scrape merges them
+    metrics_dir.mkdir()
     env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, DATABASE_URL=postgres_server.url,
-                   INFERENCE_WORKER_ACK_TIMEOUT="5")
+                   INFERENCE_WORKER_ACK_TIMEOUT="5", PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
     web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
     workers = []
     try:
@@ -64,6 +66,14 @@ def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_
         assert streamed_texts == expected
         loaded = [w for w in workers if "loaded local/tiny-llama" in w.log()]
         assert len(loaded) == 2, "both workers should have taken jobs"
+        # One scrape of the web process sees both workers' engines.
+        from .test_metrics import scrape, value
+
+        metrics = scrape(web)
+        generated = 3 * sum(len(reference.greedy(reference.encode(p), 12)) for p in prompts)
+        assert value(metrics, "vllm:generation_tokens_total") == generated
+        assert value(metrics, "vllm:time_to_first_token_seconds_count") == len(prompts) * 3
+        assert value(metrics, "inference_workers", 'status="online"') == 2
         # The web side's state (migrations, the API key it created) lives in PostgreSQL.
         import psycopg
 
