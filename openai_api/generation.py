@@ -139,6 +139,8 @@ async def open_generation(request_id: str, model: str, prompts: list[protocol.Pr
     reply_channel = await layer.new_channel("reply.")
     message = protocol.submit_message(request_id, reply_channel, model, prompts, params)
     config = settings.INFERENCE
+    # In the request's log context: ties its X-Request-Id to the job id the worker's lines name.
+    logger.info("job %s submitted for %s", request_id, model)
     await layer.send(config["WORKER_CHANNEL"], message)
     try:
         accepted = await receive_within(layer, reply_channel, config["WORKER_ACK_TIMEOUT"])

@@ -71,6 +71,9 @@ def test_request_ids_are_echoed_and_in_every_json_log_line(hf_cache, tmp_path):
         response = httpx.post(f"{live.base_url}/v1/completions", headers={**live.headers, "X-Request-Id": "req-42"},
                               json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 9})
         assert response.status_code == 400 and response.headers["x-request-id"] == "req-42"
+        served = httpx.post(f"{live.base_url}/v1/completions", headers={**live.headers, "X-Request-Id": "req-43"},
+                            json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2}, timeout=120)
+        job_id = served.json()["id"]
         generated = httpx.get(f"{live.base_url}/v1/models", headers={**live.headers, "X-Request-Id": "bad id\x7f"})
         assert re.fullmatch(r"[0-9a-f]{32}", generated.headers["x-request-id"])
     finally:
@@ -79,3 +82,6 @@ def test_request_ids_are_echoed_and_in_every_json_log_line(hf_cache, tmp_path):
     assert records and all({"time", "level", "logger", "message", "request_id"} <= set(r) for r in records)
     mine = [r for r in records if r["request_id"] == "req-42"]
     assert len(mine) == 1 and "POST /v1/completions 400" in mine[0]["message"] and "invalid_value" in mine[0]["message"]
+    served_lines = [r["message"] for r in records if r["request_id"] == "req-43"]
+    assert any(job_id in line for line in served_lines) and any("POST /v1/completions 200" in line for line in served_lines)
+    assert any(job_id in r["message"] and r["logger"].startswith("workers") for r in records)  # the worker's own line
