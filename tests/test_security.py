@@ -66,7 +66,8 @@ def test_html_pages_cannot_be_framed_or_sniffed(server):
 
 
 def test_request_ids_are_echoed_and_in_every_json_log_line(hf_cache, tmp_path):
-    live = LiveServer(base_env(hf_cache, tmp_path, LOG_FORMAT="json"), tmp_path, name="json-logs")
+    live = LiveServer(base_env(hf_cache, tmp_path, LOG_FORMAT="json", INFERENCE_WORKER_ACK_TIMEOUT="120"), tmp_path,
+                      name="json-logs")
     try:
         response = httpx.post(f"{live.base_url}/v1/completions", headers={**live.headers, "X-Request-Id": "req-42"},
                               json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 9})
