@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "catalog",
+    "teams",
     "openai_api",
     "workers",
 ]
@@ -146,8 +147,8 @@ else:
     }
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["openai_api.authentication.BearerKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["openai_api.authentication.HasAPIKeyOrAuthDisabled"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["teams.authentication.BearerKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["teams.authentication.HasPrincipal"],
     "DEFAULT_PARSER_CLASSES": ["openai_api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "openai_api.errors.exception_handler",
@@ -222,6 +223,14 @@ INFERENCE = {
     # Workers pass a job for a model they do not hold to a worker that holds it, else to the one
     # with the most free memory (false: whichever worker takes a job from the shared channel runs it).
     "ROUTE_JOBS": env_bool("INFERENCE_ROUTE_JOBS", True),
+    # Team limits: counters in this Redis (default: the Redis channel layer's), else in the database.
+    "LIMITS_REDIS_URL": os.environ.get(
+        "INFERENCE_LIMITS_REDIS_URL", CHANNEL_LAYER_URL if CHANNEL_LAYER_URL.startswith(("redis://", "rediss://")) else ""
+    ),
+    # The usage ledger is written in batches by a background thread: at most this many rows
+    # or this many seconds apart.
+    "LEDGER_BATCH_SIZE": env_int("INFERENCE_LEDGER_BATCH_SIZE", 200),
+    "LEDGER_FLUSH_SECONDS": env_float("INFERENCE_LEDGER_FLUSH_SECONDS", 0.5),
 }
 
 LANGUAGE_CODE = "en-us"

@@ -7,6 +7,7 @@ urlpatterns = [
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("docs/redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
+    path("", include("teams.urls")),
     path("", include("openai_api.urls")),
 ]
 

@@ -19,8 +19,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from rest_framework.permissions import BasePermission
 
+from teams.principal import Principal
+
 from .base import OpenAIView
-from .models import APIKey
 
 HTTP_REQUESTS = Counter("inference_http_requests", "HTTP requests by route, method and status.",
                         ["endpoint", "method", "status"])
@@ -85,7 +86,7 @@ class KeyOrAllowedAddress(BasePermission):
     """A valid bearer key, or a client address in INFERENCE_METRICS_ALLOW (Prometheus needs no key there)."""
 
     def has_permission(self, request, view) -> bool:
-        if not settings.INFERENCE["AUTH_ENABLED"] or isinstance(request.user, APIKey):
+        if not settings.INFERENCE["AUTH_ENABLED"] or isinstance(request.auth, Principal):
             return True
         try:
             address = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "")

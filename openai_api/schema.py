@@ -49,7 +49,7 @@ FIELD_EXTENSIONS = [_field_extension(target, schema) for target, schema in FIELD
 
 
 class BearerKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "openai_api.authentication.BearerKeyAuthentication"
+    target_class = "teams.authentication.BearerKeyAuthentication"
     name = "bearer"
 
     def get_security_definition(self, auto_schema):
@@ -115,4 +115,5 @@ VIEW_EXTENSIONS = [
     _view_extension("openai_api.model_list.ModelListView", "get", None, False, "List models"),
     _view_extension("openai_api.model_list.ModelDetailView", "get", None, False, "Retrieve model"),
     _view_extension("openai_api.metrics.MetricsView", "get", None, False, "Metrics", "text/plain"),
+    _view_extension("teams.views.KeyStatusView", "get", None, False, "Key status"),
 ]

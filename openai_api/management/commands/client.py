@@ -37,7 +37,7 @@ def find_api_key(url: str, explicit: str | None) -> str | None:
     key = explicit or os.environ.get("OPENAI_API_KEY") or os.environ.get("INFERENCE_API_KEY")
     if key or not is_loopback(url):
         return key
-    from openai_api.keys import key_file_path
+    from teams.services import key_file_path
 
     port = urlsplit(url).port or (443 if url.startswith("https") else 80)
     path = key_file_path(port)

@@ -122,7 +122,7 @@ class Command(BaseCommand):
                 "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
             ))
             return
-        from openai_api.keys import ensure_local_key
+        from teams.services import ensure_local_key
 
         raw_key, path, created = ensure_local_key(port)
         if created and sys.stdout.isatty():

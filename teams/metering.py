@@ -1,0 +1,122 @@
+"""One request's way through the team's limits and into the ledger, for the API's views.
+
+    meter = RequestMeter(principal, endpoint, request_id)
+    meter.check_model(model)        # ModelNotAllowed: the API answers 404, as for an unknown model
+    await meter.admit()             # LimitExceeded before the job is sent: rpm, parallel, spent tokens
+    ... job sent, worker's `started` message in hand ...
+    await meter.reserve(started, max_tokens, n)   # prompt + the most it may generate, or LimitExceeded
+    meter.observe(event)            # each event from the worker: first token, tokens so far, usage
+    await meter.finish(status)      # settle to real use, free the slot, queue the ledger row
+
+`finish` is idempotent and must run however the request ends (also a vanished client or a
+dead worker): the tokens seen so far are what gets counted then.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from django.utils import timezone
+
+from .ledger import LedgerWriter, UsageEntry
+from .limits import LimitExceeded, Ticket, limiter, rate_headers, reservation_size
+from .principal import Principal
+
+__all__ = ["LimitExceeded", "ModelNotAllowed", "RequestMeter"]
+
+
+class ModelNotAllowed(Exception):
+    """The principal may not use this model; the API must answer exactly as for a model that does not exist."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.model = model
+
+
+class RequestMeter:
+    def __init__(self, principal: Principal, endpoint: str, request_id: str, model: str = "") -> None:
+        self.principal = principal
+        self.endpoint = endpoint
+        self.request_id = request_id
+        self.model = model
+        self.started_at = timezone.now()
+        self.clock = time.monotonic()
+        self.ticket = Ticket.for_scopes(request_id, principal.scopes, time.time())
+        self.admitted = False
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.usage: dict | None = None
+        self.first_token_ms: int | None = None
+        self.finish_reasons: list[str] = []
+        self.finished = False
+
+    def check_model(self, model: str) -> None:
+        if not self.principal.may_use(model):
+            raise ModelNotAllowed(model)
+        self.model = model
+
+    async def admit(self) -> None:
+        if not self.ticket.empty:
+            try:
+                await limiter().admit(self.ticket)
+            except LimitExceeded as exc:
+                exc.headers = self.headers()
+                self.finished = True  # refused before anything ran: no slot held, nothing to settle
+                raise
+        self.admitted = True
+
+    async def reserve(self, started: dict, max_tokens: int | None, n: int) -> None:
+        """Reserve what the job may use, now that the worker has counted the prompt exactly.
+
+        A job that never reserves (tokenize) is charged nothing but counts as a request."""
+        prompt = started.get("prompt_tokens") or []
+        self.prompt_tokens = sum(prompt)
+        if self.ticket.empty:
+            return
+        tokens = reservation_size(prompt, max_tokens, n, started.get("max_model_len"))
+        try:
+            await limiter().reserve(self.ticket, tokens)
+        except LimitExceeded as exc:
+            exc.headers = self.headers()
+            raise
+
+    def observe(self, event: dict) -> None:
+        for delta in event.get("choices", ()):
+            if self.first_token_ms is None and (delta.get("token_ids") or delta.get("text")):
+                self.first_token_ms = int((time.monotonic() - self.clock) * 1000)
+            self.completion_tokens += len(delta.get("token_ids") or ())
+            if delta.get("finish_reason"):
+                self.finish_reasons.append(delta["finish_reason"])
+        if "usage" in event:
+            self.usage = event["usage"]
+
+    @property
+    def used(self) -> tuple[int, int]:
+        """(prompt, completion) tokens: the worker's usage when it finished, else what was seen."""
+        if self.usage is not None:
+            return self.usage["prompt_tokens"], self.usage["completion_tokens"]
+        return self.prompt_tokens, self.completion_tokens
+
+    def headers(self) -> dict[str, str]:
+        return rate_headers(self.ticket)
+
+    async def finish(self, status_code: int = 200, error_code: str = "", cancelled: bool = False) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        prompt, completion = self.used
+        LedgerWriter.get().record(UsageEntry(
+            request_id=self.request_id, created_at=self.started_at, team_id=self.principal.team.pk,
+            key_id=self.principal.key.pk if self.principal.key else None,
+            user_id=getattr(self.principal.user, "pk", None), model=self.model, endpoint=self.endpoint,
+            prompt_tokens=prompt, completion_tokens=completion, time_to_first_token_ms=self.first_token_ms,
+            duration_ms=int((time.monotonic() - self.clock) * 1000), status_code=status_code,
+            finish_reason=",".join(sorted(set(self.finish_reasons))), cancelled=cancelled,
+            error_code=error_code or "",
+        ))
+        if self.admitted and not self.ticket.empty:
+            # Shielded: a client that vanishes cancels this task, and the slot must still be freed.
+            await asyncio.shield(limiter().settle(self.ticket, self._charged(prompt, completion)))
+
+    def _charged(self, prompt: int, completion: int) -> int:
+        return (prompt + completion) if self.ticket.reserved else 0

@@ -1,0 +1,122 @@
+"""Changing teams and keys: creating them, issuing and revoking secrets, the local bootstrap key."""
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from .models import DEFAULT_TEAM_NAME, KEY_PREFIX, VISIBLE_PREFIX_LENGTH, APIKey, Membership, Team, hash_key
+
+LIMIT_FIELDS = ("rpm", "tpm", "max_parallel")
+
+
+def default_team() -> Team:
+    """The team with no limits that keys made without a team (and `serve`'s own key) belong to."""
+    team, _ = Team.objects.get_or_create(name=DEFAULT_TEAM_NAME)
+    return team
+
+
+def create_team(name: str, *, allowed_models: list[str] | None = None, rpm: int | None = None,
+                tpm: int | None = None, max_parallel: int | None = None, token_budget: int | None = None,
+                budget_period_days: int = 30) -> Team:
+    team = Team(name=name, allowed_models=list(allowed_models or []), rpm=rpm, tpm=tpm, max_parallel=max_parallel,
+                token_budget=token_budget, budget_period_days=budget_period_days)
+    team.full_clean()
+    team.save()
+    return team
+
+
+def add_member(team: Team, user, role: str = Membership.MEMBER) -> Membership:
+    membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    return membership
+
+
+def check_narrows(team: Team, allowed_models: list[str], limits: dict[str, int | None]) -> None:
+    """A key may only narrow its team: its models within the team's list, its limits at most the team's."""
+    errors = {}
+    if team.allowed_models and allowed_models:
+        outside = sorted(set(allowed_models) - set(team.allowed_models))
+        if outside:
+            errors["allowed_models"] = f"Not in team {team.name}'s models: {', '.join(outside)}."
+    for field in LIMIT_FIELDS:
+        mine, theirs = limits.get(field), getattr(team, field)
+        if mine is not None and theirs is not None and mine > theirs:
+            errors[field] = f"At most the team's limit ({theirs})."
+    if errors:
+        raise ValidationError(errors)
+
+
+def check_member(team: Team, user) -> None:
+    if user is not None and not Membership.objects.filter(team=team, user=user).exists():
+        raise ValidationError({"user": f"{user} is not a member of team {team.name}."})
+
+
+def new_secret() -> tuple[str, str, str]:
+    """(raw secret, visible prefix, hash): the raw secret is shown once and never stored."""
+    raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
+    return raw_key, raw_key[:VISIBLE_PREFIX_LENGTH], hash_key(raw_key)
+
+
+def issue_key(name: str, team: Team | None = None, *, user=None, allowed_models: list[str] | None = None,
+              rpm: int | None = None, tpm: int | None = None, max_parallel: int | None = None,
+              expires_days: float | None = None) -> tuple[APIKey, str]:
+    """Create a key; returns the row and the raw secret."""
+    team = team or default_team()
+    limits = {"rpm": rpm, "tpm": tpm, "max_parallel": max_parallel}
+    check_narrows(team, list(allowed_models or []), limits)
+    check_member(team, user)
+    raw_key, prefix, hashed = new_secret()
+    expires_at = timezone.now() + timedelta(days=expires_days) if expires_days is not None else None
+    key = APIKey.objects.create(team=team, user=user, name=name, prefix=prefix, hashed_key=hashed,
+                                allowed_models=list(allowed_models or []), expires_at=expires_at, **limits)
+    return key, raw_key
+
+
+def revoke_keys(keys) -> int:
+    """Revoked keys fail from their very next request (every request looks its key up)."""
+    return keys.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def touch_key(key: APIKey, every_seconds: int = 60) -> None:
+    """Record use, at most once a minute per key (a write on every request would queue on SQLite)."""
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > timedelta(seconds=every_seconds):
+        APIKey.objects.filter(pk=key.pk).update(last_used_at=now)
+
+
+def key_file_path(port: int) -> Path:
+    """Per-port, so a client of http://127.0.0.1:PORT finds the key of the server on PORT."""
+    return Path(settings.INFERENCE["KEY_DIR"]) / f"{port}.key"
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+    os.chmod(path, 0o600)
+
+
+@transaction.atomic
+def ensure_local_key(port: int) -> tuple[str, Path, bool]:
+    """The key in this port's key file if it is still usable, else a new default-team key written there.
+
+    Returns (raw key, file path, whether it was created now).
+    """
+    from .selectors import usable_key
+
+    path = key_file_path(port)
+    if path.exists():
+        raw_key = path.read_text().strip()
+        if usable_key(raw_key) is not None:
+            return raw_key, path, False
+    _, raw_key = issue_key(f"local serve :{port}")
+    _write_private(path, raw_key)
+    return raw_key, path, True
