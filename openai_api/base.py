@@ -11,6 +11,7 @@ from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
 
 from catalog.selectors import resolve_model_id
+from teams.metering import RequestMeter
 
 from .errors import APIError, error_body
 from .generation import GenerationStream, new_request_id, open_generation
@@ -50,7 +51,7 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
             async for chunk in chunks:
                 yield sse_frame(chunk)
         except APIError as exc:
-            yield sse_frame(error_body(exc.status, exc.message, exc.param, exc.code))
+            yield sse_frame(error_body(exc.status, exc.message, exc.param, exc.code, exc.error_type))
         finally:
             await stream.cancel()
         yield sse_frame("[DONE]")
@@ -71,11 +72,14 @@ async def resolve_model(name: str) -> str:
 
 
 class GenerationView(OpenAIView):
-    """validate -> resolve the model -> open the generation -> shape the answer.
+    """validate -> resolve the model -> meter it -> open the generation -> shape the answer.
 
     A subclass names its `serializer_class` (with `job_prompts()` and `job_params()`, the
     request as a job) and `id_prefix`, and implements `respond()`; `answer_without_job()`
-    may answer a request that needs no generation.
+    may answer a request that needs no generation. The meter (`teams.metering`) refuses a model
+    the caller's team or key may not use (404), admits the job against the team's limits, and
+    settles it and writes its ledger row when the stream closes; its rate-limit headers go on
+    every response of the view, errors included.
     """
 
     serializer_class: type
@@ -86,12 +90,21 @@ class GenerationView(OpenAIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         model = await resolve_model(data["model"])
+        request_id = self.new_request_id()
+        meter = request.meter = RequestMeter(request.auth, request.path, request_id)
+        meter.check_model(model, data["model"])
         early = self.answer_without_job(data)
         if early is not None:
             return Response(early)
-        request_id = self.new_request_id()
-        stream = await open_generation(request_id, model, serializer.job_prompts(), serializer.job_params())
+        stream = await open_generation(request_id, model, serializer.job_prompts(), serializer.job_params(), meter)
         return await self.respond(serializer, request_id, model, stream)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        meter = getattr(request, "meter", None)
+        if meter is not None:
+            for name, value in meter.headers().items():
+                response[name] = value
+        return super().finalize_response(request, response, *args, **kwargs)
 
     def new_request_id(self) -> str:
         return new_request_id(self.id_prefix)

@@ -12,6 +12,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from catalog.errors import CatalogError
+from teams.metering import LimitExceeded
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -46,6 +48,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.error_type = error_type
 
 
 def catalog_error(exc: CatalogError) -> APIError:
@@ -53,15 +56,24 @@ def catalog_error(exc: CatalogError) -> APIError:
     return APIError(404, exc.message, param="model", code="model_not_found")
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None,
+               error_type: str | None = None) -> dict:
     return {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "invalid_request_error"),
+            "type": error_type or ERROR_TYPES.get(status, "invalid_request_error"),
             "param": param,
             "code": code,
         }
     }
+
+
+def team_error(exc: Exception) -> APIError | None:
+    """A team limit as the API answers it: 429 with OpenAI's type ("requests"/"tokens") and Retry-After."""
+    if isinstance(exc, LimitExceeded):
+        return APIError(429, exc.message, None, exc.code,
+                        {**getattr(exc, "headers", {}), "Retry-After": str(exc.retry_after)}, exc.kind)
+    return None
 
 
 def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
@@ -82,10 +94,12 @@ def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
 
 def exception_handler(exc: Exception, context: dict) -> Response:
     """DRF's EXCEPTION_HANDLER: map every exception to an OpenAI error body."""
+    exc = team_error(exc) or exc
     if isinstance(exc, CatalogError):
         exc = catalog_error(exc)
     if isinstance(exc, APIError):
-        return Response(error_body(exc.status, exc.message, exc.param, exc.code), status=exc.status, headers=exc.headers)
+        return Response(error_body(exc.status, exc.message, exc.param, exc.code, exc.error_type), status=exc.status,
+                        headers=exc.headers)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body(413, "Request body too large.", None, "request_too_large"), status=413)
     if isinstance(exc, drf_exceptions.ValidationError):

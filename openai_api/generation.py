@@ -1,7 +1,10 @@
 """The web side of the request path: a job goes out on the channel layer, events come back.
 
 Views use `open_generation(...)` and iterate the returned stream; they never see
-torch or the engine, only the plain messages of `workers.protocol`.
+torch or the engine, only the plain messages of `workers.protocol`. A stream opened with a
+team meter (`teams.metering.RequestMeter`) is admitted before its job goes out, reserves its
+tokens once the worker has counted the prompt, and settles and writes its ledger row when it
+closes: `cancel()` ends every request, whichever way it went.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from teams.metering import LimitExceeded, RequestMeter
 from workers import protocol
 
 from .errors import APIError
@@ -51,13 +55,16 @@ class GenerationStream:
         self.request_id = request_id
         self.reply_channel = reply_channel
         self.started = started
+        self.meter: RequestMeter | None = None
         self.finished = False
+        self.error: APIError | None = None
 
     async def _receive(self, timeout: float) -> dict:
         try:
             return await receive_within(self.layer, self.reply_channel, timeout)
         except TimeoutError:
-            raise APIError(503, "The worker stopped answering.", code="worker_timeout") from None
+            self.error = APIError(503, "The worker stopped answering.", code="worker_timeout")
+            raise self.error from None
 
     async def events(self) -> AsyncIterator[protocol.DeltaMessage | protocol.DoneMessage]:
         """Yield delta events until the job is done; raise APIError for a worker error."""
@@ -67,7 +74,10 @@ class GenerationStream:
             kind = event.get("type")
             if kind == protocol.ERROR:
                 self.finished = True
-                raise worker_error(event)
+                self.error = worker_error(event)
+                raise self.error
+            if self.meter is not None:
+                self.meter.observe(event)
             if kind == protocol.DONE:
                 self.finished = True
             yield event
@@ -86,10 +96,14 @@ class GenerationStream:
         return Collected([merged[index] for index in sorted(merged)], usage)
 
     async def cancel(self) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        await send_cancel(self.layer, self.request_id)
+        """End the request: stop the job if it still runs, then settle its tokens and ledger row."""
+        cancelled = not self.finished and self.error is None
+        if not self.finished:
+            self.finished = True
+            await send_cancel(self.layer, self.request_id)
+        if self.meter is not None:
+            error = self.error
+            await self.meter.finish(error.status if error else 200, error.code if error else "", cancelled)
 
 
 def merge_delta(merged: dict[int, protocol.ChoiceDelta], delta: protocol.ChoiceDelta) -> None:
@@ -129,12 +143,41 @@ async def send_cancel(layer, request_id: str) -> None:
 
 
 async def open_generation(request_id: str, model: str, prompts: list[protocol.Prompt],
-                          params: protocol.JobParams) -> GenerationStream:
+                          params: protocol.JobParams, meter: RequestMeter | None = None) -> GenerationStream:
     """Submit a job and wait until a worker has validated it and started generating.
 
     Raises APIError with the worker's status (400 for a prompt over the context,
-    404 for a model the worker cannot load, 503 when no worker answers).
+    404 for a model the worker cannot load, 503 when no worker answers), or the meter's
+    LimitExceeded (429) before the job goes out or once its tokens are known.
     """
+    if meter is None:
+        return await _open(request_id, model, prompts, params)
+    try:
+        await meter.admit()
+    except LimitExceeded as exc:
+        await meter.finish(429, exc.code)
+        raise
+    try:
+        stream = await _open(request_id, model, prompts, params)
+    except APIError as exc:
+        await meter.finish(exc.status, exc.code or "")
+        raise
+    except BaseException:
+        await meter.finish(499, "client_closed", cancelled=True)
+        raise
+    stream.meter = meter
+    try:
+        await meter.reserve(stream.started, params.max_tokens, params.n)
+    except LimitExceeded as exc:
+        stream.meter = None  # nothing was generated for the client: the job stops, nothing is charged
+        await stream.cancel()
+        await meter.finish(429, exc.code)
+        raise
+    return stream
+
+
+async def _open(request_id: str, model: str, prompts: list[protocol.Prompt],
+                params: protocol.JobParams) -> GenerationStream:
     layer = get_channel_layer()
     reply_channel = await layer.new_channel("reply.")
     message = protocol.submit_message(request_id, reply_channel, model, prompts, params)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from asgiref.sync import sync_to_async
 from rest_framework.response import Response
 
+from catalog.errors import ModelNotFound
 from catalog.hf_cache import CacheEntry
 from catalog.selectors import canonical_repo_id, listed_models
 
 from .base import OpenAIView
-from .errors import APIError
 
 
 def model_object(model: CacheEntry, state: dict) -> dict:
@@ -30,7 +30,8 @@ def model_object(model: CacheEntry, state: dict) -> dict:
 class ModelListView(OpenAIView):
     async def get(self, request):
         models = await sync_to_async(listed_models)()
-        return Response({"object": "list", "data": [model_object(m, state) for m, state in models]})
+        return Response({"object": "list", "data": [model_object(m, state) for m, state in models
+                                                    if request.auth.may_use(m.repo_id)]})
 
 
 def _find(model_id: str) -> tuple[CacheEntry, dict] | None:
@@ -41,6 +42,6 @@ def _find(model_id: str) -> tuple[CacheEntry, dict] | None:
 class ModelDetailView(OpenAIView):
     async def get(self, request, model_id: str):
         found = await sync_to_async(_find)(model_id)
-        if found is None:
-            raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+        if found is None or not request.auth.may_use(found[0].repo_id):
+            raise ModelNotFound(model_id)
         return Response(model_object(*found))

@@ -13,7 +13,7 @@ from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 
 from catalog import services
-from catalog.errors import NoWorker
+from catalog.errors import ModelNotFound, NoWorker
 from catalog.selectors import live_workers
 from workers import protocol
 
@@ -23,13 +23,18 @@ from .serializers.model_loading import ModelNameSerializer
 
 
 def requested_by(request) -> str:
-    return f"api:{getattr(request.user, 'name', None) or 'anonymous'}"
+    return f"api:{request.auth.label}"
 
 
 async def _resolved(request) -> str:
+    """The model's canonical name; 404 as for an unknown model when the caller may not use it."""
     serializer = ModelNameSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
-    return protocol.ModelRef.parse(await resolve_model(serializer.validated_data["model"])).key
+    asked = serializer.validated_data["model"]
+    name = await resolve_model(asked)
+    if not request.auth.may_use(name):
+        raise ModelNotFound(asked)
+    return protocol.ModelRef.parse(name).key
 
 
 def _no_worker() -> APIError:

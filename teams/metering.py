@@ -1,7 +1,7 @@
 """One request's way through the team's limits and into the ledger, for the API's views.
 
     meter = RequestMeter(principal, endpoint, request_id)
-    meter.check_model(model)        # ModelNotAllowed: the API answers 404, as for an unknown model
+    meter.check_model(model)        # catalog's ModelNotFound when the principal may not use it (a 404)
     await meter.admit()             # LimitExceeded before the job is sent: rpm, parallel, spent tokens
     ... job sent, worker's `started` message in hand ...
     await meter.reserve(started, max_tokens, n)   # prompt + the most it may generate, or LimitExceeded
@@ -18,19 +18,13 @@ import time
 
 from django.utils import timezone
 
+from catalog.errors import ModelNotFound
+
 from .ledger import LedgerWriter, UsageEntry
 from .limits import LimitExceeded, Ticket, limiter, rate_headers, reservation_size
 from .principal import Principal
 
-__all__ = ["LimitExceeded", "ModelNotAllowed", "RequestMeter"]
-
-
-class ModelNotAllowed(Exception):
-    """The principal may not use this model; the API must answer exactly as for a model that does not exist."""
-
-    def __init__(self, model: str) -> None:
-        super().__init__(model)
-        self.model = model
+__all__ = ["LimitExceeded", "RequestMeter"]
 
 
 class RequestMeter:
@@ -50,9 +44,11 @@ class RequestMeter:
         self.finish_reasons: list[str] = []
         self.finished = False
 
-    def check_model(self, model: str) -> None:
+    def check_model(self, model: str, asked_as: str | None = None) -> None:
+        """`model` as resolved (aliases followed); a model it may not use does not exist for it
+        (the refusal names it as the client did)."""
         if not self.principal.may_use(model):
-            raise ModelNotAllowed(model)
+            raise ModelNotFound(asked_as or model)
         self.model = model
 
     async def admit(self) -> None:
@@ -61,24 +57,20 @@ class RequestMeter:
                 await limiter().admit(self.ticket)
             except LimitExceeded as exc:
                 exc.headers = self.headers()
-                self.finished = True  # refused before anything ran: no slot held, nothing to settle
                 raise
         self.admitted = True
 
     async def reserve(self, started: dict, max_tokens: int | None, n: int) -> None:
-        """Reserve what the job may use, now that the worker has counted the prompt exactly.
-
-        A job that never reserves (tokenize) is charged nothing but counts as a request."""
+        """Reserve what the job may use, now that the worker has counted the prompt exactly."""
         prompt = started.get("prompt_tokens") or []
+        if self.ticket.counts_tokens:
+            tokens = reservation_size(prompt, max_tokens, n, started.get("max_model_len"))
+            try:
+                await limiter().reserve(self.ticket, tokens)
+            except LimitExceeded as exc:
+                exc.headers = self.headers()
+                raise
         self.prompt_tokens = sum(prompt)
-        if self.ticket.empty:
-            return
-        tokens = reservation_size(prompt, max_tokens, n, started.get("max_model_len"))
-        try:
-            await limiter().reserve(self.ticket, tokens)
-        except LimitExceeded as exc:
-            exc.headers = self.headers()
-            raise
 
     def observe(self, event: dict) -> None:
         for delta in event.get("choices", ()):

@@ -77,6 +77,10 @@ class Ticket:
     def empty(self) -> bool:
         return not self.scopes
 
+    @property
+    def counts_tokens(self) -> bool:
+        return any(TOKENS in names or BUDGET in names for names in self.names.values())
+
 
 class LimitExceeded(Exception):
     """A 429: `kind` is OpenAI's error type ("requests"/"tokens"), `code` rate_limit_exceeded or insufficient_quota."""

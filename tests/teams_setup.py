@@ -1,0 +1,47 @@
+"""Helpers for the teams tests: teams and keys made by the real management commands, minute alignment."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from .live_server import ROOT
+
+# One `manage.py shell` run makes every team and key a test needs (each Django start costs seconds).
+MAKE_SCRIPT = """
+import io, json
+from contextlib import redirect_stdout
+from django.core.management import call_command
+spec = json.loads({spec!r})
+secrets = {{}}
+for name, args in spec.get("teams", {{}}).items():
+    call_command("create_team", name, *args, stdout=io.StringIO())
+for label, args in spec.get("keys", {{}}).items():
+    out = io.StringIO()
+    call_command("create_api_key", label, *args, stdout=out, stderr=io.StringIO())
+    secrets[label] = out.getvalue().strip().splitlines()[-1]
+print("SECRETS=" + json.dumps(secrets))
+"""
+
+
+def manage(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=180)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def make_teams(env: dict[str, str], teams: dict[str, list[str]], keys: dict[str, list[str]]) -> dict[str, str]:
+    """Run create_team / create_api_key for each entry; returns {key label: secret}."""
+    script = MAKE_SCRIPT.format(spec=json.dumps({"teams": teams, "keys": keys}))
+    out = manage(env, "shell", "-c", script).stdout
+    return json.loads(out.split("SECRETS=", 1)[1].strip())
+
+
+def fresh_minute(needed: float = 20.0) -> None:
+    """Wait for a new minute window if fewer than `needed` seconds are left in this one."""
+    left = 60 - time.time() % 60
+    if left < needed:
+        time.sleep(left + 0.2)

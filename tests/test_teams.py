@@ -1,0 +1,311 @@
+"""Teams against a real server (embedded: SQLite counters): isolation, allow-lists, limits, ledger, /v1/key."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import time
+
+import httpx
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from workers.tiny_models import build_tiny_model
+
+from .conftest import TINY_MODEL
+from .live_server import LiveServer, base_env
+from .teams_setup import fresh_minute, make_teams, manage
+
+OTHER = "local/other"
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def teams_cache(hf_cache, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("teams-cache") / "hub"
+    shutil.copytree(hf_cache, cache)
+    build_tiny_model(OTHER, cache_dir=cache, seed=1)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def live(teams_cache, tmp_path_factory):
+    work = tmp_path_factory.mktemp("teams-server")
+    env = base_env(teams_cache, work, INFERENCE_WORKER_ACK_TIMEOUT="120", INFERENCE_LEDGER_FLUSH_SECONDS="0.2")
+    server = LiveServer(env, work)
+    server.env = env
+    server.secrets = make_teams(env, teams={
+        "alpha": ["--models", TINY_MODEL],
+        "beta": [],
+        "rpm2": ["--rpm", "2"],
+        "iso": ["--rpm", "1"],
+        "tpm": ["--tpm", "60"],
+        "solo": ["--max-parallel", "1"],
+        "budget": ["--token-budget", "100", "--budget-period", "7"],
+        "ledger": [],
+    }, keys={
+        "alpha": ["--team", "alpha"],
+        "beta": ["--team", "beta"],
+        "beta-narrow": ["--team", "beta", "--models", OTHER, "--rpm", "50"],
+        "rpm2": ["--team", "rpm2"],
+        "iso": ["--team", "iso"],
+        "tpm": ["--team", "tpm"],
+        "solo": ["--team", "solo"],
+        "budget": ["--team", "budget"],
+        "ledger": ["--team", "ledger"],
+        "revoke-me": ["--team", "beta"],
+        "expiring": ["--team", "beta", "--expires-days", "0.00003"],  # about 2.6 seconds
+    })
+    yield server
+    server.stop()
+
+
+def sdk(live: LiveServer, label: str) -> OpenAI:
+    return OpenAI(base_url=f"{live.base_url}/v1", api_key=live.secrets[label], max_retries=0, timeout=120)
+
+
+def post(live: LiveServer, label: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{live.base_url}{path}", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {live.secrets[label]}"})
+
+
+def complete(live: LiveServer, label: str, max_tokens: int = 4, **extra) -> httpx.Response:
+    return post(live, label, "/v1/completions",
+                {"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, **extra})
+
+
+def key_status(live: LiveServer, label: str) -> dict:
+    response = httpx.get(f"{live.base_url}/v1/key", headers={"Authorization": f"Bearer {live.secrets[label]}"})
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def ledger_rows(live: LiveServer, team: str) -> list[dict]:
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(row) for row in db.execute(
+            "select u.* from teams_usagerecord u join teams_team t on t.id = u.team_id where t.name = ?", (team,))]
+
+
+def wait_for_rows(live: LiveServer, team: str, count: int, timeout: float = 20.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = ledger_rows(live, team)
+        if len(rows) >= count:
+            return rows
+        time.sleep(0.2)
+    raise AssertionError(f"ledger of {team} has {len(ledger_rows(live, team))} rows, expected {count}")
+
+
+ENDPOINTS = {
+    "/v1/completions": {"prompt": PROMPT, "max_tokens": 2},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 2},
+    "/tokenize": {"prompt": PROMPT},
+    "/detokenize": {"tokens": [1, 2, 3]},
+    "/load_model": {},
+    "/unload_model": {},
+}
+
+
+def test_allow_lists_hide_other_models_on_every_endpoint(live):
+    # The team allows only the tiny model; a model outside it looks exactly like one that does not exist.
+    alpha = sdk(live, "alpha")
+    assert [m.id for m in alpha.models.list().data] == [TINY_MODEL]
+    for missing in (OTHER, "nobody/nothing"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            alpha.models.retrieve(missing)
+        assert caught.value.body["code"] == "model_not_found"
+    for path, body in ENDPOINTS.items():
+        refused = post(live, "alpha", path, {"model": OTHER, **body})
+        unknown = post(live, "alpha", path, {"model": "nobody/nothing", **body})
+        assert refused.status_code == 404, (path, refused.text)
+        assert refused.json()["error"]["code"] == "model_not_found"
+        assert refused.json()["error"]["message"] == unknown.json()["error"]["message"].replace("nobody/nothing", OTHER)
+    assert post(live, "alpha", "/tokenize", {"model": TINY_MODEL, "prompt": PROMPT}).status_code == 200
+
+    # A key narrows its team (beta allows all; this key only OTHER); the team's other keys see both.
+    narrow = sdk(live, "beta-narrow")
+    assert [m.id for m in narrow.models.list().data] == [OTHER]
+    with pytest.raises(openai.NotFoundError):
+        narrow.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=2)
+    assert narrow.completions.create(model=OTHER, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+    assert sorted(m.id for m in sdk(live, "beta").models.list().data) == [OTHER, TINY_MODEL]
+
+
+def test_teams_are_isolated(live):
+    # iso's limit is spent; beta is not touched by it, and each key reports its own team.
+    fresh_minute()
+    assert complete(live, "iso").status_code == 200
+    assert complete(live, "iso").status_code == 429
+    assert complete(live, "beta").status_code == 200
+    assert key_status(live, "beta")["team"] == "beta"
+    assert key_status(live, "iso")["team"] == "iso"
+    assert key_status(live, "alpha")["models"] == [TINY_MODEL]
+    iso_rows = wait_for_rows(live, "iso", 2)
+    assert sorted(row["status_code"] for row in iso_rows) == [200, 429]
+    assert not {row["request_id"] for row in iso_rows} & {row["request_id"] for row in ledger_rows(live, "beta")}
+
+
+def test_requests_per_minute_with_headers_and_retry_after(live):
+    fresh_minute()
+    first, second, third = (complete(live, "rpm2") for _ in range(3))
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert second.headers["x-ratelimit-remaining-requests"] == "0"
+    assert first.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert third.status_code == 429
+    error = third.json()["error"]
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    assert 1 <= int(third.headers["Retry-After"]) <= 60
+    assert third.headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(openai.RateLimitError):
+        sdk(live, "rpm2").completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=2)
+
+
+def test_tokens_per_minute_are_reserved_at_admission_and_settled_to_real_use(live):
+    fresh_minute(30)
+    prompt_tokens = post(live, "beta", "/tokenize", {"model": TINY_MODEL, "prompt": PROMPT}).json()["count"]
+    # Prompt + max_tokens is reserved before the first token: a request that could pass the limit never starts.
+    too_big = complete(live, "tpm", max_tokens=61 - prompt_tokens)
+    assert too_big.status_code == 429
+    assert (too_big.json()["error"]["type"], too_big.json()["error"]["code"]) == ("tokens", "rate_limit_exceeded")
+    assert 1 <= int(too_big.headers["Retry-After"]) <= 60
+
+    # A stream reserves prompt + 30; its client leaves after a few tokens and the rest comes back.
+    with httpx.stream("POST", f"{live.base_url}/v1/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {live.secrets['tpm']}"},
+                      json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 30, "stream": True,
+                            "ignore_eos": True}) as response:
+        assert int(response.headers["x-ratelimit-remaining-tokens"]) == 60 - prompt_tokens - 30
+        next(line for line in response.iter_lines() if line.startswith("data: {"))
+    deadline = time.monotonic() + 10
+    while key_status(live, "tpm")["rate_limit"][0]["remaining_tokens"] <= 60 - prompt_tokens - 30:
+        assert time.monotonic() < deadline, "the cancelled stream's tokens did not come back"
+        time.sleep(0.2)
+    used_by_stream = 60 - key_status(live, "tpm")["rate_limit"][0]["remaining_tokens"]
+    assert prompt_tokens < used_by_stream < prompt_tokens + 30
+
+    ok = complete(live, "tpm", max_tokens=30)
+    assert ok.status_code == 200
+    assert ok.headers["x-ratelimit-limit-tokens"] == "60"
+    assert int(ok.headers["x-ratelimit-remaining-tokens"]) == 60 - used_by_stream - prompt_tokens - 30
+    refused = complete(live, "tpm", max_tokens=30)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["type"] == "tokens"
+
+
+def test_max_parallel_requests(live):
+    async def scenario():
+        client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.secrets["solo"], max_retries=0, timeout=120)
+        stream = await client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=200, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        first = await stream.__anext__()
+        assert first.choices
+        async with httpx.AsyncClient(timeout=60) as http:
+            second = await http.post(f"{live.base_url}/v1/completions",
+                                     headers={"Authorization": f"Bearer {live.secrets['solo']}"},
+                                     json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 2})
+        async for _ in stream:
+            pass
+        return second
+
+    second = asyncio.run(scenario())
+    assert second.status_code == 429
+    assert second.json()["error"]["type"] == "requests"
+    assert second.headers["Retry-After"] == "1"
+    assert complete(live, "solo").status_code == 200  # the slot came back when the stream ended
+
+
+def test_budget_is_never_exceeded_by_32_concurrent_requests(live):
+    async def one(client: AsyncOpenAI):
+        try:
+            result = await client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=8,
+                                                     extra_body={"ignore_eos": True})
+            return result.usage.total_tokens
+        except openai.RateLimitError as exc:
+            assert exc.body["code"] == "insufficient_quota" and exc.body["type"] == "tokens"
+            return None
+
+    async def burst():
+        client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.secrets["budget"], max_retries=0,
+                             timeout=120)
+        return await asyncio.gather(*(one(client) for _ in range(32)))
+
+    results = asyncio.run(burst())
+    served = [r for r in results if r is not None]
+    assert served and len(served) < 32
+    assert sum(served) <= 100
+    assert sum(served) + served[0] > 100  # refused only when the next one would not have fitted
+    status = key_status(live, "budget")
+    assert (status["limit"], status["usage"], status["limit_remaining"]) == (100, sum(served), 100 - sum(served))
+    rows = wait_for_rows(live, "budget", 32)
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == sum(served)
+    assert sorted(r["status_code"] for r in rows).count(429) == 32 - len(served)
+
+
+def test_revoked_and_expired_keys_fail_on_the_next_request(live):
+    assert complete(live, "revoke-me").status_code == 200
+    manage(live.env, "shell", "-c",
+           "from teams.models import APIKey; from teams.services import revoke_keys; "
+           "revoke_keys(APIKey.objects.filter(name='revoke-me'))")
+    refused = complete(live, "revoke-me")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+    deadline = time.monotonic() + 10
+    while complete(live, "expiring").status_code == 200:
+        assert time.monotonic() < deadline, "the key did not expire"
+        time.sleep(0.5)
+    assert complete(live, "expiring").status_code == 401
+
+
+def test_ledger_totals_equal_the_usage_clients_saw(live):
+    client = sdk(live, "ledger")
+    seen = 0
+    for max_tokens in (3, 5):
+        seen += client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=max_tokens).usage.total_tokens
+        seen += client.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=max_tokens).usage.total_tokens
+        for stream in (
+            client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=max_tokens, stream=True,
+                                      stream_options={"include_usage": True}),
+            client.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=max_tokens, stream=True, stream_options={"include_usage": True}),
+        ):
+            seen += [chunk.usage for chunk in stream if chunk.usage][0].total_tokens
+
+    # A client that goes away mid-stream: what was generated for it up to then is counted.
+    with httpx.stream("POST", f"{live.base_url}/v1/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {live.secrets['ledger']}"},
+                      json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 400, "stream": True,
+                            "ignore_eos": True, "return_token_ids": True}) as response:
+        received = 0
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                received += sum(len(choice["token_ids"]) for choice in json.loads(line[6:])["choices"])
+                if received >= 5:
+                    break
+
+    rows = wait_for_rows(live, "ledger", 9)
+    finished = [r for r in rows if not r["cancelled"]]
+    assert len(finished) == 8
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in finished) == seen
+    assert all(r["status_code"] == 200 and r["time_to_first_token_ms"] is not None for r in finished)
+    assert {r["endpoint"] for r in finished} == {"/v1/completions", "/v1/chat/completions"}
+    cancelled = [r for r in rows if r["cancelled"]]
+    assert len(cancelled) == 1
+    assert received <= cancelled[0]["completion_tokens"] < 400
+    assert cancelled[0]["prompt_tokens"] > 0
+
+
+def test_key_status_in_openrouter_shape(live):
+    status = key_status(live, "beta-narrow")
+    assert status["label"].startswith("sk-inf-") and status["label"].endswith("…")
+    assert status["team"] == "beta" and status["models"] == [OTHER]
+    assert status["limit"] is None and status["limit_remaining"] is None
+    assert status["usage"] >= 0
+    key_scope = [s for s in status["rate_limit"] if s["scope"] == "key"][0]
+    assert key_scope["requests_per_minute"] == 50
+    assert httpx.get(f"{live.base_url}/v1/key").status_code == 401
