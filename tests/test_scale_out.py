@@ -78,7 +78,7 @@ def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_
         import psycopg
 
         with psycopg.connect(postgres_server.url) as connection:
-            count = connection.execute("select count(*) from openai_api_apikey").fetchone()[0]
+            count = connection.execute("select count(*) from teams_apikey").fetchone()[0]
         assert count == 1
     finally:
         for worker in workers:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sqlite3
 import time
@@ -309,3 +310,56 @@ def test_key_status_in_openrouter_shape(live):
     key_scope = [s for s in status["rate_limit"] if s["scope"] == "key"][0]
     assert key_scope["requests_per_minute"] == 50
     assert httpx.get(f"{live.base_url}/v1/key").status_code == 401
+
+
+def admin_client(live: LiveServer) -> httpx.Client:
+    env = {**live.env, "DJANGO_SUPERUSER_USERNAME": "root", "DJANGO_SUPERUSER_PASSWORD": "pw-123",
+           "DJANGO_SUPERUSER_EMAIL": "root@example.com"}
+    manage(env, "createsuperuser", "--noinput", check=False)  # already there on a second call
+    http = httpx.Client(base_url=live.base_url, timeout=60, follow_redirects=True)
+    http.get("/admin/login/")
+    page = http.post("/admin/login/?next=/admin/", data={
+        "username": "root", "password": "pw-123", "csrfmiddlewaretoken": http.cookies["csrftoken"]})
+    assert "Log out" in page.text
+    return http
+
+
+def test_admin_shows_a_new_keys_secret_once_and_revokes_it(live):
+    http = admin_client(live)
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        team_id = db.execute("select id from teams_team where name = 'tpm'").fetchone()[0]
+    fields = {"name": "from-admin", "team": str(team_id), "user": "", "allowed_models": "[]", "rpm": "",
+              "tpm": "100", "max_parallel": "", "expires_at_0": "", "expires_at_1": "",
+              "csrfmiddlewaretoken": http.cookies["csrftoken"]}
+    narrowing = http.post("/admin/teams/apikey/add/", data=fields)
+    assert "At most the team" in narrowing.text  # the team allows 60 tokens a minute
+    created = http.post("/admin/teams/apikey/add/", data={**fields, "tpm": "50"})
+    secret = created.text.split('<code id="api-key-secret"', 1)[1].split(">", 1)[1].split("<", 1)[0]
+    assert secret.startswith("sk-inf-")
+    headers = {"Authorization": f"Bearer {secret}"}
+    assert httpx.get(f"{live.base_url}/v1/models", headers=headers).status_code == 200
+    assert httpx.get(f"{live.base_url}/v1/key", headers=headers).json()["data"]["name"] == "from-admin"
+
+    changelist = http.get("/admin/teams/apikey/?q=from-admin").text
+    assert secret not in changelist and secret[:12] in changelist
+    key_id = re.search(r"/admin/teams/apikey/(\d+)/change/", changelist).group(1)
+    assert secret not in http.get(f"/admin/teams/apikey/{key_id}/change/").text
+    assert secret.encode() not in (live.work_dir / "var" / "db.sqlite3").read_bytes()
+    done = http.post("/admin/teams/apikey/", data={"action": "revoke", "_selected_action": key_id,
+                                                    "csrfmiddlewaretoken": http.cookies["csrftoken"]})
+    assert "Revoked 1 key" in done.text
+    assert httpx.get(f"{live.base_url}/v1/models", headers=headers).status_code == 401
+
+
+def test_admin_usage_report_draws_a_chart_and_exports_csv(live):
+    assert complete(live, "ledger").status_code == 200
+    wait_for_rows(live, "ledger", 1)
+    http = admin_client(live)
+    page = http.get("/admin/teams/usagerecord/report/", params={"group": "model", "team": "ledger"})
+    assert page.status_code == 200
+    assert '<svg id="usage-chart"' in page.text and "<rect" in page.text and TINY_MODEL in page.text
+    exported = http.get("/admin/teams/usagerecord/report/", params={"team": "ledger", "format": "csv"})
+    lines = exported.text.strip().splitlines()
+    assert lines[0] == "day,team,key,model,requests,prompt_tokens,completion_tokens,total_tokens"
+    total = sum(int(line.split(",")[-1]) for line in lines[1:])
+    assert total == sum(r["prompt_tokens"] + r["completion_tokens"] for r in ledger_rows(live, "ledger"))
