@@ -59,6 +59,9 @@ def live(teams_cache, tmp_path_factory):
         "revoke-me": ["--team", "beta"],
         "expiring": ["--team", "beta", "--expires-days", "0.00003"],  # about 2.6 seconds
     })
+    warm = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=120,
+                      json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 1})  # load the model before timing
+    assert warm.status_code == 200
     yield server
     server.stop()
 
