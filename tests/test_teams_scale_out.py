@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import time
 
 import httpx
@@ -26,7 +29,8 @@ def cluster(hf_cache, tmp_path_factory):
     work = tmp_path_factory.mktemp("teams-scale-out")
     redis_server, postgres = RedisServer(work), PostgresServer()
     env = base_env(hf_cache, work, CHANNEL_LAYER_URL=redis_server.url, DATABASE_URL=postgres.url,
-                   INFERENCE_WORKER_ACK_TIMEOUT="120", INFERENCE_LEDGER_FLUSH_SECONDS="0.2")
+                   INFERENCE_WORKER_ACK_TIMEOUT="120", INFERENCE_WORKER_EVENT_TIMEOUT="20",
+                   INFERENCE_LEDGER_FLUSH_SECONDS="0.2")
     processes = []
     try:
         webs = [LiveServer(env, work, extra_args=("--no-worker",), name=f"web{i}") for i in range(2)]
@@ -34,9 +38,10 @@ def cluster(hf_cache, tmp_path_factory):
         worker = ManagedProcess(["manage.py", "run_worker"], env, work / "worker.log")
         processes.append(worker)
         worker.wait_for_log("listening on channel")
-        secrets = make_teams(env, teams={"shared": ["--rpm", "6"], "budget": ["--token-budget", "100"]},
-                             keys={"shared": ["--team", "shared"], "budget": ["--team", "budget"]})
-        yield webs, secrets, redis_server, postgres
+        secrets = make_teams(env, teams={"shared": ["--rpm", "6"], "budget": ["--token-budget", "100"], "doomed": []},
+                             keys={"shared": ["--team", "shared"], "budget": ["--team", "budget"],
+                                   "doomed": ["--team", "doomed"]})
+        yield webs, secrets, redis_server, postgres, worker
     finally:
         for process in processes:
             process.stop()
@@ -45,7 +50,7 @@ def cluster(hf_cache, tmp_path_factory):
 
 
 def test_requests_per_minute_hold_across_two_web_processes(cluster):
-    webs, secrets, redis_server, postgres = cluster
+    webs, secrets, redis_server, postgres, worker = cluster
     warm = httpx.post(f"{webs[0].base_url}/v1/completions", headers=webs[0].headers, timeout=120,
                       json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 2})  # the model loads first
     assert warm.status_code == 200
@@ -63,7 +68,7 @@ def test_requests_per_minute_hold_across_two_web_processes(cluster):
 
 
 def test_budget_holds_under_concurrency_across_two_web_processes(cluster):
-    webs, secrets, redis_server, postgres = cluster
+    webs, secrets, redis_server, postgres, worker = cluster
 
     async def one(client: AsyncOpenAI):
         try:
@@ -84,13 +89,44 @@ def test_budget_holds_under_concurrency_across_two_web_processes(cluster):
     status = httpx.get(f"{webs[1].base_url}/v1/key", headers={"Authorization": f"Bearer {secrets['budget']}"}).json()
     assert status["data"]["usage"] == sum(served)
 
-    def ledger_total():
-        with psycopg.connect(postgres.url) as db:
-            return db.execute("select count(*), coalesce(sum(prompt_tokens + completion_tokens), 0) "
-                              "from teams_usagerecord u join teams_team t on t.id = u.team_id "
-                              "where t.name = 'budget'").fetchone()
+    rows = ledger(postgres, "budget", 32)
+    assert (len(rows), sum(r[0] + r[1] for r in rows)) == (32, sum(served))
 
-    deadline = time.monotonic() + 20
-    while ledger_total()[0] < 32 and time.monotonic() < deadline:
+
+def ledger(postgres: PostgresServer, team: str, count: int) -> list[tuple]:
+    """(prompt_tokens, completion_tokens, status_code, error_code, cancelled) of the team's rows, once `count` are in."""
+    query = ("select prompt_tokens, completion_tokens, status_code, error_code, cancelled from teams_usagerecord u "
+             "join teams_team t on t.id = u.team_id where t.name = %s")
+    deadline = time.monotonic() + 30
+    while True:
+        with psycopg.connect(postgres.url) as db:
+            rows = db.execute(query, (team,)).fetchall()
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
         time.sleep(0.2)
-    assert ledger_total() == (32, sum(served))
+
+
+def test_a_worker_dying_mid_stream_is_ledgered_with_what_was_generated(cluster):
+    """Last in this module: it kills the only worker."""
+    webs, secrets, redis_server, postgres, worker = cluster
+    received, error = 0, None
+    with httpx.stream("POST", f"{webs[0].base_url}/v1/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {secrets['doomed']}"},
+                      json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 480, "n": 8, "stream": True,
+                            "ignore_eos": True, "return_token_ids": True}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                error = chunk["error"]
+                continue
+            received += sum(len(choice["token_ids"]) for choice in chunk["choices"])
+            if worker.process.poll() is None:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+    assert error is not None and error["code"] == "worker_timeout"
+    rows = ledger(postgres, "doomed", 1)
+    assert len(rows) == 1
+    prompt, completion, status, code, cancelled = rows[0]
+    assert (status, code, cancelled) == (503, "worker_timeout", False)
+    assert completion == received and 0 < received < 480 * 8
