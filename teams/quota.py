@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 
 from .limits import limiter
 from .limits.base import BUDGET, PARALLEL, REQUESTS, TOKENS, budget_length, reset_at
-from .principal import Principal, Scope
+from .principal import Principal
 from .selectors import usage_totals
 
 
@@ -30,9 +30,8 @@ async def quota_status(principal: Principal) -> dict:
     team_scope = principal.scopes[0]
     period_start = (reset_at(team_scope, BUDGET, now) - budget_length(team_scope))
     key = principal.key
-    filters = {"key": key} if key else {"team": principal.team}
     spent = await sync_to_async(usage_totals, thread_sensitive=False)(
-        dt.datetime.fromtimestamp(period_start, tz=dt.timezone.utc), **filters)
+        dt.datetime.fromtimestamp(period_start, tz=dt.timezone.utc), team=principal.team)
     team_used = counts.get(team_scope.name, {})
     budget = team_scope.token_budget
     usage = team_used.get(BUDGET, 0) if budget is not None else spent["prompt_tokens"] + spent["completion_tokens"]

@@ -1,11 +1,16 @@
 """Helpers for the teams tests: teams and keys made by the real management commands, minute alignment."""
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
 
+import openai
+from openai import AsyncOpenAI
+
+from .conftest import TINY_MODEL
 from .live_server import ROOT
 
 # One `manage.py shell` run makes every team and key a test needs (each Django start costs seconds).
@@ -45,3 +50,23 @@ def fresh_minute(needed: float = 20.0) -> None:
     left = 60 - time.time() % 60
     if left < needed:
         time.sleep(left + 0.2)
+
+
+def budget_burst(base_urls: list[str], api_key: str, count: int = 32, max_tokens: int = 8) -> list[int]:
+    """`count` concurrent completions spread over the servers; the total tokens of each one served.
+
+    Every refusal must be the budget's (429 insufficient_quota, type tokens)."""
+    async def one(client: AsyncOpenAI) -> int | None:
+        try:
+            result = await client.completions.create(model=TINY_MODEL, prompt="Once upon a time",
+                                                     max_tokens=max_tokens, extra_body={"ignore_eos": True})
+            return result.usage.total_tokens
+        except openai.RateLimitError as exc:
+            assert (exc.body["code"], exc.body["type"]) == ("insufficient_quota", "tokens")
+            return None
+
+    async def burst() -> list[int | None]:
+        clients = [AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=120) for url in base_urls]
+        return await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(count)))
+
+    return [tokens for tokens in asyncio.run(burst()) if tokens is not None]

@@ -17,7 +17,7 @@ from workers.tiny_models import build_tiny_model
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
-from .teams_setup import fresh_minute, make_teams, manage
+from .teams_setup import budget_burst, fresh_minute, make_teams, manage
 
 OTHER = "local/other"
 PROMPT = "Once upon a time"
@@ -224,22 +224,7 @@ def test_max_parallel_requests(live):
 
 
 def test_budget_is_never_exceeded_by_32_concurrent_requests(live):
-    async def one(client: AsyncOpenAI):
-        try:
-            result = await client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=8,
-                                                     extra_body={"ignore_eos": True})
-            return result.usage.total_tokens
-        except openai.RateLimitError as exc:
-            assert exc.body["code"] == "insufficient_quota" and exc.body["type"] == "tokens"
-            return None
-
-    async def burst():
-        client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.secrets["budget"], max_retries=0,
-                             timeout=120)
-        return await asyncio.gather(*(one(client) for _ in range(32)))
-
-    results = asyncio.run(burst())
-    served = [r for r in results if r is not None]
+    served = budget_burst([live.base_url], live.secrets["budget"])
     assert served and len(served) < 32
     assert sum(served) <= 100
     assert sum(served) + served[0] > 100  # refused only when the next one would not have fitted

@@ -1,23 +1,20 @@
 """Team limits across two web processes sharing one Redis (and PostgreSQL): N replicas let through what one would."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import time
 
 import httpx
-import openai
 import psycopg
 import pytest
 import redis
-from openai import AsyncOpenAI
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
 from .services import PostgresServer, RedisServer
-from .teams_setup import fresh_minute, make_teams
+from .teams_setup import budget_burst, fresh_minute, make_teams
 
 pytestmark = pytest.mark.scale_out
 
@@ -70,21 +67,7 @@ def test_requests_per_minute_hold_across_two_web_processes(cluster):
 def test_budget_holds_under_concurrency_across_two_web_processes(cluster):
     webs, secrets, redis_server, postgres, worker = cluster
 
-    async def one(client: AsyncOpenAI):
-        try:
-            result = await client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=8,
-                                                     extra_body={"ignore_eos": True})
-            return result.usage.total_tokens
-        except openai.RateLimitError as exc:
-            assert exc.body["code"] == "insufficient_quota"
-            return None
-
-    async def burst():
-        clients = [AsyncOpenAI(base_url=f"{web.base_url}/v1", api_key=secrets["budget"], max_retries=0, timeout=120)
-                   for web in webs]
-        return await asyncio.gather(*(one(clients[i % 2]) for i in range(32)))
-
-    served = [tokens for tokens in asyncio.run(burst()) if tokens is not None]
+    served = budget_burst([web.base_url for web in webs], secrets["budget"])
     assert served and sum(served) <= 100 < sum(served) + served[0]
     status = httpx.get(f"{webs[1].base_url}/v1/key", headers={"Authorization": f"Bearer {secrets['budget']}"}).json()
     assert status["data"]["usage"] == sum(served)

@@ -7,7 +7,7 @@ Scopes are taken in name order, so concurrent transactions never wait on each ot
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
