@@ -1,0 +1,14 @@
+from django.urls import path
+
+from . import conversations, pages
+
+urlpatterns = [
+    path("", pages.home),
+    path("login", pages.login, name="login"),
+    path("logout", pages.logout, name="logout"),
+    path("chat", pages.chat, name="chat"),
+    path("playground", pages.playground, name="playground"),
+    path("account", pages.account, name="account"),
+    path("ui/api/conversations", conversations.ConversationListView.as_view()),
+    path("ui/api/conversations/<int:conversation_id>", conversations.ConversationDetailView.as_view()),
+]
