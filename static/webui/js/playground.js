@@ -194,7 +194,8 @@ function setRunning(controller) {
   ui.doc.contentEditable = controller ? "false" : "plaintext-only";
 }
 
-async function continueText() {
+/** Generate from the whole text; `undoPoint`: Undo comes back to the text as it is now. */
+async function continueText(undoPoint = true) {
   if (running) return;
   const prompt = documentText();
   if (!prompt) {
@@ -202,7 +203,7 @@ async function continueText() {
     return;
   }
   ui.error.hidden = true;
-  if (!typing) remember();
+  if (undoPoint) remember();
   typing = false;
   const base = segments;
   const generated = { text: "", token_logprobs: [], top_logprobs: [], text_offset: [] };
@@ -253,7 +254,7 @@ function branch(index, token, logprob, top) {
   remember();
   segments = [...segments.slice(0, index), { kind: "token", text: token, logprob, top }];
   render();
-  continueText();
+  continueText(false);
 }
 
 /** Score the text's own tokens: echo + logprobs with no new tokens. */
@@ -302,7 +303,7 @@ document.addEventListener("keydown", (event) => {
     hidePopover();
   }
 });
-ui.continue.addEventListener("click", continueText);
+ui.continue.addEventListener("click", () => continueText());
 ui.stop.addEventListener("click", () => running && running.abort());
 ui.undo.addEventListener("click", undo);
 ui.score.addEventListener("click", scoreText);
