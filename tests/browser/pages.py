@@ -40,8 +40,8 @@ def send_message(page, text: str) -> None:
 
 
 def wait_for_answer(page) -> None:
-    """Until the page is idle again (Send back, no streaming answer)."""
-    page.wait_for_selector("#send:not([hidden])", timeout=DONE_TIMEOUT_MS)
+    """Until the page is idle again: the answer is done and the conversation saved."""
+    page.wait_for_selector("body:not([data-busy])", timeout=DONE_TIMEOUT_MS)
     page.wait_for_selector(".message.assistant.streaming", state="detached", timeout=DONE_TIMEOUT_MS)
 
 

@@ -9,6 +9,7 @@ from openai import OpenAI
 from ..conftest import TINY_MODEL
 from .conftest import PASSWORD, screenshot
 from .pages import (
+    csrf_header,
     chat_settings,
     conversation_id,
     record_streamed_lengths,
@@ -263,3 +264,16 @@ def test_model_picker_loads_a_model_with_progress(page_of, web_server):
     seen = page.evaluate("() => window.progressTexts")
     assert any(re.match(r"loading weights \d+/\d+", text) for text in seen), seen
     assert page.is_hidden("[data-model-progress]")
+
+
+def test_the_conversation_store_validates_what_it_keeps(page_of, web_server):
+    page = page_of("bob")
+    url = f"{web_server.base_url}/ui/api/conversations"
+    for body, param in [({"title": "x", "colour": "red"}, "colour"),
+                        ({"title": "x", "messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+                        ({"title": "x" * 201}, "title"),
+                        ({"title": "x", "options": {"temperature": 5}}, "options.temperature")]:
+        response = page.request.post(url, data=body, headers=csrf_header(page))
+        assert response.status == 400, body
+        assert response.json()["error"]["param"] == param
+    assert page.request.post(url, data={"title": "x"}).status == 403  # no CSRF token

@@ -1,6 +1,6 @@
 // /chat: streams /v1/chat/completions, renders Markdown, keeps conversations on the server (/ui/api/conversations).
 import { apiJSON, messageOf, streamSSE } from "./api.js";
-import { $, el } from "./dom.js";
+import { $, el, paintOnNextFrame } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { ModelPicker } from "./models.js";
 
@@ -14,6 +14,7 @@ const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "c
 let conversations = [];
 let current = blankConversation();
 let streaming = null; // {controller, element, answer} while an answer streams
+let busy = false;      // from a send until the conversation is saved: no second turn meanwhile
 
 function blankConversation() {
   return { id: null, title: "", model: "", system_prompt: "", options: {}, messages: [] };
@@ -83,7 +84,7 @@ function confirmDelete(item, conversation) {
 }
 
 async function openConversation(id) {
-  if (streaming) return;
+  if (busy) return;
   const conversation = await apiJSON(`/ui/api/conversations/${id}`);
   current = conversation;
   history.replaceState(null, "", `/chat?c=${id}`);
@@ -102,7 +103,7 @@ async function openConversation(id) {
 }
 
 function newConversation() {
-  if (streaming) return;
+  if (busy) return;
   current = blankConversation();
   history.replaceState(null, "", "/chat");
   clearError();
@@ -238,7 +239,7 @@ function statsLine(stats, withRegenerate) {
 }
 
 function editMessage(node, index) {
-  if (streaming) return;
+  if (busy) return;
   const area = el("textarea", { value: current.messages[index].content, rows: 3, "aria-label": "Edit message" });
   const save = el("button", { type: "button", className: "primary", textContent: "Save & send" });
   const cancel = el("button", { type: "button", textContent: "Cancel" });
@@ -288,6 +289,22 @@ function setStreaming(state) {
 }
 
 async function generate() {
+  if (busy) return;
+  setBusy(true);
+  try {
+    await generateAndSave();
+  } finally {
+    setBusy(false);
+  }
+}
+
+function setBusy(state) {
+  busy = state;
+  if (state) document.body.dataset.busy = "true";
+  else delete document.body.dataset.busy;
+}
+
+async function generateAndSave() {
   clearError();
   let body;
   try {
@@ -311,12 +328,11 @@ async function generate() {
   let firstTokenAt = null;
   let usage = null;
   let finishReason = null;
-  let pending = false;
-  const paint = () => {
-    pending = false;
+  const repaint = paintOnNextFrame(() => {
+    if (!node.isConnected) return;
     fillAnswer(node, answer, true);
     ui.messages.scrollTop = ui.messages.scrollHeight;
-  };
+  });
   try {
     await picker.ensureLoaded();
     await streamSSE("/v1/chat/completions", body, (chunk) => {
@@ -330,10 +346,7 @@ async function generate() {
         for (const call of delta.tool_calls || []) mergeToolCall(answer.tool_calls, call);
         if (choice.finish_reason) finishReason = choice.finish_reason;
       }
-      if (!pending) {
-        pending = true;
-        requestAnimationFrame(paint);
-      }
+      repaint();
     }, controller.signal);
   } catch (error) {
     if (error.name === "AbortError") finishReason = "stopped";
@@ -375,7 +388,7 @@ function mergeToolCall(calls, delta) {
 
 function send() {
   const text = ui.prompt.value;
-  if (!text.trim() || streaming) return;
+  if (!text.trim() || busy) return;
   current.messages.push({ role: "user", content: text });
   ui.prompt.value = "";
   generate();

@@ -12,3 +12,16 @@ export function el(tag, props = {}, ...children) {
   node.append(...children);
   return node;
 }
+
+/** A function that runs `paint` at the next animation frame, once however often it is called before. */
+export function paintOnNextFrame(paint) {
+  let pending = false;
+  return () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => {
+      pending = false;
+      paint();
+    });
+  };
+}

@@ -4,7 +4,7 @@
 // each token with its logprob and the top alternatives there. Tokens are coloured by probability;
 // hovering shows the top 5; clicking one cuts the text there, puts it in, and continues.
 import { apiJSON, messageOf, streamSSE } from "./api.js";
-import { $, el } from "./dom.js";
+import { $, el, paintOnNextFrame } from "./dom.js";
 import { ModelPicker } from "./models.js";
 
 const ui = {
@@ -214,12 +214,11 @@ async function continueText(undoPoint = true) {
   const started = performance.now();
   let usage = null;
   let finish = null;
-  let pending = false;
   const paint = () => {
-    pending = false;
     segments = merged([...base, ...tokenSegments(generated.text, generated)]);
     render();
   };
+  const repaint = paintOnNextFrame(() => running === controller && paint());
   try {
     await picker.ensureLoaded();
     await streamSSE("/v1/completions", body, (chunk) => {
@@ -231,10 +230,7 @@ async function continueText(undoPoint = true) {
         for (const key of ["token_logprobs", "top_logprobs", "text_offset"]) generated[key].push(...choice.logprobs[key]);
       }
       if (choice.finish_reason) finish = choice.finish_reason;
-      if (!pending) {
-        pending = true;
-        requestAnimationFrame(paint);
-      }
+      repaint();
     }, controller.signal);
   } catch (error) {
     if (error.name !== "AbortError") showError(error);
