@@ -34,9 +34,11 @@ def record_streamed_lengths(page) -> None:
 
 
 def send_message(page, text: str) -> None:
+    """Send, and wait until the page has taken it (it counts its turns in body[data-turns])."""
+    turns = int(page.get_attribute("body", "data-turns") or 0)
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
-    page.wait_for_selector("#stop:not([hidden])")
+    page.wait_for_function(f"() => Number(document.body.dataset.turns || 0) > {turns}")
 
 
 def wait_for_answer(page) -> None:

@@ -206,7 +206,7 @@ def test_errors_are_shown_as_such(page_of, web_server):
 
 
 def test_api_takes_the_session_cookie_only_with_csrf(page_of, web_server):
-    page = page_of("bob")
+    page = page_of("alice")
     url = f"{web_server.base_url}/v1/completions"
     body = {"model": TINY_MODEL, "prompt": "Hi", "max_tokens": 2}
     refused = page.request.post(url, data=body)

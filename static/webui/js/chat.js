@@ -300,8 +300,12 @@ async function generate() {
 
 function setBusy(state) {
   busy = state;
-  if (state) document.body.dataset.busy = "true";
-  else delete document.body.dataset.busy;
+  if (state) {
+    document.body.dataset.busy = "true";
+    document.body.dataset.turns = Number(document.body.dataset.turns || 0) + 1;
+  } else {
+    delete document.body.dataset.busy;
+  }
 }
 
 async function generateAndSave() {
