@@ -67,11 +67,15 @@ def create_user(server: LiveServer, username: str) -> None:
                          f"get_user_model().objects.create_user({username!r}, password={PASSWORD!r})")
 
 
+def make_users(server: LiveServer) -> tuple[str, str]:
+    create_user(server, "alice")
+    create_user(server, "bob")
+    return "alice", "bob"
+
+
 @pytest.fixture(scope="session")
 def users(web_server) -> tuple[str, str]:
-    create_user(web_server, "alice")
-    create_user(web_server, "bob")
-    return "alice", "bob"
+    return make_users(web_server)
 
 
 def log_in(page, server: LiveServer, username: str) -> None:

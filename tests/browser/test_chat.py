@@ -7,7 +7,8 @@ import time
 from openai import OpenAI
 
 from ..conftest import TINY_MODEL
-from .conftest import PASSWORD, screenshot
+from ..live_server import LiveServer, base_env
+from .conftest import PASSWORD, log_in, make_users, screenshot
 from .pages import (
     csrf_header,
     chat_settings,
@@ -197,12 +198,12 @@ def test_errors_are_shown_as_such(page_of, web_server):
     page = page_of("alice")
     chat_settings(page, max_tokens=1_000_000)
     send_message(page, "hello")
-    page.wait_for_selector("#error:not([hidden])")
+    wait_for_answer(page)
     assert "context" in page.inner_text("#error")
     chat_settings(page, max_tokens=4, tools="[not json")
-    page.fill("#prompt", "hello")
-    page.press("#prompt", "Enter")
-    page.wait_for_selector("#error:text('Tools is not valid JSON.')")
+    send_message(page, "hello")
+    wait_for_answer(page)
+    assert page.inner_text("#error") == "Tools is not valid JSON."
 
 
 def test_api_takes_the_session_cookie_only_with_csrf(page_of, web_server):
@@ -277,3 +278,20 @@ def test_the_conversation_store_validates_what_it_keeps(page_of, web_server):
         assert response.status == 400, body
         assert response.json()["error"]["param"] == param
     assert page.request.post(url, data={"title": "x"}).status == 403  # no CSRF token
+
+
+def test_no_worker_is_said_plainly(chromium, hf_cache, tmp_path):
+    env = base_env(hf_cache, tmp_path, INFERENCE_WORKER_ACK_TIMEOUT="1")
+    live = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="no-worker")
+    live.env = env
+    context = chromium.new_context()
+    try:
+        make_users(live)
+        page = context.new_page()
+        log_in(page, live, "alice")
+        send_message(page, "Anyone there?")
+        wait_for_answer(page)
+        assert page.inner_text("#error") == "No inference worker is available right now. Try again in 5 s."
+    finally:
+        context.close()
+        live.stop()

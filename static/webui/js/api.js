@@ -31,7 +31,10 @@ export function describeError(status, error, retryAfter) {
   const code = error && error.code;
   const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
   if (status === 401) return "You are not logged in any more: reload the page and log in again.";
-  if (status === 429) return `Rate limit reached: ${message}${wait || " Try again shortly."}`;
+  if (status === 429) {
+    const said = /try again/i.test(message) ? message : `${message}${wait || " Try again shortly."}`;
+    return /rate limit/i.test(said) ? said : `Rate limit reached: ${said}`;
+  }
   if (status === 503 && code === "no_worker") return `No inference worker is available right now.${wait}`;
   if (status === 503) return `The service is unavailable: ${message}${wait}`;
   if (status === 409) return `${message}${wait}`;
