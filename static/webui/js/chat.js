@@ -51,7 +51,10 @@ function renderList() {
 
 function startRename(item, conversation) {
   const input = el("input", { value: conversation.title, maxLength: 200, "aria-label": "New title" });
+  let saved = false; // Enter saves, then the list redraws and the input's blur must not save again
   const save = async () => {
+    if (saved) return;
+    saved = true;
     const title = input.value.trim();
     if (title && title !== conversation.title) {
       await apiJSON(`/ui/api/conversations/${conversation.id}`, { method: "PATCH", body: { title } });
