@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import conversations, pages
+from . import account, conversations, pages
 
 urlpatterns = [
     path("", pages.home),
@@ -11,4 +11,7 @@ urlpatterns = [
     path("account", pages.account, name="account"),
     path("ui/api/conversations", conversations.ConversationListView.as_view()),
     path("ui/api/conversations/<int:conversation_id>", conversations.ConversationDetailView.as_view()),
+    path("ui/api/usage", account.UsageView.as_view()),
+    path("ui/api/keys", account.KeyListView.as_view()),
+    path("ui/api/keys/<int:key_id>", account.KeyDetailView.as_view()),
 ]

@@ -5,6 +5,7 @@ Screenshots go to $TEST_ARTIFACTS_DIR/browser (default var/test-artifacts/browse
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,21 @@ def chromium():
         browser.close()
 
 
+SECOND_MODEL = "local/tiny-llama-b"
+
+
 @pytest.fixture(scope="session")
-def web_server(hf_cache, tmp_path_factory, thinking_template):
+def two_model_cache(hf_cache, tmp_path_factory) -> Path:
+    """The tiny model twice, as two repos (a copy of its cache folder), for two teams' allow-lists."""
+    cache = tmp_path_factory.mktemp("browser-hf-cache")
+    source = hf_cache / "models--local--tiny-llama"
+    for name in ("models--local--tiny-llama", "models--local--tiny-llama-b"):
+        shutil.copytree(source, cache / name, symlinks=True)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def web_server(two_model_cache, tmp_path_factory, thinking_template):
     """`serve` with a template that thinks when the page asks (`enable_thinking`), else answers.
 
     The worker is warmed up first (its first job imports torch, which on a loaded 2-core machine can
@@ -45,7 +59,7 @@ def web_server(hf_cache, tmp_path_factory, thinking_template):
     the pages, not a cold start.
     """
     work_dir = tmp_path_factory.mktemp("browser-server")
-    env = base_env(hf_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90")
+    env = base_env(two_model_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90")
     live = LiveServer(env, work_dir, name="browser", extra_args=("--chat-template", str(thinking_template)))
     live.env = env
     warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
@@ -62,19 +76,27 @@ def manage_shell(server: LiveServer, code: str) -> str:
     return result.stdout
 
 
-def create_user(server: LiveServer, username: str) -> None:
-    manage_shell(server, "from django.contrib.auth import get_user_model\n"
-                         f"get_user_model().objects.create_user({username!r}, password={PASSWORD!r})")
+# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute.
+TEAMS = {"red": {"allowed_models": [TINY_MODEL]}, "blue": {"allowed_models": [SECOND_MODEL]},
+         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}}
+MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow"}
+MAKE_MEMBERS = """
+from django.contrib.auth import get_user_model
+from teams.services import add_member, create_team
+teams = {{name: create_team(name, **options) for name, options in {teams!r}.items()}}
+for username, team in {members!r}.items():
+    add_member(teams[team], get_user_model().objects.create_user(username, password={password!r}))
+"""
 
 
-def make_users(server: LiveServer) -> tuple[str, str]:
-    create_user(server, "alice")
-    create_user(server, "bob")
-    return "alice", "bob"
+def make_users(server: LiveServer) -> dict[str, str]:
+    """{username: team}, every user a member of one team (the real teams services)."""
+    manage_shell(server, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD))
+    return MEMBERS
 
 
 @pytest.fixture(scope="session")
-def users(web_server) -> tuple[str, str]:
+def users(web_server) -> dict[str, str]:
     return make_users(web_server)
 
 
