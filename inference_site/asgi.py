@@ -2,7 +2,8 @@
 
 HTTP: the OpenAI API is served by a Django handler without the admin's session,
 CSRF, auth and messages middleware (each costs a thread hop per request, and the
-API authenticates with bearer keys in DRF); /admin/ and /static/ get the full stack.
+API authenticates in DRF: bearer keys, or a page's session cookie read only when sent);
+/admin/, /static/ and the browser pages (settings.FULL_STACK_PATHS) get the full stack.
 Every HTTP request passes the guard first (inference_site.guard: size limits, request id,
 security headers, the access line). Channel: the worker consumer on the inference channel.
 """
@@ -34,7 +35,7 @@ api_app = APIHandler()
 
 async def http_app(scope, receive, send):
     path = scope.get("path", "")
-    if path.startswith(("/admin", "/" + settings.STATIC_URL.lstrip("/"))):
+    if path.startswith(settings.FULL_STACK_PATHS) or path in settings.FULL_STACK_EXACT_PATHS:
         return await full_django_app(scope, receive, send)
     return await api_app(scope, receive, send)
 

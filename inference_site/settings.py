@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "teams",
     "openai_api",
     "workers",
+    "webui",
 ]
 
 MIDDLEWARE = [
@@ -86,6 +87,11 @@ MIDDLEWARE = [
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
 # and every sync middleware costs a thread hop on each request.
 API_MIDDLEWARE: list[str] = []
+
+# Paths served with the full MIDDLEWARE stack (sessions, CSRF, auth, messages): the admin, static
+# files and the browser pages; every other path is the API's (see asgi.py).
+FULL_STACK_PATHS = ("/admin", "/static/", "/login", "/logout", "/chat", "/playground", "/account", "/ui/")
+FULL_STACK_EXACT_PATHS = ("/",)
 
 ROOT_URLCONF = "inference_site.urls"
 APPEND_SLASH = False
@@ -147,7 +153,12 @@ else:
     }
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["teams.authentication.BearerKeyAuthentication"],
+    # A bearer key, else the session cookie of a user logged in to our pages (CSRF enforced);
+    # either way the request carries a teams Principal and is counted against the team.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "teams.authentication.BearerKeyAuthentication",
+        "teams.authentication.SessionPrincipalAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["teams.authentication.HasPrincipal"],
     "DEFAULT_PARSER_CLASSES": ["openai_api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -240,6 +251,15 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+# The browser pages (webui): Django's session login.
+LOGIN_URL = "/login"
+LOGIN_REDIRECT_URL = "/chat"
+LOGOUT_REDIRECT_URL = "/login"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Strict"
 
 # LOG_FORMAT=json: one JSON object per line; every line of a request names its X-Request-Id.
 LOGGING = logging_config(os.environ.get("LOG_FORMAT", "plain"), os.environ.get("INFERENCE_LOG_LEVEL", "INFO"))

@@ -8,6 +8,7 @@ urlpatterns = [
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("docs/redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
     path("", include("teams.urls")),
+    path("", include("webui.urls")),
     path("", include("openai_api.urls")),
 ]
 

@@ -6,9 +6,12 @@ browser user (no key): counted against the user's team exactly like a key.
 """
 from __future__ import annotations
 
+from importlib import import_module
+
 from django.conf import settings
+from django.contrib.auth import get_user
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.permissions import BasePermission
 
 from . import selectors, services
@@ -41,14 +44,28 @@ class BearerKeyAuthentication(BaseAuthentication):
 
 
 class SessionPrincipalAuthentication(SessionAuthentication):
-    """A signed-in user of a team (CSRF enforced, as DRF's SessionAuthentication); needs the session middleware."""
+    """A signed-in user of a team, from our own pages: CSRF enforced, as DRF's SessionAuthentication.
+
+    The API's handler runs without the session and auth middleware (see asgi.py), so the
+    session is read here from its cookie, only for requests that carry one.
+    """
 
     def authenticate(self, request):
-        found = super().authenticate(request)
-        if found is None:
+        django_request = request._request
+        user = getattr(django_request, "user", None)
+        if user is None:
+            session_key = django_request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+            if not session_key:
+                return None
+            django_request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+            user = get_user(django_request)
+        if not user or not user.is_active or not user.is_authenticated:
             return None
-        principal = selectors.principal_for_user(found[0])
-        return (found[0], principal) if principal is not None else None
+        self.enforce_csrf(request)
+        principal = selectors.principal_for_user(user)
+        if principal is None:
+            raise PermissionDenied("Your account is in no team yet: ask an administrator to add you to one.")
+        return user, principal
 
 
 class HasPrincipal(BasePermission):

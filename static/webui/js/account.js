@@ -1,0 +1,109 @@
+// /account: the team, its limits and what is left (GET /v1/key, as any client), the user's usage
+// over time and their own keys (/ui/api/usage, /ui/api/keys).
+import { apiJSON, messageOf } from "./api.js";
+import { $, el } from "./dom.js";
+
+function showError(error) {
+  $("error").textContent = messageOf(error);
+  $("error").hidden = false;
+}
+
+const show = (value) => (value === null || value === undefined ? "–" : String(value));
+const when = (iso) => (iso ? new Date(iso).toLocaleString() : "–");
+
+function row(cells, header = false) {
+  return el("tr", {}, ...cells.map((cell) => el(header ? "th" : "td", {},
+    cell instanceof Node ? cell : document.createTextNode(show(cell)))));
+}
+
+function renderStatus(status) {
+  const team = $("team");
+  const models = status.models ? status.models.join(", ") : "every model";
+  for (const [term, value] of [["Team", status.team], ["Models", models],
+    ["Token budget", status.limit === null ? "none" : `${status.limit} tokens per ${status.limit_period_days} days`],
+    ["Used this period", `${status.usage} tokens (${status.period_requests} requests)`],
+    ["Budget left", status.limit_remaining === null ? "no budget" : `${status.limit_remaining} tokens`],
+    ["Period resets", when(status.limit_reset)]]) {
+    team.append(el("dt", { textContent: term }), el("dd", { textContent: value }));
+  }
+  $("limits").replaceChildren(
+    row(["scope", "requests/min", "left", "tokens/min", "left", "parallel", "in flight"], true),
+    ...status.rate_limit.map((s) => row([s.scope, s.requests_per_minute, s.remaining_requests, s.tokens_per_minute,
+      s.remaining_tokens, s.max_parallel_requests, s.in_flight])));
+}
+
+function renderUsage(days) {
+  const tokens = days.map((d) => d.prompt_tokens + d.completion_tokens);
+  const most = Math.max(1, ...tokens);
+  $("usage-bars").replaceChildren(...days.map((d, i) => {
+    const bar = el("div", { className: "bar", title: `${d.day}: ${tokens[i]} tokens, ${d.requests} requests` });
+    bar.style.height = `${(100 * tokens[i]) / most}%`;
+    return bar;
+  }));
+  const used = days.filter((d) => d.requests);
+  const total = (field) => used.reduce((sum, d) => sum + d[field], 0);
+  $("usage-summary").textContent = `Last ${days.length} days: ${total("requests")} requests, `
+    + `${total("prompt_tokens")} prompt + ${total("completion_tokens")} completion tokens (pages and keys).`;
+  $("usage-table").replaceChildren(row(["day", "requests", "prompt tokens", "completion tokens"], true),
+    ...used.reverse().map((d) => row([d.day, d.requests, d.prompt_tokens, d.completion_tokens])));
+}
+
+function renderKeys(keys) {
+  $("keys").replaceChildren(row(["name", "key", "created", "last used", "expires", "status", ""], true),
+    ...keys.map((key) => {
+      let action = "";
+      if (key.active) {
+        action = el("button", { type: "button", className: "small", textContent: "Revoke" });
+        action.addEventListener("click", () => revoke(key).catch(showError));
+      }
+      const status = key.revoked_at ? "revoked" : key.active ? "active" : "expired";
+      const tr = row([key.name, `${key.prefix}…`, when(key.created_at), when(key.last_used_at),
+        when(key.expires_at), status, action]);
+      tr.dataset.keyId = key.id;
+      return tr;
+    }));
+}
+
+async function refreshKeys() {
+  renderKeys((await apiJSON("/ui/api/keys")).data);
+}
+
+async function revoke(key) {
+  await apiJSON(`/ui/api/keys/${key.id}`, { method: "DELETE" });
+  await refreshKeys();
+}
+
+$("new-key").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const days = parseFloat($("key-days").value);
+  try {
+    const created = await apiJSON("/ui/api/keys", { method: "POST", body: {
+      name: $("key-name").value, expires_days: Number.isFinite(days) ? days : null } });
+    $("secret").textContent = created.secret;
+    $("secret-box").hidden = false;
+    $("key-name").value = "";
+    $("key-days").value = "";
+    await refreshKeys();
+  } catch (error) {
+    showError(error);
+  }
+});
+
+$("copy-secret").addEventListener("click", () => {
+  navigator.clipboard.writeText($("secret").textContent).then(
+    () => { $("copy-secret").textContent = "Copied"; },
+    () => { window.getSelection().selectAllChildren($("secret")); });
+});
+
+async function start() {
+  const [status, usage] = await Promise.all([apiJSON("/v1/key"), apiJSON("/ui/api/usage?days=30")]);
+  renderStatus(status.data);
+  renderUsage(usage.data);
+  await refreshKeys();
+  document.body.dataset.ready = "true";
+}
+
+start().catch((error) => {
+  showError(error);
+  document.body.dataset.ready = "true";
+});

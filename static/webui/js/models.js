@@ -1,0 +1,87 @@
+// The model picker: /v1/models (with each model's status) and /load_model's progress events.
+import { APIProblem, apiJSON, streamSSE } from "./api.js";
+
+export class ModelPicker {
+  /** root: the `[data-model-picker]` element; storageKey: where the last choice is remembered. */
+  constructor(root, storageKey, onError) {
+    this.select = root.querySelector("[data-model-select]");
+    this.badge = root.querySelector("[data-model-status]");
+    this.loadButton = root.querySelector("[data-model-load]");
+    this.progress = root.querySelector("[data-model-progress]");
+    this.progressText = root.querySelector("[data-model-progress-text]");
+    this.storageKey = storageKey;
+    this.onError = onError;
+    this.models = new Map();
+    this.loading = null;
+    this.select.addEventListener("change", () => {
+      localStorage.setItem(this.storageKey, this.select.value);
+      this.showStatus();
+    });
+    this.loadButton.addEventListener("click", () => this.ensureLoaded().catch(this.onError));
+  }
+
+  get value() { return this.select.value; }
+
+  set value(id) {
+    if (id && this.models.has(id)) {
+      this.select.value = id;
+      this.showStatus();
+    }
+  }
+
+  async refresh() {
+    const body = await apiJSON("/v1/models");
+    this.models = new Map(body.data.map((m) => [m.id, m]));
+    const previous = this.select.value || localStorage.getItem(this.storageKey);
+    this.select.replaceChildren(...body.data.map((m) => new Option(m.id, m.id)));
+    if (!body.data.length) this.select.replaceChildren(new Option("No model available", ""));
+    if (previous && this.models.has(previous)) this.select.value = previous;
+    this.showStatus();
+  }
+
+  showStatus() {
+    const model = this.models.get(this.select.value);
+    const status = model ? model.status : "";
+    this.badge.textContent = status;
+    this.badge.className = `badge ${status}`;
+    this.badge.title = status === "cached" ? "On disk, not in memory: the first request loads it." : "";
+    this.loadButton.hidden = !model || status === "loaded" || this.loading !== null;
+  }
+
+  /** Load the chosen model if it is not in memory yet, showing /load_model's progress. */
+  async ensureLoaded() {
+    const model = this.models.get(this.select.value);
+    if (!model || model.status === "loaded") return;
+    if (this.loading) return this.loading;
+    this.loading = this._load(model).finally(() => {
+      this.loading = null;
+      this.progress.hidden = true;
+      this.progressText.textContent = "";
+      this.showStatus();
+    });
+    return this.loading;
+  }
+
+  async _load(model) {
+    this.loadButton.hidden = true;
+    this.progress.hidden = false;
+    this.progress.removeAttribute("value");
+    this.badge.textContent = "loading";
+    this.badge.className = "badge loading";
+    await streamSSE("/load_model", { model: model.id }, (event) => {
+      if (event.status === "loading") {
+        const p = event.progress;
+        if (p && p.total) {
+          this.progress.max = p.total;
+          this.progress.value = p.current;
+        }
+        this.progressText.textContent = `loading ${event.stage || ""}${p && p.total ? ` ${p.current}/${p.total}` : ""}`;
+      } else if (event.status === "ready") {
+        model.status = "loaded";
+      } else if (event.status === "error") {
+        model.status = "error";
+        throw new APIProblem(`Loading ${model.id} failed: ${event.message || "unknown error"}`, { status: 503, code: event.code });
+      }
+    });
+  }
+}

@@ -1,0 +1,136 @@
+"""Real Chromium (Debian's package, driven by Playwright) against a real server with the tiny model.
+
+Screenshots go to $TEST_ARTIFACTS_DIR/browser (default var/test-artifacts/browser) for people to look at.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import TINY_MODEL
+from ..live_server import ROOT, LiveServer, base_env
+from ..services import require_binary
+
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", ROOT / "var" / "test-artifacts")) / "browser"
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", "--disable-default-apps"]
+PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium per module (Playwright's sync API must be gone before other tests'
+    event loops run); never a downloaded browser."""
+    executable = require_binary("chromium", "/usr/bin/chromium", "chromium-browser")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+SECOND_MODEL = "local/tiny-llama-b"
+
+
+@pytest.fixture(scope="session")
+def two_model_cache(hf_cache, tmp_path_factory) -> Path:
+    """The tiny model twice, as two repos (a copy of its cache folder), for two teams' allow-lists."""
+    cache = tmp_path_factory.mktemp("browser-hf-cache")
+    source = hf_cache / "models--local--tiny-llama"
+    for name in ("models--local--tiny-llama", "models--local--tiny-llama-b"):
+        shutil.copytree(source, cache / name, symlinks=True)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def web_server(two_model_cache, tmp_path_factory, thinking_template):
+    """`serve` with a template that thinks when the page asks (`enable_thinking`), else answers.
+
+    The worker is warmed up first (its first job imports torch, which on a loaded 2-core machine can
+    hold the event loop past the default acknowledgement and heartbeat limits): these tests are about
+    the pages, not a cold start.
+    """
+    work_dir = tmp_path_factory.mktemp("browser-server")
+    env = base_env(two_model_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90")
+    live = LiveServer(env, work_dir, name="browser", extra_args=("--chat-template", str(thinking_template)))
+    live.env = env
+    warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
+                         json={"model": TINY_MODEL, "prompt": "warm up", "max_tokens": 1})
+    assert warm_up.status_code == 200, warm_up.text
+    yield live
+    live.stop()
+
+
+def manage_shell(server: LiveServer, code: str) -> str:
+    """Run Python in `manage.py shell` against the server's own database."""
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=ROOT, env=server.env,
+                            capture_output=True, text=True, check=True, timeout=120)
+    return result.stdout
+
+
+# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute.
+TEAMS = {"red": {"allowed_models": [TINY_MODEL]}, "blue": {"allowed_models": [SECOND_MODEL]},
+         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}}
+MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow"}
+MAKE_MEMBERS = """
+from django.contrib.auth import get_user_model
+from teams.services import add_member, create_team
+teams = {{name: create_team(name, **options) for name, options in {teams!r}.items()}}
+for username, team in {members!r}.items():
+    add_member(teams[team], get_user_model().objects.create_user(username, password={password!r}))
+"""
+
+
+def make_users(server: LiveServer) -> dict[str, str]:
+    """{username: team}, every user a member of one team (the real teams services)."""
+    manage_shell(server, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD))
+    return MEMBERS
+
+
+@pytest.fixture(scope="session")
+def users(web_server) -> dict[str, str]:
+    return make_users(web_server)
+
+
+def log_in(page, server: LiveServer, username: str) -> None:
+    page.goto(f"{server.base_url}/login")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("form button[type=submit]")
+    page.wait_for_url("**/chat")
+    page.wait_for_selector("body[data-ready=true]")
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+@pytest.fixture
+def page_of(chromium, web_server, users):
+    """page_of(username, width=1200): a fresh browser context (its own cookies) logged in as that user."""
+    contexts = []
+
+    def open_page(username: str, width: int = 1200, height: int = 800):
+        context = chromium.new_context(viewport={"width": width, "height": height})
+        contexts.append(context)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.js_errors = errors
+        log_in(page, web_server, username)
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()

@@ -1,0 +1,89 @@
+"""What the browser tests do on our pages, in one place (selectors live here, not in every test)."""
+from __future__ import annotations
+
+import json
+
+from ..live_server import LiveServer
+
+DONE_TIMEOUT_MS = 120_000
+
+
+def chat_settings(page, temperature: float | None = None, max_tokens: int | None = None,
+                  thinking: str | None = None, tools: str | None = None) -> None:
+    if not page.is_visible("#max-tokens"):
+        page.click("#settings summary")
+    if temperature is not None:
+        page.fill("#temperature", str(temperature))
+    if max_tokens is not None:
+        page.fill("#max-tokens", str(max_tokens))
+    if thinking is not None:
+        page.select_option("#thinking", thinking)
+    if tools is not None:
+        page.fill("#tools", tools)
+
+
+def record_streamed_lengths(page) -> None:
+    """From now on, remember every length the streaming answer's text reaches (window.streamedLengths)."""
+    page.evaluate("""() => {
+        window.streamedLengths = [];
+        new MutationObserver(() => {
+            const node = document.querySelector('.message.assistant.streaming .body');
+            if (node) window.streamedLengths.push(node.textContent.length);
+        }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
+    }""")
+
+
+def send_message(page, text: str) -> None:
+    """Send, and wait until the page has taken it (it counts its turns in body[data-turns])."""
+    turns = int(page.get_attribute("body", "data-turns") or 0)
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    page.wait_for_function(f"() => Number(document.body.dataset.turns || 0) > {turns}")
+
+
+def wait_for_answer(page) -> None:
+    """Until the page is idle again: the answer is done and the conversation saved."""
+    page.wait_for_selector("body:not([data-busy])", timeout=DONE_TIMEOUT_MS)
+    page.wait_for_selector(".message.assistant.streaming", state="detached", timeout=DONE_TIMEOUT_MS)
+
+
+def conversation_id(page) -> int:
+    return int(page.evaluate("() => new URLSearchParams(location.search).get('c')"))
+
+
+def csrf_header(page) -> dict[str, str]:
+    return {"X-CSRFToken": page.get_attribute('meta[name="csrf-token"]', "content"),
+            "Content-Type": "application/json"}
+
+
+def stored_conversation(page, server: LiveServer, conversation: int):
+    """The conversation as the server keeps it (the page's own JSON API, with its session cookie)."""
+    return page.request.get(f"{server.base_url}/ui/api/conversations/{conversation}")
+
+
+def store_conversation(page, server: LiveServer, body: dict) -> int:
+    response = page.request.post(f"{server.base_url}/ui/api/conversations", data=json.dumps(body),
+                                 headers=csrf_header(page))
+    assert response.status == 201, response.text()
+    return response.json()["id"]
+
+
+def playground_settings(page, temperature: float, max_tokens: int) -> None:
+    page.fill("#temperature", str(temperature))
+    page.fill("#max-tokens", str(max_tokens))
+
+
+def doc_text(page) -> str:
+    return page.evaluate("() => document.getElementById('doc').textContent")
+
+
+def wait_for_continuation(page) -> None:
+    page.wait_for_selector("#continue:not([hidden])", timeout=DONE_TIMEOUT_MS)
+    page.wait_for_selector("#doc[contenteditable=plaintext-only]")
+
+
+def popover_alternatives(page) -> list[tuple[str, str]]:
+    """The shown alternatives as (token, percent text)."""
+    page.wait_for_selector("#popover:not([hidden])")
+    return [(json.loads(alt.query_selector("code").inner_text()), alt.query_selector(".p").inner_text())
+            for alt in page.query_selector_all("#popover .alt")]

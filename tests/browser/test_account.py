@@ -1,0 +1,97 @@
+"""/account and teams in the browser: limits, usage, own keys; each team sees only its models."""
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+
+from ..conftest import TINY_MODEL
+from .conftest import SECOND_MODEL, screenshot
+from .pages import chat_settings, csrf_header, send_message, wait_for_answer
+
+
+def open_account(page, server):
+    page.goto(f"{server.base_url}/account")
+    page.wait_for_selector("body[data-ready=true]")
+
+
+def test_account_shows_the_team_limits_usage_and_own_keys(page_of, web_server):
+    page = page_of("alice")
+    chat_settings(page, temperature=0, max_tokens=5)
+    send_message(page, "Count me")
+    wait_for_answer(page)
+
+    # The session's request was counted against alice's team, like a key's (the ledger is written in batches).
+    deadline = time.monotonic() + 20
+    while True:
+        open_account(page, web_server)
+        if "0 requests" not in page.inner_text("#usage-summary"):
+            break
+        assert time.monotonic() < deadline, page.inner_text("#usage-summary")
+        time.sleep(0.5)
+    team = page.inner_text("#team")
+    assert "red" in team and TINY_MODEL in team
+    assert "5 completion tokens" in page.inner_text("#usage-summary")
+    assert page.locator("#usage-bars .bar").count() == 30
+    assert page.locator("#limits tr").count() == 2  # the header and the team's row
+
+    # A new key: the secret is shown once and works; the model list is the team's.
+    page.fill("#key-name", "laptop")
+    page.click("#new-key button[type=submit]")
+    page.wait_for_selector("#secret-box:not([hidden])")
+    secret = page.inner_text("#secret")
+    assert secret.startswith("sk-inf-")
+    screenshot(page, "account")
+    models = httpx.get(f"{web_server.base_url}/v1/models", headers={"Authorization": f"Bearer {secret}"})
+    assert [m["id"] for m in models.json()["data"]] == [TINY_MODEL]
+    open_account(page, web_server)
+    assert secret not in page.content()
+    key_row = page.locator("#keys tr", has_text="laptop")
+    assert "active" in key_row.inner_text()
+
+    # Revoked from the page: the key fails from its next request.
+    key_row.locator("button:text('Revoke')").click()
+    page.wait_for_selector("#keys tr:has-text('laptop'):has-text('revoked')")
+    refused = httpx.get(f"{web_server.base_url}/v1/models", headers={"Authorization": f"Bearer {secret}"})
+    assert refused.status_code == 401
+
+
+def test_each_team_sees_only_its_models_and_its_own_keys(page_of, web_server):
+    alice = page_of("alice")
+    assert alice.eval_on_selector_all("[data-model-select] option", "os => os.map(o => o.value)") == [TINY_MODEL]
+    bob = page_of("bob")
+    assert bob.eval_on_selector_all("[data-model-select] option", "os => os.map(o => o.value)") == [SECOND_MODEL]
+
+    # Bob's session may not use team red's model: it does not exist for him.
+    refused = bob.request.post(f"{web_server.base_url}/v1/chat/completions", headers=csrf_header(bob),
+                               data={"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert refused.status == 404
+    assert refused.json()["error"]["code"] == "model_not_found"
+    chat_settings(bob, temperature=0, max_tokens=3)
+    send_message(bob, "Hello from blue")
+    wait_for_answer(bob)
+    assert bob.is_hidden("#error")
+    assert SECOND_MODEL in bob.inner_text(".message.assistant .stats")
+
+    # Alice's key is not bob's to see or revoke.
+    created = alice.request.post(f"{web_server.base_url}/ui/api/keys", headers=csrf_header(alice),
+                                 data={"name": "alice's"})
+    key_id = created.json()["id"]
+    open_account(bob, web_server)
+    assert "alice's" not in bob.inner_text("#keys")
+    assert bob.request.delete(f"{web_server.base_url}/ui/api/keys/{key_id}", headers=csrf_header(bob)).status == 404
+    assert "blue" in bob.inner_text("#team")
+
+
+def test_a_rate_limit_says_when_to_try_again(page_of, web_server):
+    page = page_of("carol")  # team "slow": 2 requests a minute
+    chat_settings(page, temperature=0, max_tokens=2)
+    for text in ("one", "two", "three"):
+        send_message(page, text)
+        wait_for_answer(page)
+        if page.is_visible("#error"):
+            break
+    message = page.inner_text("#error")
+    assert message.startswith("Rate limit reached") and re.search(r"try again in \d+", message, re.I), message
+    screenshot(page, "chat-rate-limited")

@@ -1,0 +1,48 @@
+"""The page's conversation store: `/ui/api/conversations[/<id>]`, JSON, session cookie + CSRF only."""
+from __future__ import annotations
+
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from . import selectors, services
+from .serializers import ConversationSerializer, conversation_body
+
+
+class ConversationView(APIView):
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+
+
+class ConversationListView(ConversationView):
+    def get(self, request):
+        return Response({"data": [conversation_body(c, with_messages=False)
+                                  for c in selectors.conversations_of(request.user)]})
+
+    def post(self, request):
+        serializer = ConversationSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        conversation = services.create_conversation(request.user, serializer.validated_data)
+        return Response(conversation_body(conversation), status=201)
+
+
+class ConversationDetailView(ConversationView):
+    def get(self, request, conversation_id: int):
+        return Response(conversation_body(selectors.conversation_of(request.user, conversation_id)))
+
+    def put(self, request, conversation_id: int):
+        return self._save(request, conversation_id, partial=False)
+
+    def patch(self, request, conversation_id: int):
+        return self._save(request, conversation_id, partial=True)
+
+    def delete(self, request, conversation_id: int):
+        services.delete_conversation(selectors.conversation_of(request.user, conversation_id))
+        return Response(status=204)
+
+    def _save(self, request, conversation_id: int, partial: bool):
+        conversation = selectors.conversation_of(request.user, conversation_id)
+        serializer = ConversationSerializer(data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        return Response(conversation_body(services.update_conversation(conversation, serializer.validated_data)))
