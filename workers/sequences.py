@@ -194,7 +194,7 @@ class Request:
             for sample in range(n):
                 sampler = Sampler(prompt_sampling, model.eos_token_ids, model.device, seed_offset=sample)
                 self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
-                                               max_tokens, params.stop, params.suffix))
+                                               max_tokens, params.stop or model.default_stop, params.suffix))
 
     # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
     open_blocks: tuple[str, ...] = ()
