@@ -24,9 +24,9 @@ import torch
 from . import protocol
 from .beam_search import BeamRunner
 from .config import EngineConfig
-from .constraints import masks_for
+from .constraints import sample_rows
 from .errors import JobError, ModelBusyError, ModelLoadError
-from .grammars import PARAM_BY_TYPE, GrammarCompiler, GrammarError
+from .grammars import GrammarCompiler, compiled_or_error
 from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
@@ -251,26 +251,14 @@ class Engine:
         """Admit requests whose grammar is ready; refuse those whose grammar failed or took too long."""
         now = time.monotonic()
         for request_id, (request, future, deadline) in list(self.compiling.items()):
-            if not future.done() and now < deadline:
-                continue
-            del self.compiling[request_id]
-            param = PARAM_BY_TYPE.get(request.structured["type"])
-            if not future.done():
-                self._refuse(request.reply_channel, protocol.error_message(
-                    400, f"Compiling the grammar took longer than {self.grammars.timeout:g}s; simplify it.",
-                    param, "grammar_compile_timeout"))
-                continue
-            try:
-                request.constrain(future.result())
-            except GrammarError as exc:
-                self._refuse(request.reply_channel, protocol.error_message(400, exc.message, exc.param or param, exc.code))
-                continue
-            except Exception as exc:
-                logger.exception("grammar compilation failed for %s", request_id)
-                self._refuse(request.reply_channel, protocol.error_message(
-                    400, f"The grammar could not be compiled: {exc}", param, "invalid_grammar"))
-                continue
-            self._start(request)
+            if future.done() or now >= deadline:
+                del self.compiling[request_id]
+                matcher, error = compiled_or_error(future, request.structured, self.grammars.timeout)
+                if error is not None:
+                    self._refuse(request.reply_channel, error)
+                    continue
+                request.constrain(matcher)
+                self._start(request)
 
     def _beam_done(self, request_id: str) -> None:
         finished = self.beams.take(request_id)
@@ -310,7 +298,7 @@ class Engine:
         decoded = []
         for runner in self.runners.values():
             pairs = runner.decode()
-            self._sample(pairs)
+            sample_rows(pairs)
             decoded.extend(seq for seq, _ in pairs)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
@@ -381,18 +369,9 @@ class Engine:
             first.setdefault(seq.request.model_name, []).extend((member, logits) for member in group)
             self.prefilling = [s for s in self.prefilling if s not in group]
         for name, pairs in first.items():
-            self._sample(pairs)
+            sample_rows(pairs)
             self.metrics.tokens([member for member, _ in pairs])
             self.runners[name].join([member for member, _ in pairs if not member.finished])
-
-    @staticmethod
-    def _sample(pairs: list[tuple[Sequence, torch.Tensor]]) -> None:
-        """Each row takes its next token; the constrained rows' grammar masks are filled together first."""
-        if not pairs:
-            return
-        masks = masks_for([seq.constraint for seq, _ in pairs], pairs[0][1].shape[-1])
-        for (seq, logits), allowed in zip(pairs, masks):
-            seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids, allowed))
 
     def _fail(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)

@@ -25,6 +25,8 @@ import llguidance
 import llguidance.hf
 from transformers import PreTrainedTokenizerBase
 
+from .protocol import ErrorMessage, Structured, error_message
+
 logger = logging.getLogger(__name__)
 
 # Compact JSON: a random or weak model cannot wander in whitespace until max_tokens.
@@ -77,6 +79,22 @@ def grammar_text(spec: dict, tokenizer: PreTrainedTokenizerBase) -> str:
                 f'body: %json {schema}')
         return llguidance.LLMatcher.grammar_from_lark(lark)
     raise GrammarError(f"Unknown structured output type {kind!r}.", "structured_outputs")
+
+
+def compiled_or_error(future: Future, spec: Structured, timeout: float) -> tuple[llguidance.LLMatcher | None,
+                                                                               ErrorMessage | None]:
+    """A finished (or overdue) compile as the template matcher, or the 400 the request gets instead."""
+    param = PARAM_BY_TYPE.get(spec["type"])
+    if not future.done():
+        return None, error_message(400, f"Compiling the grammar took longer than {timeout:g}s; simplify it.",
+                                   param, "grammar_compile_timeout")
+    try:
+        return future.result(), None
+    except GrammarError as exc:
+        return None, error_message(400, exc.message, exc.param or param, exc.code)
+    except Exception as exc:
+        logger.exception("grammar compilation failed")
+        return None, error_message(400, f"The grammar could not be compiled: {exc}", param, "invalid_grammar")
 
 
 def cache_key(spec: dict) -> str:
