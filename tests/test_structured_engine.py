@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import jsonschema
 import pytest
@@ -37,15 +39,23 @@ PERSON = {
 }
 
 
-@pytest.fixture(scope="module")
-def engine(hf_cache):
+@contextmanager
+def running_engine(hf_cache, config: EngineConfig) -> Iterator[tuple[Engine, Outbox]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
         outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=16, grammar_timeout=30))
+        engine = Engine(outbox.emit, config)
         engine.start()
-        yield engine, outbox
-        engine.stop()
+        try:
+            yield engine, outbox
+        finally:
+            engine.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(hf_cache):
+    with running_engine(hf_cache, EngineConfig(max_num_seqs=16, grammar_timeout=30)) as running:
+        yield running
 
 
 def submit(engine: Engine, prompt: str | list[int], **params) -> str:
@@ -134,17 +144,10 @@ def test_a_schema_the_backend_cannot_compile_is_refused_with_the_reason(engine, 
 
 
 def test_a_compile_past_the_timeout_is_refused_and_the_batch_goes_on(hf_cache):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(grammar_timeout=0.0))
-        engine.start()
-        try:
-            error = outputs(outbox, submit(engine, "x", structured={"type": "json_schema", "schema": PERSON}))["error"]
-            assert (error["status"], error["code"]) == (400, "grammar_compile_timeout")
-            assert outputs(outbox, submit(engine, "still serving", max_tokens=3, ignore_eos=True))[0]["finish_reason"] == "length"
-        finally:
-            engine.stop()
+    with running_engine(hf_cache, EngineConfig(grammar_timeout=0.0)) as (engine, outbox):
+        error = outputs(outbox, submit(engine, "x", structured={"type": "json_schema", "schema": PERSON}))["error"]
+        assert (error["status"], error["code"]) == (400, "grammar_compile_timeout")
+        assert outputs(outbox, submit(engine, "still serving", max_tokens=3, ignore_eos=True))[0]["finish_reason"] == "length"
 
 
 def test_a_grammar_dead_end_ends_the_choice_with_stop(engine, caplog):
@@ -153,6 +156,7 @@ def test_a_grammar_dead_end_ends_the_choice_with_stop(engine, caplog):
     reply = submit(engine, "x", max_tokens=20, min_tokens=10, structured={"type": "choice", "choices": ["ok"]})
     choice = outputs(outbox, reply)[0]
     assert (choice["text"], choice["finish_reason"]) == ("ok", "stop")
+    assert "grammar dead end" in caplog.text
 
 
 def test_bad_words_and_min_length_follow_hugging_face(engine, reference):
