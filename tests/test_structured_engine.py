@@ -150,12 +150,12 @@ def test_a_compile_past_the_timeout_is_refused_and_the_batch_goes_on(hf_cache):
         assert outputs(outbox, submit(engine, "still serving", max_tokens=3, ignore_eos=True))[0]["finish_reason"] == "length"
 
 
-def test_a_grammar_dead_end_ends_the_choice_with_stop(engine, caplog):
-    """min_tokens forbids the EOS the finished grammar needs: nothing is allowed, the choice stops."""
+def test_a_grammar_dead_end_ends_the_choice_with_stop(engine, reference, caplog):
+    """The grammar wants one digit and every digit is banned: nothing is allowed, the choice stops (no error)."""
     engine, outbox = engine
-    reply = submit(engine, "x", max_tokens=20, min_tokens=10, structured={"type": "choice", "choices": ["ok"]})
-    choice = outputs(outbox, reply)[0]
-    assert (choice["text"], choice["finish_reason"]) == ("ok", "stop")
+    digits = [[reference.tokenizer.convert_tokens_to_ids(d)] for d in "0123456789"]
+    reply = submit(engine, "x", max_tokens=5, n=2, bad_words_ids=digits, structured={"type": "regex", "pattern": "[0-9]"})
+    assert [(c["text"], c["finish_reason"]) for c in outputs(outbox, reply).values()] == [("", "stop")] * 2
     assert "grammar dead end" in caplog.text
 
 
