@@ -17,7 +17,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 
 import torch
 
@@ -26,7 +25,7 @@ from .beam_search import BeamRunner
 from .config import EngineConfig
 from .constraints import sample_rows
 from .errors import JobError, ModelBusyError, ModelLoadError
-from .grammars import GrammarCompiler, compiled_or_error
+from .grammars import GrammarCompiler, PendingGrammars
 from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
@@ -57,8 +56,8 @@ class Engine:
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self._idle_checked = 0.0
-        self.grammars = GrammarCompiler(config.grammar_timeout, config.grammar_cache_size)
-        self.compiling: dict[str, tuple[Request, Future, float]] = {}  # request id -> (request, grammar, deadline)
+        self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
+                                        lambda: self._inbox.put(WAKE))
         self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Sequence] = deque()
@@ -81,7 +80,7 @@ class Engine:
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
-        self.grammars.shutdown()
+        self.grammars.compiler.shutdown()
         self.beams.shutdown()
 
     @property
@@ -116,7 +115,7 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
-                if self.compiling:
+                if self.grammars:
                     self._check_compiles()
                 if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
                     self._idle_checked = time.monotonic()
@@ -160,7 +159,7 @@ class Engine:
         now = time.monotonic()
         self._cancelled = {rid: t for rid, t in self._cancelled.items() if now - t < CANCEL_MEMORY_SECONDS}
         self._cancelled[request_id] = now
-        if self.compiling.pop(request_id, None) is not None or self.beams.cancel(request_id):
+        if self.grammars.cancel(request_id) or self.beams.cancel(request_id):
             self._job_done()
             return
         request = self.requests.pop(request_id, None)
@@ -173,8 +172,7 @@ class Engine:
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
     def _busy(self) -> set[str]:
-        compiling = {request.model_name for request, _, _ in self.compiling.values()}
-        return {request.model_name for request in self.requests.values()} | compiling | self.beams.models()
+        return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
 
     def _model(self, name: str) -> LoadedModel:
         # Loads block this thread, so jobs queued meanwhile for the same model find it loaded: one load.
@@ -231,10 +229,7 @@ class Engine:
             self._refuse(reply, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
             return
         if request.structured:
-            model = request.model
-            future = self.grammars.submit(request.model_name, model.tokenizer, model.vocab_size, request.structured)
-            self.compiling[request_id] = (request, future, time.monotonic() + self.grammars.timeout)
-            future.add_done_callback(lambda _f: self._inbox.put(WAKE))
+            self.grammars.add(request)  # admitted once its grammar is compiled (_check_compiles)
             return
         self._start(request)
 
@@ -249,16 +244,12 @@ class Engine:
 
     def _check_compiles(self) -> None:
         """Admit requests whose grammar is ready; refuse those whose grammar failed or took too long."""
-        now = time.monotonic()
-        for request_id, (request, future, deadline) in list(self.compiling.items()):
-            if future.done() or now >= deadline:
-                del self.compiling[request_id]
-                matcher, error = compiled_or_error(future, request.structured, self.grammars.timeout)
-                if error is not None:
-                    self._refuse(request.reply_channel, error)
-                    continue
-                request.constrain(matcher)
-                self._start(request)
+        for request, matcher, error in self.grammars.resolved():
+            if error is not None:
+                self._refuse(request.reply_channel, error)
+                continue
+            request.constrain(matcher)
+            self._start(request)
 
     def _beam_done(self, request_id: str) -> None:
         finished = self.beams.take(request_id)

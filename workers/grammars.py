@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
@@ -163,3 +165,36 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(f"Unsupported {spec['type']}: {matcher.get_error().strip()}", param)
         return matcher
+
+
+class PendingGrammars:
+    """Requests waiting outside the batch for their grammar; each resolves to a matcher or the 400 it gets."""
+
+    def __init__(self, compiler: GrammarCompiler, wake: Callable[[], None]) -> None:
+        self.compiler, self.wake = compiler, wake
+        self._pending: dict[str, tuple[object, Future, float]] = {}  # request id -> (request, grammar, deadline)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, request) -> None:
+        """Start compiling (or find cached) a workers.sequences.Request's grammar; `wake` is called when it is ready."""
+        model = request.model
+        future = self.compiler.submit(request.model_name, model.tokenizer, model.vocab_size, request.structured)
+        self._pending[request.request_id] = (request, future, time.monotonic() + self.compiler.timeout)
+        future.add_done_callback(lambda _f: self.wake())
+
+    def cancel(self, request_id: str) -> bool:
+        return self._pending.pop(request_id, None) is not None
+
+    def models(self) -> set[str]:
+        return {request.model_name for request, _, _ in self._pending.values()}
+
+    def resolved(self) -> list[tuple[object, llguidance.LLMatcher | None, ErrorMessage | None]]:
+        """(request, template matcher, None) or (request, None, its 400) for each grammar done or overdue."""
+        now, done = time.monotonic(), []
+        for request_id, (request, future, deadline) in list(self._pending.items()):
+            if future.done() or now >= deadline:
+                del self._pending[request_id]
+                done.append((request, *compiled_or_error(future, request.structured, self.compiler.timeout)))
+        return done
