@@ -11,7 +11,7 @@ from django.db import models
 
 # The sampling defaults a worker takes from generation_config.json (workers.sampling.MODEL_DEFAULT_KEYS,
 # repeated here so the web side never imports torch).
-GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty", "stop")
 
 
 class CachedModel(models.Model):
@@ -63,6 +63,10 @@ class CachedModel(models.Model):
         for key, value in defaults.items():
             if key not in GENERATION_DEFAULT_KEYS:
                 raise ValidationError({"generation_defaults": f"Unknown key {key!r}; one of {', '.join(GENERATION_DEFAULT_KEYS)}."})
+            if key == "stop":
+                if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+                    raise ValidationError({"generation_defaults": "stop must be a list of non-empty strings."})
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValidationError({"generation_defaults": f"{key} must be a number."})
 

@@ -25,7 +25,7 @@ from huggingface_hub import scan_cache_dir
 from workers import protocol
 
 from . import hf_cache, selectors
-from .errors import NoWorker
+from .errors import ModelNotFound, NoWorker
 from .models import CachedModel, LoadEvent, ModelLoad, Worker
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,31 @@ def save_model_settings(model: CachedModel) -> CachedModel:
     model.save()
     broadcast_settings()
     return model
+
+
+def configure_models(entries: list[dict]) -> list[str]:
+    """A server config file's per-model settings onto the catalog (they replace the admin's for those keys).
+
+    Each entry: {"name", "preload"?, "dtype"?, "device"?, "chat_template"? (template text),
+    "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?}; a model not in the cache is ModelNotFound.
+    """
+    configured = []
+    for entry in entries:
+        repo_id = selectors.canonical_repo_id(entry["name"])
+        row = CachedModel.objects.filter(repo_id=repo_id, gone=False).first()
+        if row is None:
+            raise ModelNotFound(entry["name"])
+        for key in ("preload", "dtype", "device", "chat_template", "idle_timeout", "aliases"):
+            if key in entry:
+                setattr(row, key, entry[key])
+        if "generation_defaults" in entry or "stop" in entry:
+            stop = {"stop": entry["stop"]} if entry.get("stop") else {}
+            row.generation_defaults = {**(entry.get("generation_defaults") or {}), **stop}
+        row.full_clean()
+        row.save()
+        configured.append(repo_id)
+    broadcast_settings()
+    return configured
 
 
 def set_enabled(models, enabled: bool) -> int:

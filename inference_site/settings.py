@@ -217,6 +217,13 @@ INFERENCE = {
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
     "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
+    # Structured outputs: a grammar compiling longer than this is a 400 (the engine never waits on
+    # it), compiled grammars kept per worker, and the size/nesting a JSON schema may have.
+    "GRAMMAR_TIMEOUT": env_float("INFERENCE_GRAMMAR_TIMEOUT", 10.0),
+    "GRAMMAR_CACHE_SIZE": env_int("INFERENCE_GRAMMAR_CACHE_SIZE", 64),
+    "MAX_SCHEMA_BYTES": env_int("INFERENCE_MAX_SCHEMA_BYTES", 64 * 1024),
+    "MAX_SCHEMA_DEPTH": env_int("INFERENCE_MAX_SCHEMA_DEPTH", 32),
+    "MAX_BEAMS": env_int("INFERENCE_MAX_BEAMS", 16),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # Chat templates (worker side): a Jinja file that overrides every model's own template,
     # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).

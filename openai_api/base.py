@@ -32,7 +32,8 @@ class OpenAIView(APIView):
 
     def serializer_context(self) -> dict:
         config = settings.INFERENCE
-        return {"max_n": config["MAX_N"], "max_prompts": config["MAX_PROMPTS"]}
+        return {"max_n": config["MAX_N"], "max_prompts": config["MAX_PROMPTS"], "max_beams": config["MAX_BEAMS"],
+                "max_schema_bytes": config["MAX_SCHEMA_BYTES"], "max_schema_depth": config["MAX_SCHEMA_DEPTH"]}
 
 
 def sse_frame(payload: dict | str) -> bytes:

@@ -31,6 +31,8 @@ class EngineConfig:
     prefill_chunk: int = 512
     model_timeout: float = 300.0  # idle seconds before a model is unloaded
     memory_budget_bytes: int | None = None  # None: no budget
+    grammar_timeout: float = 10.0  # seconds a structured-output grammar may take to compile
+    grammar_cache_size: int = 64  # compiled grammars kept (LRU)
     templates: TemplateSettings = field(default_factory=TemplateSettings)
 
     @classmethod
@@ -41,6 +43,7 @@ class EngineConfig:
             max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
             prefill_chunk=inference["PREFILL_CHUNK"], model_timeout=inference["MODEL_TIMEOUT"],
             memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
+            grammar_timeout=inference["GRAMMAR_TIMEOUT"], grammar_cache_size=inference["GRAMMAR_CACHE_SIZE"],
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
                                        reasoning=inference.get("REASONING") or "auto"),

@@ -21,8 +21,11 @@ from collections.abc import Callable
 import torch
 
 from . import protocol
+from .beam_search import BeamRunner
 from .config import EngineConfig
+from .constraints import sample_rows
 from .errors import JobError, ModelBusyError, ModelLoadError
+from .grammars import GrammarCompiler, PendingGrammars
 from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
@@ -35,6 +38,8 @@ Emit = Callable[[str, dict], None]
 CANCEL_MEMORY_SECONDS = 300.0
 IDLE_CHECK_SECONDS = 0.5
 CONTROL_TYPES = (protocol.MODEL_LOAD, protocol.MODEL_UNLOAD, protocol.MODEL_SETTINGS)
+WAKE = {"type": "engine.wake"}  # a grammar compiled, or a beam search ended: look again
+BEAM_DONE = "engine.beam_done"
 
 
 class Engine:
@@ -51,6 +56,9 @@ class Engine:
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self._idle_checked = 0.0
+        self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
+                                        lambda: self._inbox.put(WAKE))
+        self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
@@ -72,6 +80,8 @@ class Engine:
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
+        self.grammars.compiler.shutdown()
+        self.beams.shutdown()
 
     @property
     def outstanding(self) -> int:
@@ -105,6 +115,8 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
+                if self.grammars:
+                    self._check_compiles()
                 if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
                     self._idle_checked = time.monotonic()
                     try:
@@ -138,6 +150,8 @@ class Engine:
         for message in messages:
             if message["type"] == protocol.SUBMIT:
                 self._admit(message)
+            elif message["type"] == BEAM_DONE:
+                self._beam_done(message["request_id"])
             elif message["type"] in CONTROL_TYPES:
                 self._control(message)
 
@@ -145,6 +159,9 @@ class Engine:
         now = time.monotonic()
         self._cancelled = {rid: t for rid, t in self._cancelled.items() if now - t < CANCEL_MEMORY_SECONDS}
         self._cancelled[request_id] = now
+        if self.grammars.cancel(request_id) or self.beams.cancel(request_id):
+            self._job_done()
+            return
         request = self.requests.pop(request_id, None)
         if request is not None:
             for seq in request.sequences:
@@ -155,7 +172,7 @@ class Engine:
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
     def _busy(self) -> set[str]:
-        return {request.model_name for request in self.requests.values()}
+        return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
 
     def _model(self, name: str) -> LoadedModel:
         # Loads block this thread, so jobs queued meanwhile for the same model find it loaded: one load.
@@ -211,9 +228,39 @@ class Engine:
             logger.exception("could not admit %s", request_id)
             self._refuse(reply, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
             return
-        self.emit(reply, request.started_message())
-        self.requests[request_id] = request
+        if request.structured:
+            self.grammars.add(request)  # admitted once its grammar is compiled (_check_compiles)
+            return
+        self._start(request)
+
+    def _start(self, request: Request) -> None:
+        self.emit(request.reply_channel, request.started_message())
+        if request.beam is not None:
+            self.beams.submit(request)  # beside the batch, in a thread of its own
+            return
+        self.requests[request.request_id] = request
         self.waiting.extend(seq for seq in request.sequences if not seq.finished)
+        self._publish(request)
+
+    def _check_compiles(self) -> None:
+        """Admit requests whose grammar is ready; refuse those whose grammar failed or took too long."""
+        for request, matcher, error in self.grammars.resolved():
+            if error is not None:
+                self._refuse(request.reply_channel, error)
+                continue
+            request.constrain(matcher)
+            self._start(request)
+
+    def _beam_done(self, request_id: str) -> None:
+        finished = self.beams.take(request_id)
+        if finished is None:  # cancelled meanwhile
+            return
+        request, error = finished
+        self.requests[request_id] = request
+        if error is not None:
+            logger.error("beam search failed for %s", request_id, exc_info=error)
+            self._fail(request)
+            return
         self._publish(request)
 
     def _refuse(self, reply: str, message: dict) -> None:
@@ -241,9 +288,9 @@ class Engine:
         self._let_waiting_in()
         decoded = []
         for runner in self.runners.values():
-            for seq, logits in runner.decode():
-                seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids))
-                decoded.append(seq)
+            pairs = runner.decode()
+            sample_rows(pairs)
+            decoded.extend(seq for seq, _ in pairs)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
         self._publish_all()
@@ -303,21 +350,19 @@ class Engine:
 
     def _start_decoding(self, done: list[tuple[Sequence, torch.Tensor]]) -> None:
         """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""
-        joined: dict[str, list[Sequence]] = {}
+        first: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
         for seq, logits in done:
             runner = self.runners[seq.request.model_name]
             group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
                              and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
             for sibling in group[1:]:
                 runner.share_prefill(seq, sibling)
-            for member in group:
-                member.accept(member.sampler.choose(logits, member.prompt_ids, member.completion_ids))
-                if not member.finished:
-                    joined.setdefault(member.request.model_name, []).append(member)
-            self.metrics.tokens(group)
+            first.setdefault(seq.request.model_name, []).extend((member, logits) for member in group)
             self.prefilling = [s for s in self.prefilling if s not in group]
-        for name, sequences in joined.items():
-            self.runners[name].join(sequences)
+        for name, pairs in first.items():
+            sample_rows(pairs)
+            self.metrics.tokens([member for member, _ in pairs])
+            self.runners[name].join([member for member, _ in pairs if not member.finished])
 
     def _fail(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)

@@ -36,6 +36,7 @@ class LoadedModel:
     max_model_len: int
     eos_token_ids: list[int]
     generation_defaults: dict = field(default_factory=dict)
+    default_stop: list[str] = field(default_factory=list)  # the catalog's, where a request sends no `stop`
     last_used: float = field(default_factory=time.monotonic)
     memory_bytes: int = 0
 

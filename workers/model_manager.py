@@ -67,6 +67,7 @@ class ModelManager:
         own = self._settings(name)
         extra = {k: v for k, v in (own.get("generation_defaults") or {}).items() if k in MODEL_DEFAULT_KEYS}
         loaded.generation_defaults = {**file_defaults, **extra}
+        loaded.default_stop = list((own.get("generation_defaults") or {}).get("stop") or [])
         loaded.tokenizer.chat_template = own.get("chat_template") or file_template
 
     def idle_timeout(self, name: str) -> float:

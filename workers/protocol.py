@@ -71,11 +71,26 @@ class ModelRef:
 
 # --- a generation job ------------------------------------------------------------
 
+class Structured(TypedDict):
+    """A grammar a job's output must match; `type` says which one key holds it.
+
+    json_schema: `schema` (json_object is {"type": "object"}); regex: `pattern`; choice: `choices`;
+    grammar: `grammar` (Lark or GBNF); tool_call: `tools` [{"name", "parameters"}] (one call of one).
+    """
+
+    type: Literal["json_schema", "regex", "choice", "grammar", "tool_call"]
+    schema: NotRequired[dict[str, Any]]
+    pattern: NotRequired[str]
+    choices: NotRequired[list[str]]
+    grammar: NotRequired[str]
+    tools: NotRequired[list[dict[str, Any]]]
+
+
 @dataclass
 class JobParams:
     """Sampling and output parameters of one job: every default of the request path, once.
 
-    None for the five sampling knobs in NEUTRAL_SAMPLING means "the model's
+    None for the six sampling knobs in NEUTRAL_SAMPLING means "the model's
     generation_config.json, else the neutral value" (resolved on the worker).
     """
 
@@ -88,6 +103,14 @@ class JobParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     no_repeat_ngram_size: int = 0
+    typical_p: float | None = None
+    bad_words: list[str] = field(default_factory=list)  # strings never generated
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences never generated
+    min_length: int = 0  # Hugging Face's: prompt + completion tokens before EOS may come
+    num_beams: int = 1  # > 1: beam search (Hugging Face's generate), beside the continuous batch
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never", as Hugging Face's
+    structured: Structured | None = None  # a grammar the output must match (workers.grammars)
     logit_bias: dict[str, float] | None = None  # {token id (str): bias}
     seed: int | None = None
     n: int = 1
@@ -111,12 +134,13 @@ class JobParams:
 
 # Where neither the request nor generation_config.json sets a knob (transformers' own defaults).
 NEUTRAL_SAMPLING: dict[str, float | int] = {
-    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repetition_penalty": 1.0,
 }
 # Request fields every generation endpoint shares, named as in JobParams.
 SHARED_REQUEST_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "no_repeat_ngram_size", "logit_bias", "seed", "n", "stop", "ignore_eos", "min_tokens",
+    "typical_p", "bad_words", "bad_words_ids", "min_length", "num_beams", "length_penalty", "early_stopping",
 )
 
 

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 
 from .protocol import NEUTRAL_SAMPLING, JobParams
@@ -32,10 +34,12 @@ class SamplingParams:
     top_p: float
     top_k: int
     min_p: float
+    typical_p: float
     repetition_penalty: float
     presence_penalty: float
     frequency_penalty: float
     no_repeat_ngram_size: int
+    bad_words_ids: list[list[int]]
     logit_bias: dict[int, float]
     seed: int | None
     ignore_eos: bool
@@ -55,10 +59,12 @@ class SamplingParams:
             top_p=float(chosen["top_p"]),
             top_k=max(int(chosen["top_k"]), 0),  # -1: no top-k
             min_p=float(chosen["min_p"]),
+            typical_p=float(chosen["typical_p"]),
             repetition_penalty=float(chosen["repetition_penalty"] or NEUTRAL_SAMPLING["repetition_penalty"]),
             presence_penalty=float(params.presence_penalty),
             frequency_penalty=float(params.frequency_penalty),
             no_repeat_ngram_size=int(params.no_repeat_ngram_size),
+            bad_words_ids=[list(ids) for ids in params.bad_words_ids],
             logit_bias={int(k): float(v) for k, v in (params.logit_bias or {}).items()},
             seed=params.seed,
             ignore_eos=params.ignore_eos,
@@ -93,6 +99,8 @@ class Sampler:
             self.processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
         if params.no_repeat_ngram_size > 0:
             self.processors.append(NoRepeatNGramLogitsProcessor(params.no_repeat_ngram_size))
+        if params.bad_words_ids:
+            self.processors.append(NoBadWordsLogitsProcessor(params.bad_words_ids, eos_token_ids or None))
         self.warpers = []
         if not params.greedy:
             if params.top_k > 0:
@@ -101,9 +109,13 @@ class Sampler:
                 self.warpers.append(TopPLogitsWarper(params.top_p))
             if params.min_p > 0.0:
                 self.warpers.append(MinPLogitsWarper(params.min_p))
+            if params.typical_p < 1.0:
+                self.warpers.append(TypicalLogitsWarper(params.typical_p))
 
-    def choose(self, logits: torch.Tensor, prompt_ids: list[int], completion_ids: list[int]) -> TokenChoice:
-        """logits: the model's [vocab] scores for the next token of this sequence."""
+    def choose(self, logits: torch.Tensor, prompt_ids: list[int], completion_ids: list[int],
+               allowed: torch.Tensor | None = None) -> TokenChoice | None:
+        """logits: the model's [vocab] scores for the next token of this sequence; `allowed`: the
+        grammar's [vocab] mask, if constrained. None when nothing is left to choose (a grammar dead end)."""
         params = self.params
         logits = logits.float()
         scores = logits.unsqueeze(0).clone()
@@ -119,6 +131,10 @@ class Sampler:
             scores[0, ids] += torch.tensor(list(params.logit_bias.values()), device=scores.device, dtype=scores.dtype)
         if self.eos_token_ids and (params.ignore_eos or len(completion_ids) < params.min_tokens):
             scores[0, self.eos_token_ids] = -float("inf")
+        if allowed is not None:
+            scores[0].masked_fill_(~allowed.to(scores.device), -float("inf"))
+            if not bool(torch.isfinite(scores).any()):
+                return None
         if params.greedy:
             token_id = int(torch.argmax(scores[0]))
         else:

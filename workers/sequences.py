@@ -1,20 +1,25 @@
 """A job as the engine holds it: one Request with a Sequence per returned choice."""
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from . import protocol
-from .protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, SubmitMessage, Usage
+from .protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, Structured, SubmitMessage, Usage
 from .chat_templates import render_prompt
 from .config import TemplateSettings
+from .constraints import Constraint
 from .detokenizer import IncrementalText
 from .errors import JobError
 from .model_loader import LoadedModel
 from .sampling import Sampler, SamplingParams, TokenChoice, token_logprobs
 from .token_text import TokenText, settled_length
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Sequence:
         self.pending_logprobs: PendingLogprobs | None = PendingLogprobs() if sampler.params.logprobs is not None else None
         self.wants_prompt_logprobs = request.echo and self.pending_logprobs is not None
         self.sent_final = False
+        self.constraint: Constraint | None = None  # set once the request's grammar is compiled
 
     @property
     def finished(self) -> bool:
@@ -94,8 +100,17 @@ class Sequence:
         self.finish_reason = "cancelled"
         self.state = None
 
-    def accept(self, choice: TokenChoice) -> None:
+    def dead_end(self, reason: str) -> None:
+        """The grammar admits no token: end this choice as complete ("stop"), not the request."""
+        logger.warning("%s choice %d: grammar dead end after %d tokens (%s); finishing it", self.request.request_id,
+                       self.index, len(self.completion_ids), reason)
+        self.finish("stop")
+
+    def accept(self, choice: TokenChoice | None) -> None:
         """Take the sampled token: extend the text, decide whether the sequence ends."""
+        if choice is None:
+            self.dead_end("no token allowed")
+            return
         offset_before = self.echo_length + settled_length(self.text.text)
         self.completion_ids.append(choice.token_id)
         self.pending_ids.append(choice.token_id)
@@ -105,9 +120,11 @@ class Sequence:
         hit_eos = choice.token_id in self.sampler.eos_token_ids and not params.ignore_eos
         delta, stopped = self.text.update(self.completion_ids)
         self.pending_text += delta
-        if stopped:
+        if self.constraint is not None and not hit_eos and not self.constraint.consume(choice.token_id):
+            self.dead_end(self.constraint.error or "token refused")
+        elif stopped:
             self.finish("stop", flush=False)
-        elif hit_eos:
+        elif hit_eos or (self.constraint is not None and self.constraint.complete):
             self.finish("stop")
         elif len(self.completion_ids) >= self.max_tokens:
             self.finish("length")
@@ -159,14 +176,25 @@ class Request:
         max_tokens = self._max_tokens(params.max_tokens)
         self._check_limits(max_tokens, params)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
+        sampling.bad_words_ids += self._bad_words_ids(params.bad_words)
+        self.structured: Structured | None = params.structured
+        num_beams = params.num_beams
+        self.beam: dict | None = None  # beam search settings; None for the continuous batch
+        if num_beams > 1:
+            self._check_beam_request(num_beams, params)
+            self.beam = {"num_beams": num_beams, "length_penalty": float(params.length_penalty),
+                         "early_stopping": params.early_stopping}
         n = params.n
         self.sequences: list[Sequence] = []
         for prompt_index, (prompt, ids) in enumerate(zip(job["prompts"], self.prompt_ids)):
             echo_text = self._echo_text(prompt, ids) if self.echo else ""
+            # min_length counts the prompt too, as in Hugging Face's generate (and forgather).
+            min_tokens = max(sampling.min_tokens, params.min_length - len(ids))
+            prompt_sampling = dataclasses.replace(sampling, min_tokens=min_tokens)
             for sample in range(n):
-                sampler = Sampler(sampling, model.eos_token_ids, model.device, seed_offset=sample)
+                sampler = Sampler(prompt_sampling, model.eos_token_ids, model.device, seed_offset=sample)
                 self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
-                                               max_tokens, params.stop, params.suffix))
+                                               max_tokens, params.stop or model.default_stop, params.suffix))
 
     # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
     open_blocks: tuple[str, ...] = ()
@@ -182,6 +210,30 @@ class Request:
         if any(not 0 <= t < vocab for t in prompt):
             raise JobError(400, f"Token ids in the prompt must be in [0, {vocab}).", "prompt", "invalid_token_id")
         return list(prompt)
+
+    def _check_beam_request(self, num_beams: int, params: JobParams) -> None:
+        unsupported = [name for name, on in (("logprobs", params.logprobs is not None),
+                                              ("structured outputs", bool(params.structured))) if on]
+        if unsupported:
+            raise JobError(400, f"Beam search (num_beams > 1) does not support {unsupported[0]}.", "num_beams",
+                           "unsupported_parameter")
+        if params.n > num_beams:
+            raise JobError(400, f"n ({params.n}) must not exceed num_beams ({num_beams}).", "n", "invalid_value")
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each banned string as tokens, alone and after a space (how it appears mid-text)."""
+        banned: list[list[int]] = []
+        for word in words:
+            for text in (word, " " + word.lstrip()):
+                ids = list(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+                if ids and ids not in banned:
+                    banned.append(ids)
+        return banned
+
+    def constrain(self, template) -> None:
+        """Give every choice its own copy of the compiled grammar (an llguidance matcher)."""
+        for seq in self.sequences:
+            seq.constraint = Constraint(template.deep_copy())
 
     def _echo_text(self, prompt: Prompt, ids: list[int]) -> str:
         if isinstance(prompt, str):
@@ -221,6 +273,10 @@ class Request:
         for name, value, most, what in bounds:
             if value > most:
                 raise JobError(400, f"{name} must be at most {what}, {most}; got {value}.", name, "invalid_value")
+        bad = [t for ids in params.bad_words_ids for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise JobError(400, f"Invalid token id {bad[0]} in bad_words_ids: the vocabulary has {vocab} tokens.",
+                           "bad_words_ids", "invalid_token_id")
 
     @property
     def finished(self) -> bool:

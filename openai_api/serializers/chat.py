@@ -13,6 +13,7 @@ from workers.protocol import Conversation, JobParams, to_job_params
 
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
+from .structured import ResponseFormatField, StructuredOutputsField, constrain, output_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning", "refusal"}
@@ -176,24 +177,6 @@ class ToolChoiceField(serializers.Field):
         return value
 
 
-class ResponseFormatField(serializers.Field):
-    """Validated and handed to the template as `response_format`; not enforced on decoding."""
-
-    def to_internal_value(self, data):
-        kind = data.get("type") if isinstance(data, dict) else None
-        if kind in ("text", "json_object"):
-            return {"type": kind}
-        if kind == "json_schema":
-            schema = data.get("json_schema")
-            if not isinstance(schema, dict) or not isinstance(schema.get("name"), str):
-                raise serializers.ValidationError('json_schema needs {"name": ..., "schema": {...}}.')
-            return {"type": kind, "json_schema": schema}
-        raise serializers.ValidationError('response_format type must be "text", "json_object" or "json_schema".')
-
-    def to_representation(self, value):
-        return value
-
-
 class TemplateKwargsField(serializers.Field):
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -252,6 +235,7 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
     tool_choice = ToolChoiceField(required=False, allow_null=True)
     parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
     response_format = ResponseFormatField(required=False, allow_null=True)
+    structured_outputs = StructuredOutputsField(required=False, allow_null=True)
     return_token_ids = StrictBooleanField(required=False, default=False)
 
     def validate(self, attrs: dict) -> dict:
@@ -267,6 +251,8 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         self.check_min_tokens(attrs, attrs.get("max_tokens") if max_tokens is None else max_tokens)
         self.validate_template_options(attrs)
         self._validate_tool_choice(attrs)
+        self.validate_beams(attrs)
+        attrs["structured"] = output_grammar(attrs, attrs.get("tools") or [], self.context)
         return attrs
 
     @staticmethod
@@ -297,5 +283,6 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         max_tokens = data.get("max_completion_tokens")
         if max_tokens is None:
             max_tokens = data.get("max_tokens")
-        return to_job_params(data, max_tokens=max_tokens,
-                             logprobs=(data.get("top_logprobs") or 0) if data["logprobs"] else None)
+        params = to_job_params(data, max_tokens=max_tokens,
+                               logprobs=(data.get("top_logprobs") or 0) if data["logprobs"] else None)
+        return constrain(params, data, data.get("tools") or [])

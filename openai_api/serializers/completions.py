@@ -7,6 +7,7 @@ from workers.protocol import JobParams, Prompt, to_job_params
 
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
+from .structured import StructuredOutputsField, constrain, output_grammar
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat and responses default to the rest of the context
 
@@ -63,6 +64,7 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
     return_token_ids = StrictBooleanField(required=False, default=False)
     add_special_tokens = StrictBooleanField(required=False, default=True,
                                             help_text="add the tokenizer's special tokens (BOS) to string prompts")
+    structured_outputs = StructuredOutputsField(required=False, allow_null=True)
 
     def validate(self, attrs: dict) -> dict:
         best_of = attrs.get("best_of")
@@ -74,13 +76,16 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
             raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
         max_tokens = attrs.get("max_tokens")
         self.check_min_tokens(attrs, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+        self.validate_beams(attrs)
+        attrs["structured"] = output_grammar(attrs, [], self.context)
         return attrs
 
     def job_params(self) -> JobParams:
         data = self.validated_data
         max_tokens = data.get("max_tokens")
-        return to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                             logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
+        params = to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                               logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
+        return constrain(params, data, [])
 
     def job_prompts(self) -> list[Prompt]:
         """The prompts as the job carries them: strings become {"text", "add_special_tokens"} when BOS is off."""

@@ -65,6 +65,57 @@ class StopField(serializers.Field):
         return value
 
 
+class StringListField(serializers.Field):
+    """A list of up to `max_items` non-empty strings (bad_words)."""
+
+    def __init__(self, max_items: int = 64, max_chars: int = 256, **kwargs) -> None:
+        self.max_items, self.max_chars = max_items, max_chars
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list) or not all(isinstance(item, str) and item for item in data):
+            raise serializers.ValidationError("Must be a list of non-empty strings.")
+        if len(data) > self.max_items or any(len(item) > self.max_chars for item in data):
+            raise serializers.ValidationError(f"At most {self.max_items} strings of {self.max_chars} characters each.")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class TokenSequencesField(serializers.Field):
+    """A list of non-empty token-id lists (bad_words_ids); ids are checked against the vocabulary on the worker."""
+
+    def __init__(self, max_items: int = 256, max_length: int = 64, **kwargs) -> None:
+        self.max_items, self.max_length = max_items, max_length
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        def is_ids(item) -> bool:
+            return (isinstance(item, list) and 0 < len(item) <= self.max_length
+                    and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item))
+
+        if not isinstance(data, list) or len(data) > self.max_items or not all(is_ids(item) for item in data):
+            raise serializers.ValidationError(f"Must be at most {self.max_items} lists of 1 to {self.max_length} "
+                                              "non-negative token ids.")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class EarlyStoppingField(serializers.Field):
+    """Hugging Face's early_stopping: true, false or "never"."""
+
+    def to_internal_value(self, data):
+        if data not in (True, False, "never") or isinstance(data, int) and not isinstance(data, bool):
+            raise serializers.ValidationError('Must be true, false or "never".')
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
 class LogitBiasField(serializers.Field):
     """`logit_bias`: {"token id": bias in [-100, 100]}."""
 

@@ -8,9 +8,10 @@ from rest_framework import serializers
 
 from workers.protocol import Conversation, JobParams, to_job_params
 
-from .chat import ResponseFormatField, TemplateKwargsField, clean_message, clean_tool, invalid
+from .chat import TemplateKwargsField, clean_message, clean_tool, invalid
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
+from .structured import ResponseFormatField, constrain, output_grammar
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 
@@ -109,12 +110,17 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSeriali
         if attrs.get("text") is not None and not isinstance(attrs["text"], dict):
             raise invalid("text", 'text must be {"format": {...}}.')
         if text_format is not None:
+            if not isinstance(text_format, dict):
+                raise invalid("text.format", 'format type must be "text", "json_object" or "json_schema".')
+            schema = {k: v for k, v in text_format.items() if k != "type"}
+            shaped = {"type": text_format.get("type"), "json_schema": schema} if schema else text_format
+            field = ResponseFormatField()
+            field._context = self.context  # the schema limits
             try:
-                schema = {k: v for k, v in text_format.items() if k != "type"} if isinstance(text_format, dict) else {}
-                shaped = {"type": text_format.get("type"), "json_schema": schema} if schema else text_format
-                attrs["response_format"] = ResponseFormatField().to_internal_value(shaped)
-            except (serializers.ValidationError, AttributeError):
-                raise invalid("text.format", 'format type must be "text", "json_object" or "json_schema".') from None
+                attrs["response_format"] = field.to_internal_value(shaped)
+            except serializers.ValidationError as exc:
+                raise serializers.ValidationError({"text.format": exc.detail}) from None
+        attrs["structured"] = output_grammar(attrs, attrs["chat_tools"], self.context)
         return attrs
 
     @staticmethod
@@ -144,4 +150,5 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSeriali
                  "add_generation_prompt": True, "continue_final_message": False}]
 
     def job_params(self) -> JobParams:
-        return to_job_params(self.validated_data, max_tokens=self.validated_data.get("max_output_tokens"))
+        data = self.validated_data
+        return constrain(to_job_params(data, max_tokens=data.get("max_output_tokens")), data, data["chat_tools"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from .fields import (
+    EarlyStoppingField,
     LogitBiasField,
     StopField,
     StreamOptionsSerializer,
@@ -11,6 +12,8 @@ from .fields import (
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
+    StringListField,
+    TokenSequencesField,
 )
 
 INT64_MAX = 2**63 - 1
@@ -37,6 +40,31 @@ class SamplingParamsSerializer(serializers.Serializer):
     no_repeat_ngram_size = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX)
     ignore_eos = StrictBooleanField(required=False, default=False)
     min_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX)
+    typical_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    bad_words = StringListField(required=False, allow_null=True)
+    bad_words_ids = TokenSequencesField(required=False, allow_null=True)
+    min_length = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX)
+    # Beam search (Hugging Face's generate): deterministic, so temperature/top_* do not apply to it.
+    num_beams = StrictIntegerField(required=False, allow_null=True, min_value=1)
+    length_penalty = StrictFloatField(required=False, allow_null=True, min_value=-10.0, max_value=10.0)
+    early_stopping = EarlyStoppingField(required=False, allow_null=True)
+
+    def validate_typical_p(self, value: float | None) -> float | None:
+        if value is not None and value <= 0.0:
+            raise serializers.ValidationError("Ensure this value is greater than 0.")
+        return value
+
+    def validate_num_beams(self, value: int | None) -> int | None:
+        limit = self.context.get("max_beams", 16)
+        if value is not None and value > limit:
+            raise serializers.ValidationError(f"Ensure this value is less than or equal to {limit}.")
+        return value
+
+    def validate_beams(self, attrs: dict) -> None:
+        """n <= num_beams: the n best beams come back."""
+        beams = attrs.get("num_beams") or 1
+        if beams > 1 and attrs.get("n", 1) > beams:
+            raise serializers.ValidationError({"n": [f"n ({attrs['n']}) must not exceed num_beams ({beams})."]})
 
     def validate_n(self, value: int) -> int:
         limit = self.context.get("max_n", 16)

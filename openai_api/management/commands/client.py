@@ -17,6 +17,12 @@ from urllib.parse import urlsplit
 import httpx
 from django.core.management.base import BaseCommand, CommandError
 
+from ..config_files import CLIENT_KEYS, load_config, merged_options
+
+DEFAULTS = {"url": "http://127.0.0.1:8000/v1", "echo": True, "stream": False, "show_usage": False}
+# Request fields the client sends when set (flag or config file).
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty",
+                   "no_repeat_ngram_size", "min_length", "num_beams", "ignore_eos", "seed", "stop")
 HELP = "Commands: /clear (forget the conversation), /system TEXT (set the system prompt), /help, quit"
 REPLY_TOKENS = 256  # an interactive reply's default length, when the context has room for it
 MIN_REPLY_TOKENS = 32  # below this much room, the oldest turns are dropped
@@ -119,27 +125,36 @@ class Command(BaseCommand):
     help = "A terminal client for an OpenAI-compatible server: chat, completions, models, health."
 
     def add_arguments(self, parser):
-        parser.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's /v1 URL")
+        parser.add_argument("--config", metavar="FILE", help="a YAML client config (see the README); flags override it")
+        parser.add_argument("--url", help="the server's /v1 URL (default http://127.0.0.1:8000/v1)")
         parser.add_argument("--model", help="default: the first of /v1/models")
         parser.add_argument("--api-key", help="default: $OPENAI_API_KEY, $INFERENCE_API_KEY, or the local key file")
         parser.add_argument("--message", help="send one chat message and print the answer")
         parser.add_argument("--system", help="system prompt for chat")
         parser.add_argument("--completion", help="complete this text (a piped stdin does the same)")
-        parser.add_argument("--echo", action=argparse.BooleanOptionalAction, default=True,
+        parser.add_argument("--echo", action=argparse.BooleanOptionalAction, default=None,
                             help="print the prompt before a completion (default: on)")
-        parser.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+        parser.add_argument("--stream", action="store_true", default=None, help="print tokens as they arrive")
         parser.add_argument("--max-tokens", type=int)
         parser.add_argument("--temperature", type=float)
         parser.add_argument("--top-p", type=float)
         parser.add_argument("--top-k", type=int)
         parser.add_argument("--repetition-penalty", type=float)
+        parser.add_argument("--min-p", type=float)
+        parser.add_argument("--typical-p", type=float)
+        parser.add_argument("--no-repeat-ngram-size", type=int)
+        parser.add_argument("--min-length", type=int, help="minimum length, prompt included (Hugging Face's)")
+        parser.add_argument("--num-beams", type=int, help="beam search with this many beams")
+        parser.add_argument("--ignore-eos", action="store_true", default=None)
         parser.add_argument("--seed", type=int)
         parser.add_argument("--stop", action="append", help="a stop string (repeatable)")
         parser.add_argument("--list-models", action="store_true")
         parser.add_argument("--health", action="store_true")
-        parser.add_argument("--show-usage", action="store_true", help="print token usage to stderr")
+        parser.add_argument("--show-usage", action="store_true", default=None, help="print token usage to stderr")
 
     def handle(self, *args, **options):
+        config = load_config(options["config"], CLIENT_KEYS) if options.get("config") else {}
+        options = merged_options(options, config, DEFAULTS)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no request log lines in the output
         client = Client(options["url"], find_api_key(options["url"], options["api_key"]))
         if options["health"]:
@@ -169,9 +184,7 @@ class Command(BaseCommand):
         return [{"role": "system", "content": self.options["system"]}] if self.options["system"] else []
 
     def _sampling(self) -> dict:
-        names = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                 "repetition_penalty": "repetition_penalty", "seed": "seed", "stop": "stop"}
-        body = {field: self.options[option] for field, option in names.items() if self.options[option] is not None}
+        body = {field: self.options[field] for field in SAMPLING_FIELDS if self.options.get(field) is not None}
         if self.options["stream"] and self.options["show_usage"]:
             body["stream_options"] = {"include_usage": True}
         return {"model": self.model, **body}

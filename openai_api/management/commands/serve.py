@@ -16,6 +16,12 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog.hf_cache import cached_causal_lms
 from inference_site import http_limits
 
+from ..config_files import SERVER_KEYS, load_config, merged_options
+
+# Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
+ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
+                   ("max_num_seqs", "MAX_NUM_SEQS"), ("max_queue", "MAX_QUEUE"), ("prefill_chunk", "PREFILL_CHUNK"))
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,8 +29,11 @@ class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
+        parser.add_argument("--host", help="default 127.0.0.1")
+        parser.add_argument("--port", type=int, help="default 8000")
+        parser.add_argument("--device", help="auto, cpu, cuda, cuda:1…")
+        parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"))
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
         parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
@@ -33,17 +42,26 @@ class Command(BaseCommand):
                             help="unload a model idle this long (default 300; -1: never)")
         parser.add_argument("--reasoning", choices=("auto", "on", "off"), help="on/off set enable_thinking in the template")
 
-    def handle(self, *args, host: str, port: int, no_auth: bool, no_worker: bool, **options):
-        self._configure_chat(options.get("chat_template"), options.get("chat_template_kwargs"), options.get("reasoning"))
+    def handle(self, *args, no_worker: bool, **options):
+        config = load_config(options["config"], SERVER_KEYS) if options.get("config") else {}
+        options = merged_options(options, {**config, **config.get("batching", {})}, {"host": "127.0.0.1", "port": 8000})
+        host, port = options["host"], options["port"]
+        no_auth = options["no_auth"] or config.get("auth") is False
+        kwargs = options.get("chat_template_kwargs")
+        self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
+                             options.get("reasoning"))
+        for key, setting in ENGINE_SETTINGS:  # settings, and env for workers started from here
+            if options.get(key) is not None:
+                settings.INFERENCE[setting] = options[key]
+                os.environ[f"INFERENCE_{setting}"] = str(options[key])
         call_command("migrate", interactive=False, verbosity=0)
-        if options.get("model_timeout") is not None:
-            settings.INFERENCE["MODEL_TIMEOUT"] = options["model_timeout"]
-            os.environ["INFERENCE_MODEL_TIMEOUT"] = str(options["model_timeout"])
         if not no_worker:
             self._ensure_a_model()
         from catalog.services import scan_cache
 
         self.stdout.write(f"Model catalog: {scan_cache()}")
+        if config.get("models"):
+            self._configure_models(config["models"])
         self._announce_auth(port, no_auth)
         self._allow_host(host)
         http_limits.install()
@@ -106,6 +124,27 @@ class Command(BaseCommand):
         else:
             names = {f"[{host}]" if ":" in host else host}
         settings.ALLOWED_HOSTS.extend(sorted(names - set(settings.ALLOWED_HOSTS)))
+
+    def _configure_models(self, entries: list[dict]) -> None:
+        """The config file's per-model settings go into the catalog (chat templates are read from their files)."""
+        from django.core.exceptions import ValidationError
+
+        from catalog.errors import ModelNotFound
+        from catalog.services import configure_models
+
+        for entry in entries:
+            if entry.get("chat_template"):
+                path = Path(entry["chat_template"]).expanduser()
+                if not path.is_file():
+                    raise CommandError(f"models[{entry['name']}].chat_template: no such file: {path}")
+                entry["chat_template"] = path.read_text()
+        try:
+            configured = configure_models(entries)
+        except ModelNotFound as exc:
+            raise CommandError(f"--config: models: {exc.message} (not in the Hugging Face cache)") from exc
+        except ValidationError as exc:
+            raise CommandError(f"--config: models: {'; '.join(exc.messages)}") from exc
+        self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
 
     def _ensure_a_model(self) -> None:
         if cached_causal_lms():
