@@ -221,12 +221,9 @@ class Engine:
         self.emit(reply, message)
 
     def _finish_empty_sequences(self, request: Request) -> None:
-        """max_tokens = 0: nothing to generate; echo + logprobs still scores the prompt."""
-        runner = self.runners[request.model_name]
+        """max_tokens = 0: nothing to generate; echo + logprobs still prefills (in chunks) to score the prompt."""
         for seq in request.sequences:
-            if seq.max_tokens == 0:
-                if seq.wants_prompt_logprobs:
-                    seq.record_prompt_logprobs(runner.prompt_logits(seq)[:-1])
+            if seq.max_tokens == 0 and not seq.wants_prompt_logprobs:
                 seq.finish("length")
 
     # --- one step --------------------------------------------------------
@@ -311,6 +308,9 @@ class Engine:
             for sibling in group[1:]:
                 runner.share_prefill(seq, sibling)
             for member in group:
+                if member.max_tokens == 0:  # the prompt was only scored
+                    member.finish("length")
+                    continue
                 member.accept(member.sampler.choose(logits, member.prompt_ids, member.completion_ids))
                 if not member.finished:
                     joined.setdefault(member.request.model_name, []).append(member)

@@ -35,8 +35,7 @@ class ModelRunner:
             seq.state = DynamicCache(config=self.loaded.model.config)
             seq.prefilled = 0
         remaining = len(seq.prompt_ids) - seq.prefilled
-        # Echo + logprobs needs every prompt position's logits: one chunk.
-        take = remaining if seq.wants_prompt_logprobs else min(remaining, budget, self.prefill_chunk)
+        take = min(remaining, budget, self.prefill_chunk)
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
@@ -44,16 +43,14 @@ class ModelRunner:
             input_ids=torch.tensor([chunk], device=self.loaded.device),
             past_key_values=seq.state,
             use_cache=True,
-            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,
+            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
         )
         seq.state = output.past_key_values
         seq.prefilled += take
-        if seq.prefilled < len(seq.prompt_ids):
-            return take, None
-        logits = output.logits[0]
+        done = seq.prefilled == len(seq.prompt_ids)
         if seq.wants_prompt_logprobs:
-            seq.record_prompt_logprobs(logits[:-1])
-        return take, logits[-1]
+            seq.record_prompt_chunk(output.logits[0], last=done)
+        return take, output.logits[0, -1] if done else None
 
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """Whole prompts of several newcomers in one left-padded forward; each keeps its own cache rows."""
@@ -76,7 +73,8 @@ class ModelRunner:
 
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
         """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
-        sibling.state = clone_cache(self.loaded.model.config, source.state)
+        if sibling.max_tokens > 0:
+            sibling.state = clone_cache(self.loaded.model.config, source.state)
         sibling.prefilled = len(sibling.prompt_ids)
         if sibling.wants_prompt_logprobs and source.pending_logprobs is not None:
             sibling.copy_prompt_logprobs(source)
@@ -119,8 +117,3 @@ class ModelRunner:
             seq.state = output.past_key_values
             results.append((seq, output.logits[0, -1]))
         return results
-
-    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
-        """Logits over the whole prompt, for echo + logprobs with nothing to generate."""
-        output = self.loaded.model(input_ids=torch.tensor([seq.prompt_ids], device=self.loaded.device), use_cache=False)
-        return output.logits[0]
