@@ -25,7 +25,7 @@ class TemplateSettings:
 class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
-    torch_threads: int = 0  # 0: torch's own choice
+    torch_threads: int = 0  # 0: follow the cores other processes leave free (workers/cpu_share.py)
     max_num_seqs: int = 32
     max_queue: int = 256
     prefill_chunk: int = 512

@@ -22,6 +22,7 @@ import torch
 
 from . import protocol
 from .config import EngineConfig
+from .cpu_share import ThreadGovernor
 from .errors import JobError, ModelBusyError, ModelLoadError
 from .metrics import EngineMetrics
 from .model_loader import LoadedModel
@@ -60,6 +61,7 @@ class Engine:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
 
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
@@ -100,11 +102,11 @@ class Engine:
             self._outstanding -= 1
 
     def _run(self) -> None:
-        if self.config.torch_threads > 0:
-            torch.set_num_threads(self.config.torch_threads)
+        self.threads = ThreadGovernor(self.config.torch_threads)
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
+                self.threads.adjust()
                 if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
                     self._idle_checked = time.monotonic()
                     try:
