@@ -28,6 +28,7 @@ from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
 from .protocol import ModelRef
+from .prefill_pacing import PrefillPacer
 from .sequences import Request, Sequence
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
+        self.pacer = PrefillPacer(config.prefill_chunk)
 
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
@@ -239,14 +241,17 @@ class Engine:
             runner.drop_finished()
         self._let_waiting_in()
         decoded = []
+        started = time.perf_counter()
         for runner in self.runners.values():
             for seq, logits in runner.decode():
                 seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids))
                 decoded.append(seq)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
+        if decoded:
+            self.pacer.decoded(time.perf_counter() - started)
         self._publish_all()
-        if self._prefill():
+        if self._prefill(self.pacer.budget(bool(decoded))):
             self._publish_all()
 
     def _publish_all(self) -> None:
@@ -263,14 +268,14 @@ class Engine:
                 self.metrics.scheduled(seq.request)
                 running += 1
 
-    def _prefill(self) -> bool:
-        """Spend at most `prefill_chunk` prompt tokens this step; whether any prompt finished its prefill.
+    def _prefill(self, budget: int) -> bool:
+        """Spend at most `budget` prompt tokens this step; whether any prompt finished its prefill.
 
         Short prompts are prefilled together in one padded forward; a long prompt
         (or one whose every position must be scored) goes alone, in chunks.
         Choices of one prompt share its prefill.
         """
-        budget = self.prefill_chunk
+        began, planned = time.perf_counter(), budget
         started = [s for s in self.prefilling if s.state is not None and not s.finished]
         fresh: list[Sequence] = []
         for seq in self.prefilling:
@@ -297,6 +302,7 @@ class Engine:
                 budget -= len(seq.prompt_ids)
         for name, sequences in together.items():
             done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
+        self.pacer.prefilled(planned - budget, time.perf_counter() - began)
         self._start_decoding(done)
         return bool(done)
 
