@@ -9,6 +9,7 @@ import torch
 from huggingface_hub import constants
 
 from workers import protocol
+from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.prompt_scoring import PrefixOffsets
 from workers.token_text import TokenText, settled_length
@@ -47,7 +48,7 @@ def chunked_engine(hf_cache):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
         outbox = Outbox()
-        engine = Engine(outbox.emit, max_num_seqs=8, prefill_chunk=16)
+        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=8, prefill_chunk=16))
         engine.start()
         yield engine, outbox
         engine.stop()
