@@ -206,6 +206,9 @@ INFERENCE = {
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
     "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
+    # KV cache memory (MiB) the running sequences may reserve (prompt + max_tokens each); 0: no limit
+    # beyond MAX_NUM_SEQS. A sequence waits until its reservation fits beside the running ones'.
+    "KV_BUDGET_MB": env_float("INFERENCE_KV_BUDGET_MB", 0.0),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # Chat templates (worker side): a Jinja file that overrides every model's own template,
     # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).

@@ -31,6 +31,7 @@ class EngineConfig:
     prefill_chunk: int = 512
     model_timeout: float = 300.0  # idle seconds before a model is unloaded
     memory_budget_bytes: int | None = None  # None: no budget
+    kv_budget_bytes: int | None = None  # KV cache the running sequences may reserve; None: no budget
     templates: TemplateSettings = field(default_factory=TemplateSettings)
 
     @classmethod
@@ -41,6 +42,7 @@ class EngineConfig:
             max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
             prefill_chunk=inference["PREFILL_CHUNK"], model_timeout=inference["MODEL_TIMEOUT"],
             memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
+            kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
                                        reasoning=inference.get("REASONING") or "auto"),

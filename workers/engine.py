@@ -259,14 +259,32 @@ class Engine:
             self._publish(request)
 
     def _let_waiting_in(self) -> None:
+        """In arrival order, while a sequence slot is free and its KV reservation fits the budget."""
         self.prefilling = [seq for seq in self.prefilling if not seq.finished]
         running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
+        budget = self.config.kv_budget_bytes
+        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self._in_flight())
         while self.waiting and running < self.max_num_seqs:
-            seq = self.waiting.popleft()
-            if not seq.finished:
-                self.prefilling.append(seq)
-                self.metrics.scheduled(seq.request)
-                running += 1
+            seq = self.waiting[0]
+            if seq.finished:
+                self.waiting.popleft()
+                continue
+            needed = 0 if budget is None else self._kv_reservation(seq)
+            if budget is not None and running and reserved + needed > budget:
+                break  # it waits for running sequences to finish (alone, it always runs)
+            self.waiting.popleft()
+            self.prefilling.append(seq)
+            self.metrics.scheduled(seq.request)
+            running += 1
+            reserved += needed
+
+    def _in_flight(self) -> list[Sequence]:
+        return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
+
+    def _kv_reservation(self, seq: Sequence) -> int:
+        """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
+        runner = self.runners.get(seq.request.model_name)
+        return 0 if runner is None else (len(seq.prompt_ids) + seq.max_tokens) * runner.kv_bytes_per_token
 
     def _prefill(self, budget: int) -> bool:
         """Spend at most `budget` prompt tokens this step; whether any prompt finished its prefill.

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .kv_batch import BatchedKV, clone_cache, slice_rows, supports_batching
+from .kv_batch import clone_cache, slice_rows, supports_batching
+from .kv_slab import SlabKV
 from .model_loader import LoadedModel
 from .sequences import Sequence
 
@@ -19,14 +20,27 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256) -> None:
         self.loaded = loaded
         self.prefill_chunk = max(1, prefill_chunk)
-        self.batch = BatchedKV(loaded.model.config, loaded.device)
+        self.batch = SlabKV(loaded.model.config, loaded.device)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
         self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys + values of one token over every layer."""
+        config = self.loaded.model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        element = torch.finfo(self.loaded.model.dtype).bits // 8
+        return 2 * config.num_hidden_layers * heads * head_dim * element
+
+    @property
     def running(self) -> int:
         return len(self.batch_rows) + len(self.solo_rows)
+
+    @property
+    def rows(self) -> list[Sequence]:
+        return [*self.batch_rows, *self.solo_rows]
 
     # --- prefill -----------------------------------------------------------
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
@@ -93,10 +107,9 @@ class ModelRunner:
 
     # --- decode ------------------------------------------------------------
     def drop_finished(self) -> None:
-        keep = [i for i, seq in enumerate(self.batch_rows) if not seq.finished]
-        if len(keep) != len(self.batch_rows):
-            self.batch.keep(keep)
-            self.batch_rows = [self.batch_rows[i] for i in keep]
+        dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
+        if dead:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
         self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
 
     def decode(self) -> list[tuple[Sequence, torch.Tensor]]:
@@ -104,8 +117,7 @@ class ModelRunner:
         results: list[tuple[Sequence, torch.Tensor]] = []
         if self.batch_rows:
             inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
-            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)
-            self.batch.cache = output.past_key_values
+            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
             self.batch.advance()
             logits = output.logits[:, -1, :]
             results.extend(zip(self.batch_rows, logits))
