@@ -39,6 +39,7 @@ class OurServer:
 
     def __init__(self, hf_cache: Path, work_dir: Path, root: Path | None = None, **env: str) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
+        env.setdefault("INFERENCE_WORKER_ACK_TIMEOUT", "120")  # the first job imports torch: slow on a busy machine
         self.server = LiveServer(base_env(hf_cache, work_dir, **env), work_dir, extra_args=("--no-auth",), name="ours",
                                  **({"root": root} if root else {}))
         self.base_url = f"{self.server.base_url}/v1"

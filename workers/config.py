@@ -32,6 +32,7 @@ class EngineConfig:
     model_timeout: float = 300.0  # idle seconds before a model is unloaded
     memory_budget_bytes: int | None = None  # None: no budget
     kv_budget_bytes: int | None = None  # KV cache the running sequences may reserve; None: no budget
+    prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
     templates: TemplateSettings = field(default_factory=TemplateSettings)
 
     @classmethod
@@ -43,6 +44,7 @@ class EngineConfig:
             prefill_chunk=inference["PREFILL_CHUNK"], model_timeout=inference["MODEL_TIMEOUT"],
             memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
             kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
+            prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
                                        reasoning=inference.get("REASONING") or "auto"),

@@ -49,7 +49,8 @@ class Engine:
         self.prefill_chunk = config.prefill_chunk
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
-                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event))
+                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event),
+                                    prefix_cache_bytes=config.prefix_cache_bytes)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self._idle_checked = 0.0
@@ -85,6 +86,21 @@ class Engine:
     def has_room(self) -> bool:
         """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
         return self._outstanding < self.max_num_seqs + self.config.max_queue
+
+    def stats(self) -> dict[str, int]:
+        """Counters for monitoring, safe to read from any thread (a snapshot, not a transaction)."""
+        runners = list(self.runners.values())
+        totals = {"torch_threads": self.threads.threads if self.threads else 0,
+                  "running_sequences": sum(runner.running for runner in runners),
+                  "waiting_sequences": len(self.waiting),
+                  "kv_cache_bytes": sum(runner.batch.allocated_bytes() for runner in runners),
+                  "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
+                  "prefix_cache_blocks": 0, "prefix_cache_bytes": 0}
+        for runner in runners:
+            if runner.prefix_cache is not None:
+                for key, value in runner.prefix_cache.stats().items():
+                    totals[key] += value
+        return totals
 
     def submit(self, job: protocol.SubmitMessage) -> None:
         with self._lock:
@@ -310,7 +326,8 @@ class Engine:
         for seq in fresh:
             if budget <= 0:
                 break
-            if seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
+            runner = self.runners[seq.request.model_name]
+            if runner.attach_prefix(seq) or seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
                 used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
                 budget -= used
                 if logits is not None:
@@ -329,6 +346,7 @@ class Engine:
         joined: dict[str, list[Sequence]] = {}
         for seq, logits in done:
             runner = self.runners[seq.request.model_name]
+            runner.remember_prefix(seq)
             group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
                              and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
             for sibling in group[1:]:

@@ -12,14 +12,16 @@ from transformers import DynamicCache
 
 from .kv_batch import clone_cache, slice_rows, supports_batching
 from .kv_slab import SlabKV
+from .prefix_cache import PrefixCache
 from .model_loader import LoadedModel
 from .sequences import Sequence
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256) -> None:
+    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256, prefix_cache_bytes: int = 0) -> None:
         self.loaded = loaded
         self.prefill_chunk = max(1, prefill_chunk)
+        self.prefix_cache = PrefixCache(loaded.model.config, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.batch = SlabKV(loaded.model.config, loaded.device)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
@@ -43,6 +45,19 @@ class ModelRunner:
         return [*self.batch_rows, *self.solo_rows]
 
     # --- prefill -----------------------------------------------------------
+    def attach_prefix(self, seq: Sequence) -> int:
+        """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
+        cached start; returns how many tokens that saves (0: none cached, or every position must be scored)."""
+        if self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable:
+            return 0
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids)
+        return seq.prefilled
+
+    def remember_prefix(self, seq: Sequence) -> None:
+        """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
+        if self.prefix_cache is not None and seq.state is not None and self.batchable:
+            self.prefix_cache.remember(seq.prompt_ids, seq.state)
+
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
         """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
         if seq.state is None:
