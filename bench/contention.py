@@ -38,6 +38,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--torch-threads", type=int, default=None, help="the server's INFERENCE_TORCH_THREADS (default: its own)")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for the server, e.g. OMP_WAIT_POLICY=PASSIVE (repeatable)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 rounds, 16 tokens: checks it runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -94,7 +96,9 @@ def main(argv: list[str]) -> None:
     cache = prepare_cache()
     ensure_model(args.model, args.size, cache)
     levels = [int(c) for c in args.levels.split(",")]
-    env = {} if args.torch_threads is None else {"INFERENCE_TORCH_THREADS": str(args.torch_threads)}
+    env = dict(item.split("=", 1) for item in args.server_env)
+    if args.torch_threads is not None:
+        env["INFERENCE_TORCH_THREADS"] = str(args.torch_threads)
     work = Path(tempfile.mkdtemp(prefix="bench-contention-"))
     server = OurServer(cache, work, **env)
     competitors: list[subprocess.Popen] = []

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path

@@ -1,10 +1,21 @@
-"""The preallocated batch cache: rows joining and leaving at any step decode exactly as each alone with generate."""
+"""The preallocated batch cache: rows joining and leaving at any step decode exactly as each alone with generate;
+admission by KV budget."""
 from __future__ import annotations
 
+import threading
+import uuid
+
+import pytest
 import torch
+from huggingface_hub import constants
 from transformers import DynamicCache
 
+from workers import protocol
+from workers.config import EngineConfig
+from workers.engine import Engine
 from workers.kv_slab import SlabKV
+
+from .conftest import TINY_MODEL
 
 PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,",
            "The capital of France is a city where the river bends twice and the bridges " * 3, "def add(a, b):"]
@@ -51,18 +62,6 @@ def test_joins_leaves_and_moves_match_generate(reference):
 def test_admission_waits_for_kv_budget(hf_cache, reference):
     """With room for one sequence's prompt + max_tokens, the second starts only once the first is done;
     a sequence larger than the whole budget still runs when it is alone."""
-    import threading
-    import uuid
-
-    import pytest
-    from huggingface_hub import constants
-
-    from workers import protocol
-    from workers.config import EngineConfig
-    from workers.engine import Engine
-
-    from .conftest import TINY_MODEL
-
     config = reference.model.config
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
     prompt, max_tokens = "Once upon a time", 12

@@ -27,8 +27,8 @@ from .errors import JobError, ModelBusyError, ModelLoadError
 from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
-from .protocol import ModelRef
 from .prefill_pacing import PrefillPacer
+from .protocol import ModelRef
 from .sequences import Request, Sequence
 
 logger = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class Engine:
                 break
             runner = self.runners[seq.request.model_name]
             if runner.attach_prefix(seq) or seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
-                used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
+                used, logits = runner.prefill(seq, budget)
                 budget -= used
                 if logits is not None:
                     done.append((seq, logits))

@@ -12,8 +12,8 @@ from transformers import DynamicCache
 
 from .kv_batch import clone_cache, slice_rows, supports_batching
 from .kv_slab import SlabKV
-from .prefix_cache import PrefixCache
 from .model_loader import LoadedModel
+from .prefix_cache import PrefixCache
 from .sequences import Sequence
 
 
