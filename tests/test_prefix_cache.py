@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 from huggingface_hub import constants
+from prometheus_client import REGISTRY
 
 from workers import protocol
 from workers.config import EngineConfig
@@ -39,8 +40,16 @@ def generate_all(hf_cache, prefix_cache_bytes: int) -> tuple[list[list[int]], di
             engine.stop()
 
 
+def exported(name: str) -> float:
+    return REGISTRY.get_sample_value(f"vllm:prefix_cache_{name}_total", {"model_name": TINY_MODEL}) or 0.0
+
+
 def test_a_shared_prefix_is_reused_and_greedy_output_is_unchanged(hf_cache, reference):
+    hits_before, queries_before = exported("hits"), exported("queries")
     cached, stats = generate_all(hf_cache, 64 * 1024 * 1024)
+    # /metrics exports the same counts (the hit rate is hits / queries).
+    assert exported("hits") - hits_before == stats["prefix_cache_hit_tokens"]
+    assert exported("queries") - queries_before == stats["prefix_cache_lookup_tokens"]
     uncached, plain_stats = generate_all(hf_cache, 0)
     assert cached == uncached
     for question, output in zip(QUESTIONS + QUESTIONS[:1], cached):

@@ -327,7 +327,10 @@ class Engine:
             if budget <= 0:
                 break
             runner = self.runners[seq.request.model_name]
-            if runner.attach_prefix(seq) or seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
+            cached = runner.attach_prefix(seq)
+            if cached is not None:
+                self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
+            if cached or seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
                 used, logits = runner.prefill(seq, budget)
                 budget -= used
                 if logits is not None:

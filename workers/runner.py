@@ -45,11 +45,11 @@ class ModelRunner:
         return [*self.batch_rows, *self.solo_rows]
 
     # --- prefill -----------------------------------------------------------
-    def attach_prefix(self, seq: Sequence) -> int:
+    def attach_prefix(self, seq: Sequence) -> int | None:
         """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
-        cached start; returns how many tokens that saves (0: none cached, or every position must be scored)."""
+        cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
         if self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable:
-            return 0
+            return None
         seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids)
         return seq.prefilled
 
