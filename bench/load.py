@@ -63,7 +63,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-async def _one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, extra: dict) -> RequestResult:
+async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, extra: dict) -> RequestResult:
     result = RequestResult()
     started = time.perf_counter()
     last = None
@@ -99,7 +99,7 @@ async def run_load(base_url: str, model: str, prompts: list[str], concurrency: i
 
     async def gated(prompt: str) -> RequestResult:
         async with gate:
-            return await _one(client, model, prompt, max_tokens, extra or {})
+            return await stream_one(client, model, prompt, max_tokens, extra or {})
 
     started = time.perf_counter()
     results = await asyncio.gather(*[gated(p) for p in prompts])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import platform
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .load import bench_prompts, run_load
+from .models import ensure_model, prepare_cache
 from .raw import RawEngine
 from .report import markdown, plot
 from .servers import OurServer, PeerServer, ScaleOut, rss_mb
@@ -32,8 +34,11 @@ def positive_int(value: str) -> int:
     return number
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, epilog="other scenarios (--scenario NAME --help): " + "; ".join(
+        f"{name}: {what}" for name, what in SCENARIOS.items()))
+    parser.add_argument("--scenario", default="throughput", help="which benchmark (see below)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, one round, few tokens: checks it runs")
     parser.add_argument("--model", default="local/small-llama")
     parser.add_argument("--size", default="small", choices=["tiny", "small"], help="size to build if the model is missing")
     parser.add_argument("--concurrency", default="1,4,16,32")
@@ -43,18 +48,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--scale-out", action="store_true", help="also run against 2 workers over a private redis-server")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    return parser.parse_args()
-
-
-def ensure_model(model: str, size: str, cache: Path) -> None:
-    from huggingface_hub import scan_cache_dir
-
-    if cache.is_dir() and any(repo.repo_id == model for repo in scan_cache_dir(cache).repos):
-        return
-    from workers.tiny_models import build_tiny_model
-
-    print(f"building {model} ({size}) into {cache}")
-    build_tiny_model(model, size=size, cache_dir=cache)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.size, args.concurrency, args.max_tokens = "local/tiny-llama", "tiny", "1,4", 8
+        args.repeats, args.memory_runs, args.skip_peer = 1, 1, True
+    return args
 
 
 def warm_up(base_url: str, model: str, extra: dict | None) -> None:
@@ -151,13 +149,29 @@ def param_count(model: str) -> float:
     return round((layers * per_layer + 2 * vocab * hidden) / 1e6, 1)
 
 
-def main() -> None:
-    args = parse_args()
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from huggingface_hub import constants
+SCENARIOS = {
+    "throughput": "the default: raw vs ours vs the peer at fixed concurrencies (this module)",
+    "scoring": "a long prompt scored with echo + logprobs vs one forward (bench/scoring.py)",
+    "memory": "KV memory and tok/s at 32 streams of 2k-token prompts, vs another git ref's server (bench/memory.py)",
+    "prefix": "TTFT after a 1,500-token shared prefix: a prefix-cache miss vs a hit (bench/prefix.py)",
+    "mixed": "Poisson arrivals of 32-2048-token prompts / 16-512-token outputs, ours vs the peer (bench/mixed.py)",
+    "contention": "c1/c16/... rounds on one server beside busy processes, vs raw under the same load (bench/contention.py)",
+}
 
-    cache = Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
-    os.environ["HF_HUB_CACHE"] = str(cache)
+
+def main() -> None:
+    """`--scenario NAME [its options]`; every scenario takes `--quick` (a short run that checks it works)."""
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--scenario", choices=sorted(SCENARIOS), default="throughput")
+    chosen, rest = chooser.parse_known_args()
+    if chosen.scenario != "throughput":
+        importlib.import_module(f"bench.{chosen.scenario}").main(rest)
+        return
+    throughput(parse_args(rest))
+
+
+def throughput(args: argparse.Namespace) -> None:
+    cache = prepare_cache()
     ensure_model(args.model, args.size, cache)
     levels = [int(c) for c in args.concurrency.split(",")]
     results: dict = {"model": args.model, "params_m": param_count(args.model), "max_tokens": args.max_tokens,

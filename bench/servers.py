@@ -2,31 +2,46 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.live_server import LiveServer, ManagedProcess, base_env, free_port
+from tests.live_server import ROOT, LiveServer, ManagedProcess, base_env, free_port
 from tests.services import RedisServer
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (the peer forks nothing; ours is one process)."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of a process (`VmHWM`: its peak so far); the peer forks nothing, ours is one process."""
     total = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             total += int(line.split()[1])
     return round(total / 1024, 1)
 
 
-class OurServer:
-    """`manage.py serve --no-auth`: the embedded default, one process."""
+class GitRef:
+    """A detached worktree of another git ref of this repository, to measure its server in the same run."""
 
-    def __init__(self, hf_cache: Path, work_dir: Path, **env: str) -> None:
+    def __init__(self, ref: str, where: Path) -> None:
+        self.root = where
+        subprocess.run(["git", "worktree", "add", "--detach", str(where), ref], cwd=ROOT, check=True,
+                       capture_output=True)
+
+    def remove(self) -> None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(self.root)], cwd=ROOT, capture_output=True)
+
+
+class OurServer:
+    """`manage.py serve --no-auth`: the embedded default, one process (from `root`: another checkout)."""
+
+    def __init__(self, hf_cache: Path, work_dir: Path, root: Path | None = None, **env: str) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
-        self.server = LiveServer(base_env(hf_cache, work_dir, **env), work_dir, extra_args=("--no-auth",), name="ours")
+        env.setdefault("INFERENCE_WORKER_ACK_TIMEOUT", "120")  # the first job imports torch: slow on a busy machine
+        self.server = LiveServer(base_env(hf_cache, work_dir, **env), work_dir, extra_args=("--no-auth",), name="ours",
+                                 **({"root": root} if root else {}))
         self.base_url = f"{self.server.base_url}/v1"
         self.pid = self.server.process.pid
 

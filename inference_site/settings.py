@@ -224,6 +224,11 @@ INFERENCE = {
     "MAX_SCHEMA_BYTES": env_int("INFERENCE_MAX_SCHEMA_BYTES", 64 * 1024),
     "MAX_SCHEMA_DEPTH": env_int("INFERENCE_MAX_SCHEMA_DEPTH", 32),
     "MAX_BEAMS": env_int("INFERENCE_MAX_BEAMS", 16),
+    # KV cache memory (MiB) the running sequences may reserve (prompt + max_tokens each); 0: no limit
+    # beyond MAX_NUM_SEQS. A sequence waits until its reservation fits beside the running ones'.
+    "KV_BUDGET_MB": env_float("INFERENCE_KV_BUDGET_MB", 0.0),
+    # Keys/values of recent prompts kept per model for later prompts that start the same way (MiB; 0: off).
+    "PREFIX_CACHE_MB": env_float("INFERENCE_PREFIX_CACHE_MB", 512.0),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # Chat templates (worker side): a Jinja file that overrides every model's own template,
     # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).

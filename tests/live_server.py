@@ -23,12 +23,12 @@ def free_port() -> int:
 class ManagedProcess:
     """A child process whose output goes to a log file the test can read."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, python: bool = True) -> None:
-        """`args` run under this Python (`python=False`: `args` is the whole command)."""
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, python: bool = True, cwd: Path = ROOT) -> None:
+        """`args` run under this Python (`python=False`: `args` is the whole command) in `cwd`."""
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, *args] if python else args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            [sys.executable, *args] if python else args, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -73,10 +73,13 @@ def base_env(hf_cache: Path, work_dir: Path, **extra: str) -> dict[str, str]:
 class LiveServer(ManagedProcess):
     """`manage.py serve` on a free port; knows its URL and the API key it wrote."""
 
-    def __init__(self, env: dict[str, str], work_dir: Path, extra_args: tuple[str, ...] = (), name: str = "serve") -> None:
+    def __init__(self, env: dict[str, str], work_dir: Path, extra_args: tuple[str, ...] = (), name: str = "serve",
+                 root: Path = ROOT) -> None:
+        """`root`: the checkout whose manage.py runs (the benchmark measures another git ref that way)."""
         self.port = free_port()
         self.work_dir = work_dir
-        super().__init__(["manage.py", "serve", "--port", str(self.port), *extra_args], env, work_dir / f"{name}.log")
+        super().__init__(["manage.py", "serve", "--port", str(self.port), *extra_args], env, work_dir / f"{name}.log",
+                         cwd=root)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._wait_ready()
         key_file = Path(env["INFERENCE_KEY_DIR"]) / f"{self.port}.key"

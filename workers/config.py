@@ -25,7 +25,7 @@ class TemplateSettings:
 class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
-    torch_threads: int = 0  # 0: torch's own choice
+    torch_threads: int = 0  # 0: follow the cores other processes leave free (workers/cpu_share.py)
     max_num_seqs: int = 32
     max_queue: int = 256
     prefill_chunk: int = 512
@@ -33,6 +33,8 @@ class EngineConfig:
     memory_budget_bytes: int | None = None  # None: no budget
     grammar_timeout: float = 10.0  # seconds a structured-output grammar may take to compile
     grammar_cache_size: int = 64  # compiled grammars kept (LRU)
+    kv_budget_bytes: int | None = None  # KV cache the running sequences may reserve; None: no budget
+    prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
     templates: TemplateSettings = field(default_factory=TemplateSettings)
 
     @classmethod
@@ -44,6 +46,8 @@ class EngineConfig:
             prefill_chunk=inference["PREFILL_CHUNK"], model_timeout=inference["MODEL_TIMEOUT"],
             memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
             grammar_timeout=inference["GRAMMAR_TIMEOUT"], grammar_cache_size=inference["GRAMMAR_CACHE_SIZE"],
+            kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
+            prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
                                        reasoning=inference.get("REASONING") or "auto"),

@@ -24,11 +24,13 @@ from . import protocol
 from .beam_search import BeamRunner
 from .config import EngineConfig
 from .constraints import sample_rows
+from .cpu_share import ThreadGovernor
 from .errors import JobError, ModelBusyError, ModelLoadError
 from .grammars import GrammarCompiler, PendingGrammars
 from .metrics import EngineMetrics
 from .model_loader import LoadedModel
 from .model_manager import ModelManager
+from .prefill_pacing import PrefillPacer
 from .protocol import ModelRef
 from .sequences import Request, Sequence
 
@@ -52,7 +54,8 @@ class Engine:
         self.prefill_chunk = config.prefill_chunk
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
-                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event))
+                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event),
+                                    prefix_cache_bytes=config.prefix_cache_bytes)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self._idle_checked = 0.0
@@ -68,6 +71,8 @@ class Engine:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
+        self.pacer = PrefillPacer(config.prefill_chunk)
 
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
@@ -92,6 +97,21 @@ class Engine:
         """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
         return self._outstanding < self.max_num_seqs + self.config.max_queue
 
+    def stats(self) -> dict[str, int]:
+        """Counters for monitoring, safe to read from any thread (a snapshot, not a transaction)."""
+        runners = list(self.runners.values())
+        totals = {"torch_threads": self.threads.threads if self.threads else 0,
+                  "running_sequences": sum(runner.running for runner in runners),
+                  "waiting_sequences": len(self.waiting),
+                  "kv_cache_bytes": sum(runner.batch.allocated_bytes() for runner in runners),
+                  "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
+                  "prefix_cache_blocks": 0, "prefix_cache_bytes": 0}
+        for runner in runners:
+            if runner.prefix_cache is not None:
+                for key, value in runner.prefix_cache.stats().items():
+                    totals[key] += value
+        return totals
+
     def submit(self, job: protocol.SubmitMessage) -> None:
         with self._lock:
             self._outstanding += 1
@@ -110,13 +130,13 @@ class Engine:
             self._outstanding -= 1
 
     def _run(self) -> None:
-        if self.config.torch_threads > 0:
-            torch.set_num_threads(self.config.torch_threads)
+        self.threads = ThreadGovernor(self.config.torch_threads)
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.requests)
                 if self.grammars:
                     self._check_compiles()
+                self.threads.adjust()
                 if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
                     self._idle_checked = time.monotonic()
                     try:
@@ -268,12 +288,9 @@ class Engine:
         self.emit(reply, message)
 
     def _finish_empty_sequences(self, request: Request) -> None:
-        """max_tokens = 0: nothing to generate; echo + logprobs still scores the prompt."""
-        runner = self.runners[request.model_name]
+        """max_tokens = 0: nothing to generate; echo + logprobs still prefills (in chunks) to score the prompt."""
         for seq in request.sequences:
-            if seq.max_tokens == 0:
-                if seq.wants_prompt_logprobs:
-                    seq.record_prompt_logprobs(runner.prompt_logits(seq)[:-1])
+            if seq.max_tokens == 0 and not seq.wants_prompt_logprobs:
                 seq.finish("length")
 
     # --- one step --------------------------------------------------------
@@ -287,14 +304,17 @@ class Engine:
             runner.drop_finished()
         self._let_waiting_in()
         decoded = []
+        started = time.perf_counter()
         for runner in self.runners.values():
             pairs = runner.decode()
             sample_rows(pairs)
             decoded.extend(seq for seq, _ in pairs)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
+        if decoded:
+            self.pacer.decoded(time.perf_counter() - started)
         self._publish_all()
-        if self._prefill():
+        if self._prefill(self.pacer.budget(bool(decoded))):
             self._publish_all()
 
     def _publish_all(self) -> None:
@@ -302,23 +322,41 @@ class Engine:
             self._publish(request)
 
     def _let_waiting_in(self) -> None:
+        """In arrival order, while a sequence slot is free and its KV reservation fits the budget."""
         self.prefilling = [seq for seq in self.prefilling if not seq.finished]
         running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
+        budget = self.config.kv_budget_bytes
+        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self._in_flight())
         while self.waiting and running < self.max_num_seqs:
-            seq = self.waiting.popleft()
-            if not seq.finished:
-                self.prefilling.append(seq)
-                self.metrics.scheduled(seq.request)
-                running += 1
+            seq = self.waiting[0]
+            if seq.finished:
+                self.waiting.popleft()
+                continue
+            needed = 0 if budget is None else self._kv_reservation(seq)
+            if budget is not None and running and reserved + needed > budget:
+                break  # it waits for running sequences to finish (alone, it always runs)
+            self.waiting.popleft()
+            self.prefilling.append(seq)
+            self.metrics.scheduled(seq.request)
+            running += 1
+            reserved += needed
 
-    def _prefill(self) -> bool:
-        """Spend at most `prefill_chunk` prompt tokens this step; whether any prompt finished its prefill.
+    def _in_flight(self) -> list[Sequence]:
+        return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
+
+    def _kv_reservation(self, seq: Sequence) -> int:
+        """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
+        runner = self.runners.get(seq.request.model_name)
+        return 0 if runner is None else (len(seq.prompt_ids) + seq.max_tokens) * runner.kv_bytes_per_token
+
+    def _prefill(self, budget: int) -> bool:
+        """Spend at most `budget` prompt tokens this step; whether any prompt finished its prefill.
 
         Short prompts are prefilled together in one padded forward; a long prompt
         (or one whose every position must be scored) goes alone, in chunks.
         Choices of one prompt share its prefill.
         """
-        budget = self.prefill_chunk
+        began, planned = time.perf_counter(), budget
         started = [s for s in self.prefilling if s.state is not None and not s.finished]
         fresh: list[Sequence] = []
         for seq in self.prefilling:
@@ -335,8 +373,12 @@ class Engine:
         for seq in fresh:
             if budget <= 0:
                 break
-            if seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
-                used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
+            runner = self.runners[seq.request.model_name]
+            cached = runner.attach_prefix(seq)
+            if cached is not None:
+                self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
+            if cached or seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
+                used, logits = runner.prefill(seq, budget)
                 budget -= used
                 if logits is not None:
                     done.append((seq, logits))
@@ -345,6 +387,7 @@ class Engine:
                 budget -= len(seq.prompt_ids)
         for name, sequences in together.items():
             done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
+        self.pacer.prefilled(planned - budget, time.perf_counter() - began)
         self._start_decoding(done)
         return bool(done)
 
@@ -353,11 +396,16 @@ class Engine:
         first: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
         for seq, logits in done:
             runner = self.runners[seq.request.model_name]
+            runner.remember_prefix(seq)
             group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
                              and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
             for sibling in group[1:]:
                 runner.share_prefill(seq, sibling)
-            first.setdefault(seq.request.model_name, []).extend((member, logits) for member in group)
+            for member in group:
+                if member.max_tokens == 0:  # the prompt was only scored
+                    member.finish("length")
+            first.setdefault(seq.request.model_name, []).extend(
+                (member, logits) for member in group if not member.finished)
             self.prefilling = [s for s in self.prefilling if s not in group]
         for name, pairs in first.items():
             sample_rows(pairs)

@@ -38,6 +38,9 @@ PROMPT_TOKENS = Counter("vllm:prompt_tokens", "Prompt tokens of finished request
 GENERATION_TOKENS = Counter("vllm:generation_tokens", "Generated tokens of finished requests.", MODEL)
 SUCCESS = Counter("vllm:request_success", "Requests that finished (not cancelled or failed).",
                   [*MODEL, "finished_reason"])
+PREFIX_CACHE_QUERIES = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", MODEL)
+PREFIX_CACHE_HITS = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (hit rate: hits / queries).",
+                            MODEL)
 BATCH_SIZE = Histogram("inference_batch_size", "Sequences decoded together in one engine step.", buckets=BATCH_BUCKETS)
 MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on a worker.", MODEL,
                        buckets=LOAD_BUCKETS)
@@ -108,6 +111,12 @@ class EngineMetrics:
                 RUNNING.labels(model).set(now_running)
                 WAITING.labels(model).set(now_waiting)
         self._gauges = counts
+
+    @staticmethod
+    def prefix_lookup(model: str, queried: int, hit: int) -> None:
+        PREFIX_CACHE_QUERIES.labels(label(model)).inc(queried)
+        if hit:
+            PREFIX_CACHE_HITS.labels(label(model)).inc(hit)
 
     @staticmethod
     def model_loaded(event: dict) -> None:

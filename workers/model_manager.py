@@ -28,10 +28,11 @@ MIB = 1024 * 1024
 
 class ModelManager:
     def __init__(self, device: str, dtype: str, prefill_chunk: int, default_timeout: float,
-                 budget_bytes: int | None, on_event: OnEvent | None = None) -> None:
+                 budget_bytes: int | None, on_event: OnEvent | None = None, prefix_cache_bytes: int = 0) -> None:
         self.device = device
         self.dtype = dtype
         self.prefill_chunk = prefill_chunk
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.default_timeout = default_timeout
         self.budget_bytes = budget_bytes if budget_bytes and budget_bytes > 0 else None
         self.on_event = on_event or (lambda event: None)
@@ -103,7 +104,7 @@ class ModelManager:
                            "duration_s": time.monotonic() - started, "error": str(exc)})
             raise
         self.models[name] = loaded
-        self.runners[name] = ModelRunner(loaded, self.prefill_chunk)
+        self.runners[name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes)
         self._apply(name, loaded)
         self.on_event({"type": protocol.MODEL_LOADED, "model": name, "requested_by": requested_by,
                        "duration_s": time.monotonic() - started, "memory_bytes": loaded.memory_bytes})

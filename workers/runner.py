@@ -10,33 +10,61 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .kv_batch import BatchedKV, clone_cache, slice_rows, supports_batching
+from .kv_batch import clone_cache, slice_rows, supports_batching
+from .kv_slab import SlabKV
 from .model_loader import LoadedModel
+from .prefix_cache import PrefixCache
 from .sequences import Sequence
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256) -> None:
+    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256, prefix_cache_bytes: int = 0) -> None:
         self.loaded = loaded
         self.prefill_chunk = max(1, prefill_chunk)
-        self.batch = BatchedKV(loaded.model.config, loaded.device)
+        self.prefix_cache = PrefixCache(loaded.model.config, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.batch = SlabKV(loaded.model.config, loaded.device)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
         self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys + values of one token over every layer."""
+        config = self.loaded.model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        element = torch.finfo(self.loaded.model.dtype).bits // 8
+        return 2 * config.num_hidden_layers * heads * head_dim * element
+
+    @property
     def running(self) -> int:
         return len(self.batch_rows) + len(self.solo_rows)
 
+    @property
+    def rows(self) -> list[Sequence]:
+        return [*self.batch_rows, *self.solo_rows]
+
     # --- prefill -----------------------------------------------------------
+    def attach_prefix(self, seq: Sequence) -> int | None:
+        """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
+        cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
+        if self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable:
+            return None
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids)
+        return seq.prefilled
+
+    def remember_prefix(self, seq: Sequence) -> None:
+        """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
+        if self.prefix_cache is not None and seq.state is not None and self.batchable:
+            self.prefix_cache.remember(seq.prompt_ids, seq.state)
+
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
         """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
         if seq.state is None:
             seq.state = DynamicCache(config=self.loaded.model.config)
             seq.prefilled = 0
         remaining = len(seq.prompt_ids) - seq.prefilled
-        # Echo + logprobs needs every prompt position's logits: one chunk.
-        take = remaining if seq.wants_prompt_logprobs else min(remaining, budget, self.prefill_chunk)
+        take = min(remaining, budget, self.prefill_chunk)
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
@@ -44,16 +72,14 @@ class ModelRunner:
             input_ids=torch.tensor([chunk], device=self.loaded.device),
             past_key_values=seq.state,
             use_cache=True,
-            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,
+            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
         )
         seq.state = output.past_key_values
         seq.prefilled += take
-        if seq.prefilled < len(seq.prompt_ids):
-            return take, None
-        logits = output.logits[0]
+        done = seq.prefilled == len(seq.prompt_ids)
         if seq.wants_prompt_logprobs:
-            seq.record_prompt_logprobs(logits[:-1])
-        return take, logits[-1]
+            seq.record_prompt_chunk(output.logits[0], last=done)
+        return take, output.logits[0, -1] if done else None
 
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """Whole prompts of several newcomers in one left-padded forward; each keeps its own cache rows."""
@@ -76,7 +102,8 @@ class ModelRunner:
 
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
         """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
-        sibling.state = clone_cache(self.loaded.model.config, source.state)
+        if sibling.max_tokens > 0:
+            sibling.state = clone_cache(self.loaded.model.config, source.state)
         sibling.prefilled = len(sibling.prompt_ids)
         if sibling.wants_prompt_logprobs and source.pending_logprobs is not None:
             sibling.copy_prompt_logprobs(source)
@@ -95,10 +122,9 @@ class ModelRunner:
 
     # --- decode ------------------------------------------------------------
     def drop_finished(self) -> None:
-        keep = [i for i, seq in enumerate(self.batch_rows) if not seq.finished]
-        if len(keep) != len(self.batch_rows):
-            self.batch.keep(keep)
-            self.batch_rows = [self.batch_rows[i] for i in keep]
+        dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
+        if dead:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
         self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
 
     def decode(self) -> list[tuple[Sequence, torch.Tensor]]:
@@ -106,8 +132,7 @@ class ModelRunner:
         results: list[tuple[Sequence, torch.Tensor]] = []
         if self.batch_rows:
             inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
-            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)
-            self.batch.cache = output.past_key_values
+            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
             self.batch.advance()
             logits = output.logits[:, -1, :]
             results.extend(zip(self.batch_rows, logits))
@@ -119,8 +144,3 @@ class ModelRunner:
             seq.state = output.past_key_values
             results.append((seq, output.logits[0, -1]))
         return results
-
-    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
-        """Logits over the whole prompt, for echo + logprobs with nothing to generate."""
-        output = self.loaded.model(input_ids=torch.tensor([seq.prompt_ids], device=self.loaded.device), use_cache=False)
-        return output.logits[0]

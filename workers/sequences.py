@@ -16,7 +16,8 @@ from .constraints import Constraint
 from .detokenizer import IncrementalText
 from .errors import JobError
 from .model_loader import LoadedModel
-from .sampling import Sampler, SamplingParams, TokenChoice, token_logprobs
+from .prompt_scoring import PromptScorer
+from .sampling import Sampler, SamplingParams, TokenChoice
 from .token_text import TokenText, settled_length
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ class Sequence:
         self.pending_ids: list[int] = []
         self.pending_logprobs: PendingLogprobs | None = PendingLogprobs() if sampler.params.logprobs is not None else None
         self.wants_prompt_logprobs = request.echo and self.pending_logprobs is not None
+        self.prompt_logprobs = PendingLogprobs()  # scored prompt tokens, held until the prefill ends
+        self.prompt_scorer = PromptScorer(request.model.tokenizer, request.token_text, prompt_ids, self.echo_length,
+                                          sampler.params.logprobs or 0) if self.wants_prompt_logprobs else None
         self.sent_final = False
         self.constraint: Constraint | None = None  # set once the request's grammar is compiled
 
@@ -77,18 +81,14 @@ class Sequence:
         top.setdefault(self._token_text(choice.token_id), choice.logprob)
         return top
 
-    def record_prompt_logprobs(self, prompt_logits: torch.Tensor) -> None:
-        """Echo + logprobs: the prompt's own tokens scored by the model (the first has none)."""
-        top_n = self.sampler.params.logprobs or 0
-        tokenizer = self.request.model.tokenizer
-        for position, token_id in enumerate(self.prompt_ids):
-            offset = settled_length(tokenizer.decode(self.prompt_ids[:position], skip_special_tokens=True))
-            offset = min(offset, self.echo_length)
-            if position == 0:
-                self.pending_logprobs.add(self._token_text(token_id), None, None, offset)
-                continue
-            choice = token_logprobs(prompt_logits[position - 1], token_id, top_n)
-            self.pending_logprobs.add(self._token_text(token_id), choice.logprob, self._top(choice), offset)
+    def record_prompt_chunk(self, chunk_logits: torch.Tensor, last: bool) -> None:
+        """Echo + logprobs: score the prompt tokens this prefill chunk settles; all go out with the first token."""
+        self.prompt_scorer.score_chunk(chunk_logits, self.prompt_logprobs.add)
+        if last:
+            merged = self.prompt_logprobs
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(merged, name).extend(getattr(self.pending_logprobs, name))
+            self.pending_logprobs, self.prompt_logprobs = merged, PendingLogprobs()
 
     def copy_prompt_logprobs(self, source: "Sequence") -> None:
         theirs = source.pending_logprobs

@@ -66,6 +66,8 @@ SIZES: dict[str, dict[str, Any]] = {
         lm_head_scale=2.5,
     ),
 }
+# The benchmark's long-prompt model (scoring a 4k-token prompt): `small` with a longer context.
+SIZES["small-4k"] = {**SIZES["small"], "max_position_embeddings": 4096}
 
 
 def _default_cache_dir() -> Path:

@@ -1,0 +1,95 @@
+"""`python -m bench.run --scenario memory`: KV cache memory and speed at many long streams, vs another git ref.
+
+`--streams` concurrent streaming requests of `--prompt-tokens` each (distinct
+prompts) and `--max-tokens` new tokens, EOS ignored, against a fresh server per
+run so its peak RSS (VmHWM) is this load's; the peak above the RSS right after
+the model loaded approximates the KV cache and its copies. The same load runs
+against the server of `--baseline-ref` (a detached git worktree of that ref,
+default `main`) in interleaved rounds; ratios are the medians of per-round ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from .load import run_load
+from .models import ensure_model, prepare_cache, prompt_ids
+from .servers import GitRef, OurServer, rss_mb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench.run --scenario memory", description=__doc__)
+    parser.add_argument("--model", default="local/small-llama-4k")
+    parser.add_argument("--size", default="small-4k")
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline-ref", default="main", help="git ref to compare with ('' : none)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 8 streams of 300 tokens, 1 round")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.size, args.streams, args.prompt_tokens, args.max_tokens, args.rounds = \
+            "local/tiny-llama", "tiny", 8, 300, 16, 1
+    return args
+
+
+def prompts(model: str, streams: int, length: int) -> list[str]:
+    """Distinct texts of about `length` tokens (each starts at another offset of the same stream)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    stream = prompt_ids(model, length + 7 * streams)[1:]
+    return [tokenizer.decode(stream[7 * i: 7 * i + length - 1]) for i in range(streams)]
+
+
+def one_run(cache: Path, work: Path, root: Path | None, model: str, texts: list[str], max_tokens: int) -> dict:
+    server = OurServer(cache, work, root=root)
+    try:
+        asyncio.run(run_load(server.base_url, model, texts[:1], 1, 2, {"ignore_eos": True}))  # loads the model
+        loaded = rss_mb(server.pid)
+        result = asyncio.run(run_load(server.base_url, model, texts, len(texts), max_tokens, {"ignore_eos": True}))
+        peak = rss_mb(server.pid, "VmHWM")
+    finally:
+        server.stop()
+    summary = result.summary()
+    return {"tokens_per_s": summary["tokens_per_s"], "errors": summary["errors"], "ttft_p50_ms": summary["ttft_p50_ms"],
+            "itl_p50_ms": summary["itl_p50_ms"], "rss_loaded_mb": loaded, "rss_peak_mb": peak,
+            "peak_over_loaded_mb": round(peak - loaded, 1)}
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    cache = prepare_cache()
+    ensure_model(args.model, args.size, cache)
+    texts = prompts(args.model, args.streams, args.prompt_tokens)
+    work = Path(tempfile.mkdtemp(prefix="bench-memory-"))
+    baseline = GitRef(args.baseline_ref, work / "baseline-checkout") if args.baseline_ref else None
+    runs: dict[str, list[dict]] = {"ours": [], **({args.baseline_ref: []} if baseline else {})}
+    try:
+        for index in range(args.rounds):
+            for name in runs:
+                root = baseline.root if name != "ours" else None
+                runs[name].append(one_run(cache, work / f"{name}-{index}", root, args.model, texts, args.max_tokens))
+                print(f"round {index + 1} {name}: {runs[name][-1]}", flush=True)
+    finally:
+        if baseline:
+            baseline.remove()
+    results: dict = {"scenario": "memory", "model": args.model, "streams": args.streams,
+                     "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "runs": runs}
+    if baseline:
+        theirs = runs[args.baseline_ref]
+        results["ours_over_baseline"] = {
+            key: round(statistics.median(o[key] / t[key] for o, t in zip(runs["ours"], theirs) if t[key]), 2)
+            for key in ("tokens_per_s", "peak_over_loaded_mb")}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "memory.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results.get("ours_over_baseline", {})))
+    print(f"written to {args.out / 'memory.json'}")

@@ -1,0 +1,45 @@
+"""The engine's torch thread count follows the cores other processes leave free."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from workers.cpu_share import ThreadGovernor
+
+BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+
+
+def test_a_fixed_count_is_kept():
+    before = torch.get_num_threads()
+    try:
+        governor = ThreadGovernor(fixed_threads=1)
+        governor.adjust()
+        assert governor.threads == torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2+ cores")
+def test_busy_processes_on_every_core_leave_the_engine_one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    governor = ThreadGovernor()
+    assert governor.threads >= 2
+    competitors = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(core)]) for core in sorted(governor.cores)]
+    try:
+        deadline = time.monotonic() + 3.5  # three checks, a second apart
+        while time.monotonic() < deadline:
+            governor.adjust()
+            time.sleep(0.1)
+        assert governor.others_cores >= 0.5
+        assert governor.threads == torch.get_num_threads() == 1
+    finally:
+        for process in competitors:
+            process.kill()
+            process.wait()
+        torch.set_num_threads(before)

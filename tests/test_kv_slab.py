@@ -1,0 +1,97 @@
+"""The preallocated batch cache: rows joining and leaving at any step decode exactly as each alone with generate;
+admission by KV budget."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+import torch
+from huggingface_hub import constants
+from transformers import DynamicCache
+
+from workers import protocol
+from workers.config import EngineConfig
+from workers.engine import Engine
+from workers.kv_slab import SlabKV
+
+from .conftest import TINY_MODEL
+
+PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,",
+           "The capital of France is a city where the river bends twice and the bridges " * 3, "def add(a, b):"]
+# (step it joins at, tokens to generate): the 4th prompt is longer than the batch so far, so the slab moves.
+PLAN = [(0, 12), (0, 5), (2, 9), (4, 10), (7, 3)]
+
+
+def prefill(model, ids: list[int]) -> tuple[DynamicCache, int]:
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits
+    return cache, int(logits[0, -1].argmax())
+
+
+def test_joins_leaves_and_moves_match_generate(reference):
+    model = reference.model
+    prompts = [reference.encode(p) for p in PROMPTS]
+    slab = SlabKV(model.config, torch.device("cpu"))
+    rows: list[int] = []  # prompt index of each batch row
+    outputs: dict[int, list[int]] = {}
+    with torch.inference_mode():
+        for step in range(20):
+            joining = [i for i, (at, _) in enumerate(PLAN) if at == step]
+            states = []
+            for index in joining:
+                cache, first = prefill(model, prompts[index])
+                outputs[index] = [first]
+                states.append(cache)
+            slab.add(states)
+            rows.extend(joining)
+            if not rows:
+                continue
+            inputs = slab.decode_inputs([outputs[i][-1] for i in rows])
+            logits = model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1]
+            slab.advance()
+            for row, index in enumerate(rows):
+                outputs[index].append(int(logits[row].argmax()))
+            dead = [row for row, index in enumerate(rows) if len(outputs[index]) >= PLAN[index][1]]
+            rows = [rows[old] for old in slab.remove(dead)]
+    assert slab.rows == 0
+    for index, (_, count) in enumerate(PLAN):
+        assert outputs[index] == reference.greedy(prompts[index], count), index
+
+
+def test_admission_waits_for_kv_budget(hf_cache, reference):
+    """With room for one sequence's prompt + max_tokens, the second starts only once the first is done;
+    a sequence larger than the whole budget still runs when it is alone."""
+    config = reference.model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    prompt, max_tokens = "Once upon a time", 12
+    reservation = (len(reference.encode(prompt)) + max_tokens) * per_token
+    emitted: list[tuple[str, dict]] = []
+    changed = threading.Condition()
+
+    def emit(channel: str, message: dict) -> None:
+        with changed:
+            emitted.append((channel, message))
+            changed.notify_all()
+
+    def first_token_index(reply: str) -> int:
+        return next(i for i, (c, m) in enumerate(emitted) if c == reply and m["type"] in (protocol.DELTA, protocol.DONE))
+
+    for budget, replies_count in ((int(reservation * 1.5), 2), (reservation // 2, 1)):
+        emitted.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+            engine = Engine(emit, EngineConfig(max_num_seqs=8, kv_budget_bytes=budget))
+            engine.start()
+            try:
+                replies = [f"reply.{uuid.uuid4().hex}" for _ in range(replies_count)]
+                for reply in replies:
+                    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, TINY_MODEL, [prompt],
+                                                          protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)))
+                with changed:
+                    assert changed.wait_for(lambda: sum(m["type"] == protocol.DONE for _, m in emitted) == replies_count, 60)
+            finally:
+                engine.stop()
+        if replies_count == 2:
+            first_done = next(i for i, (c, m) in enumerate(emitted) if c == replies[0] and m["type"] == protocol.DONE)
+            assert first_token_index(replies[1]) > first_done

@@ -1,0 +1,33 @@
+"""The prefill budget per engine step: about one decode step's time while streams run, everything otherwise."""
+from __future__ import annotations
+
+from workers.prefill_pacing import LEAST_TOKENS, PrefillPacer
+
+
+def test_with_nothing_to_decode_or_nothing_measured_a_step_takes_the_whole_chunk():
+    pacer = PrefillPacer(512)
+    assert pacer.budget(decoding=True) == 512  # nothing measured yet
+    pacer.decoded(0.040)
+    pacer.prefilled(1000, 0.5)
+    assert pacer.budget(decoding=False) == 512
+
+
+def test_while_streams_run_a_step_prefills_what_fits_in_one_decode_step():
+    pacer = PrefillPacer(512)
+    pacer.decoded(0.040)
+    pacer.prefilled(400, 0.200)  # 0.5 ms a token
+    assert pacer.budget(decoding=True) == 80
+    pacer.decoded(0.040 + 5 * 0.040)  # a slower decode step lets more in, through the moving average
+    assert pacer.budget(decoding=True) == 160
+    assert PrefillPacer(512, decode_share=0.5).budget(decoding=False) == 512
+
+
+def test_the_budget_stays_between_the_floor_and_the_chunk():
+    pacer = PrefillPacer(512)
+    pacer.decoded(0.001)
+    pacer.prefilled(100, 1.0)
+    assert pacer.budget(decoding=True) == LEAST_TOKENS
+    pacer.decoded(100.0)
+    pacer.decoded(100.0)
+    assert pacer.budget(decoding=True) == 512
+    assert PrefillPacer(8).budget(decoding=True) == 8

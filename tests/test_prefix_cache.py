@@ -1,0 +1,71 @@
+"""Prefix caching: prompts sharing a start reuse its keys/values, and greedy output is the same as without."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from huggingface_hub import constants
+from prometheus_client import REGISTRY
+
+from workers import protocol
+from workers.config import EngineConfig
+from workers.engine import Engine
+from workers.prefix_cache import BLOCK_TOKENS
+
+from .conftest import TINY_MODEL
+from .test_engine import Outbox, finished
+
+SYSTEM = "You are a careful assistant. Answer briefly and cite the lighthouse keeper's log when you can. " * 2
+QUESTIONS = ["What is the capital of France?", "Count to five:", "Once upon a time", "def add(a, b):"]
+
+
+def generate_all(hf_cache, prefix_cache_bytes: int) -> tuple[list[list[int]], dict]:
+    """The questions one after another (each after the previous one is done), as token ids."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        outbox = Outbox()
+        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=4, prefix_cache_bytes=prefix_cache_bytes))
+        engine.start()
+        try:
+            outputs = []
+            for question in QUESTIONS + QUESTIONS[:1]:  # the last one repeats a whole prompt
+                reply = f"reply.{uuid.uuid4().hex}"
+                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, TINY_MODEL, [SYSTEM + question],
+                                                      protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
+                messages = outbox.wait_for(reply, finished)
+                assert messages[-1]["type"] == protocol.DONE, messages[-1]
+                outputs.append([t for m in messages[1:] for c in m["choices"] for t in c["token_ids"]])
+            return outputs, engine.stats()
+        finally:
+            engine.stop()
+
+
+def exported(name: str) -> float:
+    return REGISTRY.get_sample_value(f"vllm:prefix_cache_{name}_total", {"model_name": TINY_MODEL}) or 0.0
+
+
+def test_a_shared_prefix_is_reused_and_greedy_output_is_unchanged(hf_cache, reference):
+    hits_before, queries_before = exported("hits"), exported("queries")
+    cached, stats = generate_all(hf_cache, 64 * 1024 * 1024)
+    # /metrics exports the same counts (the hit rate is hits / queries).
+    assert exported("hits") - hits_before == stats["prefix_cache_hit_tokens"]
+    assert exported("queries") - queries_before == stats["prefix_cache_lookup_tokens"]
+    uncached, plain_stats = generate_all(hf_cache, 0)
+    assert cached == uncached
+    for question, output in zip(QUESTIONS + QUESTIONS[:1], cached):
+        assert output == reference.greedy(reference.encode(SYSTEM + question), 12, min_new_tokens=12)
+    shared_blocks = len(reference.encode(SYSTEM)) // BLOCK_TOKENS
+    assert shared_blocks >= 2
+    # Every prompt after the first finds at least the system prompt's full blocks.
+    assert stats["prefix_cache_hit_tokens"] >= len(QUESTIONS) * shared_blocks * BLOCK_TOKENS
+    assert stats["prefix_cache_lookup_tokens"] == sum(len(reference.encode(SYSTEM + q)) for q in QUESTIONS + QUESTIONS[:1])
+    assert stats["prefix_cache_blocks"] > 0 and stats["prefix_cache_bytes"] > 0
+    assert plain_stats["prefix_cache_hit_tokens"] == 0
+
+
+def test_the_cache_stays_within_its_budget(hf_cache, reference):
+    config = reference.model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    budget = 3 * BLOCK_TOKENS * per_token  # three blocks
+    _, stats = generate_all(hf_cache, budget)
+    assert 0 < stats["prefix_cache_bytes"] <= budget

@@ -1,0 +1,89 @@
+"""How many torch threads the engine uses on a machine it does not have to itself.
+
+torch's intra-op threads meet at a barrier after every parallel operator. When
+another process takes one of the cores, the thread that lost its core holds up
+all the others at every barrier, and the spinning waiters take CPU from our own
+event loop too: on 2 cores beside one busy process, two threads decode several
+times slower than one. So by default (`INFERENCE_TORCH_THREADS=0`) the engine
+uses the cores other processes leave free, measured from /proc every second:
+all of torch's threads on a quiet machine, fewer while something else runs.
+A positive setting fixes the count instead.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CHECK_SECONDS = 1.0
+# Another process using at least this much of a core costs the engine a thread.
+BUSY_CORE_THRESHOLD = 0.25
+
+
+def _cores() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def _busy_ticks(cores: set[int]) -> int | None:
+    """Clock ticks every process spent on our cores (all CPUs since boot), or None without /proc."""
+    try:
+        lines = open("/proc/stat").read().splitlines()
+    except OSError:
+        return None
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu" and int(name[3:]) in cores:
+            values = [int(v) for v in fields]
+            busy += sum(values[:8]) - values[3] - values[4]  # everything but idle and iowait
+    return busy
+
+
+def _own_ticks() -> int:
+    times = os.times()
+    return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
+
+
+class ThreadGovernor:
+    """Called by the engine thread between steps; sets torch's thread count (it is per calling thread)."""
+
+    def __init__(self, fixed_threads: int = 0) -> None:
+        self.cores = _cores()
+        self.fixed = fixed_threads > 0
+        self.most = fixed_threads if self.fixed else max(1, min(torch.get_num_threads(), len(self.cores)))
+        self.threads = self.most
+        self.others_cores = 0.0  # cores other processes used over the last check
+        self._last: tuple[float, int, int] | None = None
+        torch.set_num_threads(self.threads)
+
+    def adjust(self) -> None:
+        if self.fixed:
+            return
+        now = time.monotonic()
+        if self._last is not None and now - self._last[0] < CHECK_SECONDS:
+            return
+        busy = _busy_ticks(self.cores)
+        if busy is None:
+            self.fixed = True
+            return
+        own = _own_ticks()
+        if self._last is not None:
+            then, busy_then, own_then = self._last
+            ticks = (now - then) * os.sysconf("SC_CLK_TCK")
+            self.others_cores = max(0.0, ((busy - busy_then) - (own - own_then)) / ticks)
+            taken = max(0, math.ceil(self.others_cores - BUSY_CORE_THRESHOLD))
+            wanted = max(1, min(self.most, len(self.cores) - taken))
+            if wanted != self.threads:
+                logger.info("torch threads %d -> %d (other processes use %.2f of %d cores)",
+                            self.threads, wanted, self.others_cores, len(self.cores))
+                self.threads = wanted
+                torch.set_num_threads(wanted)
+        self._last = (now, busy, own)
