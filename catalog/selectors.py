@@ -6,8 +6,8 @@ import time
 
 from django.conf import settings
 from django.utils import timezone
-from huggingface_hub import constants as hf_constants
 
+from workers.hub import hub_reachable
 from workers.protocol import ModelRef
 
 from .errors import ModelDisabled, ModelNotFound
@@ -136,8 +136,9 @@ def listed_models() -> list[tuple[CacheEntry, dict]]:
 def resolve_model_id(name: str) -> str:
     """The name a job carries for a client's model name (an alias becomes its repo id, any revision kept).
 
-    Raises ModelDisabled, or ModelNotFound when offline and not in the cache (even after a
-    fresh scan); online, unknown names pass through so the worker can download them.
+    Raises ModelDisabled, or ModelNotFound when offline (HF_HUB_OFFLINE, or the hub not
+    reachable within a moment) and not in the cache (even after a fresh scan); online, unknown
+    names pass through so the worker can download them.
     """
     ref = ModelRef.parse(name)
     repo_id = canonical_repo_id(name)
@@ -146,6 +147,6 @@ def resolve_model_id(name: str) -> str:
     name = str(ModelRef(repo_id, ref.revision))
     if find_cached_model(name) is not None or find_cached_model(name, fresh=True) is not None:
         return name
-    if hf_constants.HF_HUB_OFFLINE:
+    if not hub_reachable():
         raise ModelNotFound(name)
     return name

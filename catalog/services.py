@@ -263,8 +263,18 @@ def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
     worker = Worker.objects.filter(name=worker_name).first()
     if worker is None:
         return
-    row = _catalog_row(event["model"])
     kind = event["type"]
+    if kind in (protocol.MODEL_LOADING, protocol.MODEL_LOAD_FAILED):
+        # A name that never existed (a typo) leaves no row: only a model that loaded is known to be real.
+        row = CachedModel.objects.filter(repo_id=protocol.ModelRef.parse(event["model"]).repo_id).first()
+        if row is None:
+            if kind == protocol.MODEL_LOAD_FAILED:
+                LoadEvent.objects.create(model_name=event["model"], worker=worker, action=LoadEvent.Action.LOAD,
+                                         requested_by=event.get("requested_by", ""),
+                                         duration_s=event.get("duration_s"), error=event.get("error") or "")
+            return
+    else:
+        row = _catalog_row(event["model"])
     now = timezone.now()
     status = {protocol.MODEL_LOADING: ModelLoad.Status.LOADING, protocol.MODEL_LOADED: ModelLoad.Status.LOADED,
               protocol.MODEL_LOAD_FAILED: ModelLoad.Status.ERROR, protocol.MODEL_UNLOADED: ModelLoad.Status.UNLOADED}[kind]

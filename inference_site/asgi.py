@@ -30,7 +30,9 @@ class APIHandler(ASGIHandler):
             settings.MIDDLEWARE = full_stack
 
 
-api_app = APIHandler()
+from inference_site.admission import AdmissionLimit  # noqa: E402
+
+api_app = AdmissionLimit(APIHandler(), settings.INFERENCE["WEB_MAX_IN_FLIGHT"])
 
 
 async def http_app(scope, receive, send):

@@ -117,7 +117,11 @@ DATABASES = {
     "default": dj_database_url.config(
         env="DATABASE_URL",
         default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
+        # Under ASGI, Django advises against persistent connections: each request's thread opens
+        # its own. Every ORM call from a pool thread goes through channels' database_sync_to_async,
+        # which closes it again, so a database restart leaves no dead connection behind.
         conn_max_age=0,
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -208,6 +212,20 @@ INFERENCE = {
     "WORKER_ACK_TIMEOUT": env_float("INFERENCE_WORKER_ACK_TIMEOUT", 15.0),
     # How long a view waits between two events of a running job before giving up.
     "WORKER_EVENT_TIMEOUT": env_float("INFERENCE_WORKER_EVENT_TIMEOUT", 600.0),
+    # Worker death: a worker says "alive" on a job's reply channel after this long without a message;
+    # a reply channel silent for WORKER_SILENCE_TIMEOUT means its worker died. A job that had produced
+    # no token yet is then sent again (at most JOB_RESUBMITS times), else it ends with a 503.
+    "WORKER_KEEPALIVE_SECONDS": env_float("INFERENCE_WORKER_KEEPALIVE_SECONDS", 1.0),
+    "WORKER_SILENCE_TIMEOUT": env_float("INFERENCE_WORKER_SILENCE_TIMEOUT", 3.0),
+    "JOB_RESUBMITS": env_int("INFERENCE_JOB_RESUBMITS", 2),
+    # A worker that passes a job on runs it itself if the receiver does not confirm within this long.
+    "ROUTE_ACK_TIMEOUT": env_float("INFERENCE_ROUTE_ACK_TIMEOUT", 1.0),
+    # Web side under overload: generation requests one web process holds at once (more: 503 +
+    # Retry-After at once; 0: no limit), and the listen backlog `serve` asks the kernel for.
+    "WEB_MAX_IN_FLIGHT": env_int("INFERENCE_WEB_MAX_IN_FLIGHT", 1024),
+    "LISTEN_BACKLOG": env_int("INFERENCE_LISTEN_BACKLOG", 2048),
+    # /health: how long it waits for the database and for some worker to answer a ping.
+    "HEALTH_TIMEOUT": env_float("INFERENCE_HEALTH_TIMEOUT", 2.0),
     # Worker side.
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from adrf.views import APIView
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
@@ -13,8 +14,10 @@ from rest_framework.response import Response
 from catalog.selectors import resolve_model_id
 from teams.metering import RequestMeter
 
-from .errors import APIError, error_body
+from .errors import APIError, error_body, unavailable
 from .generation import GenerationStream, new_request_id, open_generation
+
+logger = logging.getLogger(__name__)
 
 
 class OpenAIView(APIView):
@@ -51,8 +54,12 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
         try:
             async for chunk in chunks:
                 yield sse_frame(chunk)
-        except APIError as exc:
-            yield sse_frame(error_body(exc.status, exc.message, exc.param, exc.code, exc.error_type))
+        except Exception as exc:  # mid-stream, every error is an OpenAI-shaped event, then [DONE]
+            error = exc if isinstance(exc, APIError) else unavailable(exc)
+            if error is None:
+                logger.exception("stream failed")
+                error = APIError(500, "The server had an error processing your request.", code="internal_error")
+            yield sse_frame(error_body(error.status, error.message, error.param, error.code, error.error_type))
         finally:
             await stream.cancel()
         yield sse_frame("[DONE]")
@@ -69,7 +76,7 @@ async def resolve_model(name: str) -> str:
     In a worker thread of its own (thread_sensitive=False), so a slow catalog read never
     queues behind another request's.
     """
-    return await sync_to_async(resolve_model_id, thread_sensitive=False)(name)
+    return await database_sync_to_async(resolve_model_id, thread_sensitive=False)(name)
 
 
 class GenerationView(OpenAIView):

@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from catalog.errors import CatalogError
 from teams.metering import LimitExceeded
+from inference_site.channel_layers import LAYER_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,25 @@ def catalog_error(exc: CatalogError) -> APIError:
     return APIError(404, exc.message, param="model", code="model_not_found")
 
 
+# Seconds a client is told to wait when a backing service (database, Redis) is down.
+SERVICE_RETRY_AFTER = 5
+
+
+def unavailable(exc: BaseException) -> APIError | None:
+    """A database or channel-layer outage as a 503 with Retry-After (None for any other error).
+
+    Outages are the operator's problem, not the client's, and they pass: never a 500.
+    """
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        what, code = "The database is unavailable", "database_unavailable"
+    elif isinstance(exc, LAYER_ERRORS):
+        what, code = "The channel layer (Redis) is unavailable", "channel_layer_unavailable"
+    else:
+        return None
+    logger.warning("%s: %s", what, exc)
+    return APIError(503, f"{what}; retry shortly.", None, code, {"Retry-After": str(SERVICE_RETRY_AFTER)})
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None,
                error_type: str | None = None) -> dict:
     return {
@@ -97,6 +118,7 @@ def exception_handler(exc: Exception, context: dict) -> Response:
     exc = team_error(exc) or exc
     if isinstance(exc, CatalogError):
         exc = catalog_error(exc)
+    exc = unavailable(exc) or exc
     if isinstance(exc, APIError):
         return Response(error_body(exc.status, exc.message, exc.param, exc.code, exc.error_type), status=exc.status,
                         headers=exc.headers)

@@ -47,30 +47,106 @@ class Collected:
     usage: protocol.Usage
 
 
-class GenerationStream:
-    """Events of one job, read from its reply channel; `cancel()` stops the job on its worker."""
+class WorkerLost(Exception):
+    """The job's reply channel was silent past WORKER_SILENCE_TIMEOUT: its worker died (or is cut off)."""
 
-    def __init__(self, layer, request_id: str, reply_channel: str, started: protocol.Started) -> None:
+
+def worker_lost() -> APIError:
+    return APIError(503, "The worker running this request stopped answering (it may have crashed); retry.",
+                    code="worker_lost", headers={"Retry-After": "1"})
+
+
+def no_worker() -> APIError:
+    return APIError(503, "No inference worker is available to take the request; try again later.",
+                    code="no_worker", headers={"Retry-After": "5"})
+
+
+class GenerationStream:
+    """Events of one job, read from its reply channel; `cancel()` stops the job on its worker.
+
+    Workers keep a job's reply channel from going silent, so silence means the worker died.
+    A job that had produced nothing yet is then sent again (marked routed: whichever live
+    worker takes it runs it) under a fresh request id and reply channel; one that had ends
+    with a 503 `worker_lost`. Either way no client waits more than a few seconds on a dead worker.
+    """
+
+    def __init__(self, layer, job: protocol.SubmitMessage) -> None:
         self.layer = layer
-        self.request_id = request_id
-        self.reply_channel = reply_channel
-        self.started = started
+        self.job = job
+        self.request_id = job["request_id"]
+        self.reply_channel = job["reply_channel"]
+        self.started: protocol.Started | dict = {}
         self.meter: RequestMeter | None = None
         self.finished = False
         self.error: APIError | None = None
+        self.produced = False  # an event reached the view: the job can no longer be sent again
+        self.resubmits = 0
 
-    async def _receive(self, timeout: float) -> dict:
+    async def open(self) -> None:
+        """Submit the job and wait until a worker has validated it and started generating."""
+        config = settings.INFERENCE
+        await self.layer.send(config["WORKER_CHANNEL"], self.job)
         try:
-            return await receive_within(self.layer, self.reply_channel, timeout)
+            accepted = await receive_within(self.layer, self.reply_channel, config["WORKER_ACK_TIMEOUT"])
+            started = await self._next() if accepted.get("type") == protocol.ACCEPTED else accepted
         except TimeoutError:
-            self.error = APIError(503, "The worker stopped answering.", code="worker_timeout")
+            await send_cancel(self.layer, self.request_id)
+            raise no_worker() from None
+        except asyncio.CancelledError:
+            await send_cancel(self.layer, self.request_id)
+            raise
+        if started.get("type") == protocol.ERROR:
+            raise worker_error(started)
+        if started.get("type") != protocol.STARTED:
+            raise APIError(500, "The worker sent an unexpected message.", code="worker_protocol")
+        self.started = self.started or started
+
+    async def open_or_resubmit(self) -> None:
+        """`open()`, sending the job again each time its worker is lost before it starts."""
+        while True:
+            try:
+                return await self.open()
+            except WorkerLost:
+                await self._prepare_resubmit()
+
+    async def _prepare_resubmit(self) -> None:
+        if self.produced or self.resubmits >= settings.INFERENCE["JOB_RESUBMITS"]:
+            self.finished = True
+            self.error = worker_lost()
             raise self.error from None
+        logger.warning("the worker of %s went silent before its first token; sending it again", self.request_id)
+        await send_cancel(self.layer, self.request_id)  # in case it was only cut off, not dead
+        self.resubmits += 1
+        self.request_id = f"{self.job['request_id'].split('~')[0]}~{self.resubmits}"
+        self.reply_channel = await self.layer.new_channel("reply.")
+        self.job = {**self.job, "request_id": self.request_id, "reply_channel": self.reply_channel, "routed": True}
+
+    async def _next(self) -> dict:
+        """The next message that is not a keepalive; WorkerLost after a silence, worker_timeout
+        after WORKER_EVENT_TIMEOUT of keepalives only (a worker alive but stuck)."""
+        config = settings.INFERENCE
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config["WORKER_EVENT_TIMEOUT"]
+        while True:
+            try:
+                message = await receive_within(self.layer, self.reply_channel, config["WORKER_SILENCE_TIMEOUT"])
+            except TimeoutError:
+                raise WorkerLost() from None
+            if message.get("type") != protocol.ALIVE:
+                return message
+            if loop.time() > deadline:
+                self.error = APIError(503, "The worker stopped answering.", code="worker_timeout")
+                raise self.error
 
     async def events(self) -> AsyncIterator[protocol.DeltaMessage | protocol.DoneMessage]:
-        """Yield delta events until the job is done; raise APIError for a worker error."""
-        timeout = settings.INFERENCE["WORKER_EVENT_TIMEOUT"]
+        """Yield delta events until the job is done; raise APIError for a worker error or a lost worker."""
         while not self.finished:
-            event = await self._receive(timeout)
+            try:
+                event = await self._next()
+            except WorkerLost:
+                await self._prepare_resubmit()
+                await self.open_or_resubmit()
+                continue
             kind = event.get("type")
             if kind == protocol.ERROR:
                 self.finished = True
@@ -80,6 +156,7 @@ class GenerationStream:
                 self.meter.observe(event)
             if kind == protocol.DONE:
                 self.finished = True
+            self.produced = True
             yield event
 
     async def collect(self) -> Collected:
@@ -180,28 +257,8 @@ async def _open(request_id: str, model: str, prompts: list[protocol.Prompt],
                 params: protocol.JobParams) -> GenerationStream:
     layer = get_channel_layer()
     reply_channel = await layer.new_channel("reply.")
-    message = protocol.submit_message(request_id, reply_channel, model, prompts, params)
-    config = settings.INFERENCE
+    stream = GenerationStream(layer, protocol.submit_message(request_id, reply_channel, model, prompts, params))
     # In the request's log context: ties its X-Request-Id to the job id the worker's lines name.
     logger.info("job %s submitted for %s", request_id, model)
-    await layer.send(config["WORKER_CHANNEL"], message)
-    try:
-        accepted = await receive_within(layer, reply_channel, config["WORKER_ACK_TIMEOUT"])
-        if accepted.get("type") == protocol.ACCEPTED:
-            started = await receive_within(layer, reply_channel, config["WORKER_EVENT_TIMEOUT"])
-        else:
-            started = accepted
-    except TimeoutError:
-        await send_cancel(layer, request_id)
-        raise APIError(
-            503, "No inference worker is available to take the request; try again later.", code="no_worker",
-            headers={"Retry-After": "5"},
-        ) from None
-    except asyncio.CancelledError:
-        await send_cancel(layer, request_id)
-        raise
-    if started.get("type") == protocol.ERROR:
-        raise worker_error(started)
-    if started.get("type") != protocol.STARTED:
-        raise APIError(500, "The worker sent an unexpected message.", code="worker_protocol")
-    return GenerationStream(layer, request_id, reply_channel, started)
+    await stream.open_or_resubmit()
+    return stream

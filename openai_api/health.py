@@ -1,6 +1,69 @@
-"""`GET /health`: open to all, for load balancers and start-up probes."""
+"""`GET /health` (readiness: the database and some worker answer) and `GET /health/live` (liveness).
+
+Open to all, for load balancers, supervisors and start-up probes. /health asks every worker
+over the channel layer and takes the first answer, so it sees what a request would see:
+Redis down or every worker dead is a 503, whatever the heartbeats in the database say.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection
 from django.http import JsonResponse
 
+from workers import protocol
 
-async def health(request):
+from .errors import SERVICE_RETRY_AFTER, error_body
+
+
+async def live(request) -> JsonResponse:
+    """The process serves HTTP; nothing else is checked (restart it only if this fails)."""
     return JsonResponse({"status": "ok"})
+
+
+def _query_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+async def _database_problem(timeout: float) -> str | None:
+    try:
+        async with asyncio.timeout(timeout):
+            await database_sync_to_async(_query_database, thread_sensitive=False)()
+    except TimeoutError:
+        return f"the database did not answer within {timeout:g}s"
+    except Exception as exc:
+        return f"the database is unreachable: {exc}".strip()
+    return None
+
+
+async def _worker_problem(timeout: float) -> str | None:
+    """Ping the group of workers; any answer within `timeout` will do."""
+    layer = get_channel_layer()
+    try:
+        async with asyncio.timeout(timeout):
+            reply = await layer.new_channel("health.")
+            await layer.group_send(settings.INFERENCE["WORKER_GROUP"], protocol.ping_message(reply))
+            while (await layer.receive(reply)).get("type") != protocol.PONG:
+                pass
+    except TimeoutError:
+        return f"no worker answered within {timeout:g}s"
+    except Exception as exc:
+        return f"the channel layer is unreachable: {exc}".strip()
+    return None
+
+
+async def health(request) -> JsonResponse:
+    timeout = settings.INFERENCE["HEALTH_TIMEOUT"]
+    checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout))
+    problems = [problem for problem in checks if problem]
+    if not problems:
+        return JsonResponse({"status": "ok"})
+    body = {"status": "unavailable", "reasons": problems,
+            **error_body(503, "; ".join(problems), None, "unhealthy")}
+    response = JsonResponse(body, status=503)
+    response["Retry-After"] = str(SERVICE_RETRY_AFTER)
+    return response

@@ -5,7 +5,7 @@ error), `loaded_on` (worker names) and `size_bytes` on disk.
 """
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from rest_framework.response import Response
 
 from catalog.errors import ModelNotFound
@@ -29,7 +29,7 @@ def model_object(model: CacheEntry, state: dict) -> dict:
 
 class ModelListView(OpenAIView):
     async def get(self, request):
-        models = await sync_to_async(listed_models)()
+        models = await database_sync_to_async(listed_models, thread_sensitive=False)()
         return Response({"object": "list", "data": [model_object(m, state) for m, state in models
                                                     if request.auth.may_use(m.repo_id)]})
 
@@ -41,7 +41,7 @@ def _find(model_id: str) -> tuple[CacheEntry, dict] | None:
 
 class ModelDetailView(OpenAIView):
     async def get(self, request, model_id: str):
-        found = await sync_to_async(_find)(model_id)
+        found = await database_sync_to_async(_find, thread_sensitive=False)(model_id)
         if found is None or not request.auth.may_use(found[0].repo_id):
             raise ModelNotFound(model_id)
         return Response(model_object(*found))

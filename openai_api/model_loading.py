@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.response import Response
@@ -68,7 +68,7 @@ class UnloadModelView(OpenAIView):
     async def post(self, request):
         """Every worker holding the model unloads it; 409 if one is generating with it."""
         name = await _resolved(request)
-        expected = max(1, len(await sync_to_async(live_workers)()))
+        expected = max(1, len(await database_sync_to_async(live_workers, thread_sensitive=False)()))
         replies = [reply async for reply in services.unload_model(
             name, requested_by(request), timeout=settings.INFERENCE["WORKER_ACK_TIMEOUT"], answers=expected)]
         if not replies:

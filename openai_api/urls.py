@@ -2,7 +2,7 @@ from django.urls import path
 
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
-from .health import health
+from .health import health, live
 from .metrics import MetricsView
 from .model_list import ModelDetailView, ModelListView
 from .model_loading import LoadModelView, UnloadModelView
@@ -12,6 +12,7 @@ from .tokenization import DetokenizeView, TokenizeView
 urlpatterns = [
     path("health", health),
     path("metrics", MetricsView.as_view()),
+    path("health/live", live),
     path("tokenize", TokenizeView.as_view()),
     path("detokenize", DetokenizeView.as_view()),
     path("v1/completions", CompletionsView.as_view()),

@@ -92,7 +92,7 @@ class LiveServer(ManagedProcess):
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited ({self.process.returncode}):\n{self.log()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}/health/live", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -25,14 +25,19 @@ def require_binary(name: str, *candidates: str) -> str:
 
 class RedisServer:
     def __init__(self, work_dir: Path) -> None:
-        binary = require_binary("redis-server")
+        self.binary = require_binary("redis-server")
+        self.work_dir = work_dir
         self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.start()
+
+    def start(self) -> None:
+        """(Re)start on the same port, empty (no persistence: a restart loses every key, as in production)."""
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(work_dir)],
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.work_dir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
         self._wait()
 
     def _wait(self) -> None:
@@ -75,14 +80,21 @@ class PostgresServer:
             os.chmod(work_dir, 0o755)
             self.as_user = ["runuser", "-u", "postgres", "--"]
         self._run(initdb, "-D", str(self.data_dir), "-A", "trust", "-U", "postgres", "--no-sync")
-        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-w", "-l", str(work_dir / "pg.log"), "-o",
-                  f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self.start_server()
         self._run(str(self.bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "inference")
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/inference"
 
     def _run(self, *args: str) -> None:
         subprocess.run([*self.as_user, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    def stop(self) -> None:
+    def start_server(self) -> None:
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-w", "-l", str(self.work_dir / "pg.log"),
+                  "-o", f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def stop_server(self) -> None:
+        """Stop at once (clients' connections break), keeping the data for start_server()."""
         self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "stop")
+
+    def stop(self) -> None:
+        self.stop_server()
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -2,13 +2,17 @@
 
 The engine emits from its own thread; the bridge carries each message onto the channel
 layer in order, one loop wake-up per step. It also admits jobs (a full worker says so at
-once) and relays the engine's model changes to whoever records them.
+once) and relays the engine's model changes to whoever records them. While it holds a job it
+keeps the job's reply channel from going silent (`generation.alive`), so the web side can tell
+a dead worker by silence within seconds; a job whose reply channel cannot be reached (Redis
+down) is cancelled rather than generated for nobody.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 from . import protocol
@@ -23,7 +27,7 @@ class EngineBridge:
     """Owns one engine and carries its messages back onto the channel layer in order."""
 
     def __init__(self, layer, name: str, config: EngineConfig, model_settings: dict[str, protocol.ModelSettings],
-                 record_change: RecordChange) -> None:
+                 record_change: RecordChange, keepalive_seconds: float = 1.0) -> None:
         from .engine import Engine  # torch is imported only once a worker really starts
 
         self.layer = layer
@@ -34,27 +38,36 @@ class EngineBridge:
         self._pending_lock = threading.Lock()
         self._changes: asyncio.Queue = asyncio.Queue()
         self._record_change = record_change
+        self.keepalive_seconds = keepalive_seconds
+        self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
         self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name)
         if model_settings:
             self.engine.control({"type": protocol.MODEL_SETTINGS, "settings": model_settings})
         self.sender = self.loop.create_task(self._send_forever())
         self.recorder = self.loop.create_task(self._record_forever())
+        self.keeper = self.loop.create_task(self._keep_alive_forever())
         self.engine.start()
 
     # --- from the event loop -----------------------------------------------------
-    def submit(self, job: protocol.SubmitMessage) -> None:
+    def submit(self, job: protocol.SubmitMessage, acknowledged: bool = False) -> None:
         """Admit a job, or refuse it at once when the worker is full (bounded admission)."""
         if not self.engine.has_room():
             self.send(job["reply_channel"], protocol.error_message(
                 503, "The server is at capacity: too many requests are queued. Retry shortly.",
                 None, "queue_full", retry_after=1))
             return
-        self.send(job["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.name})
+        if not acknowledged:
+            self.send(job["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.name})
+        self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
         self.engine.submit(job)
 
-    def control(self, message: protocol.ControlMessage) -> None:
+    def cancel(self, request_id: str) -> None:
+        self._held = {channel: held for channel, held in self._held.items() if held[0] != request_id}
+        self.engine.cancel(request_id)
+
+    def control(self, message: protocol.ControlMessage, acknowledged: bool = False) -> None:
         """A load or unload for the engine; a load with a reply channel is acknowledged first."""
-        if message["type"] == protocol.MODEL_LOAD and message.get("reply_channel"):
+        if message["type"] == protocol.MODEL_LOAD and message.get("reply_channel") and not acknowledged:
             self.send(message["reply_channel"], {"type": protocol.MODEL_ACCEPTED, "worker": self.name})
         self.engine.control(message)
 
@@ -67,8 +80,28 @@ class EngineBridge:
             channel, message = await self.outbox.get()
             try:
                 await self.layer.send(channel, message)
-            except Exception:  # a full or vanished reply channel must not stop the worker
-                logger.warning("could not deliver %s to %s", message.get("type"), channel, exc_info=True)
+            except Exception as exc:  # a full or vanished reply channel must not stop the worker
+                logger.warning("could not deliver %s to %s: %s", message.get("type"), channel, exc)
+                held = self._held.pop(channel, None)
+                if held is not None:  # nobody can hear this job any more: free its slot
+                    self.engine.cancel(held[0])
+                continue
+            held = self._held.get(channel)
+            if held is not None:
+                if message.get("type") in (protocol.DONE, protocol.ERROR):
+                    del self._held[channel]
+                else:
+                    self._held[channel] = (held[0], time.monotonic())
+
+    async def _keep_alive_forever(self) -> None:
+        """Every held job's reply channel hears from this worker at least every `keepalive_seconds`."""
+        while True:
+            await asyncio.sleep(self.keepalive_seconds / 2)
+            now = time.monotonic()
+            for channel, (request_id, last_sent) in list(self._held.items()):
+                if now - last_sent >= self.keepalive_seconds:
+                    self._held[channel] = (request_id, now)
+                    self.send(channel, {"type": protocol.ALIVE})
 
     async def _record_forever(self) -> None:
         while True:

@@ -38,8 +38,8 @@ async def join(name: str, channel_name: str, device: str, memory_budget_mb: floa
         await db(services.register_worker)(name, socket.gethostname(), os.getpid(), channel_name, device,
                                            memory_budget_mb or _system_memory_mb())
         return Welcome(await db(selectors.model_settings_map)(), await db(selectors.preload_models)())
-    except Exception:
-        logger.exception("worker %s could not register in the catalog", name)
+    except Exception as exc:  # the database is down or not migrated yet: the caller retries
+        logger.warning("worker %s could not register in the catalog: %s", name, exc)
         return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
 import os
 import socket
@@ -18,10 +19,13 @@ from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 from django.conf import settings
 
+from inference_site.channel_layers import LAYER_ERRORS
+
 from . import catalog_sync, protocol
 from .bridge import EngineBridge
 from .config import EngineConfig
-from .routing import EMPTY_TABLE, JobClaims, RoutingTable, choose_worker
+from .resilience import retrying
+from .routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, choose_worker
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +38,17 @@ class InferenceConsumer(AsyncConsumer):
         self.scope = scope
         self.channel_layer = get_channel_layer(self.channel_layer_alias)
         self.channel_name = await self.channel_layer.new_channel()
-        self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+        self.channel_receive = retrying(functools.partial(self.channel_layer.receive, self.channel_name),
+                                        "worker's own channel", reconnect=self._join_group)
         self.config = settings.INFERENCE
         self.catalog_settings: dict[str, protocol.ModelSettings] = {}
         self.routing: RoutingTable = EMPTY_TABLE
         self.claims = JobClaims(self.channel_layer)
+        self.passed = PassedJobs()
+        self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
-        await self.channel_layer.group_add(self.config["WORKER_GROUP"], self.channel_name)
+        self._engine_import: asyncio.Future | None = None
+        await self._join_group()
         upkeep = asyncio.ensure_future(self._keep_catalog())
         try:
             await await_many_dispatch([receive, self.channel_receive], self.dispatch)
@@ -48,13 +56,23 @@ class InferenceConsumer(AsyncConsumer):
             upkeep.cancel()
             await catalog_sync.say_stopped(self.worker_name)
 
+    async def _join_group(self) -> None:
+        """Group membership lives in the layer: joined at start and again after a Redis restart."""
+        await self.channel_layer.group_add(self.config["WORKER_GROUP"], self.channel_name)
+
     async def dispatch(self, message: dict) -> None:
         # As AsyncConsumer.dispatch without closing old DB connections first: handlers never
         # touch the database themselves (catalog_sync does, in its own threads).
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+            logger.warning("ignored a message of unknown type %r", message.get("type"))
+            return
+        try:
+            await handler(message)
+        except LAYER_ERRORS:  # the layer went away mid-message: the web side times out and answers 503
+            logger.warning("channel layer unreachable while handling %s", message.get("type"), exc_info=True)
+        except Exception:  # one bad message never stops the worker
+            logger.exception("handling %s failed", message.get("type"))
 
     @property
     def bridge(self) -> EngineBridge:
@@ -62,17 +80,32 @@ class InferenceConsumer(AsyncConsumer):
         if self._bridge is None:
             self._bridge = EngineBridge(self.channel_layer, self.worker_name, EngineConfig.from_settings(self.config),
                                         self.catalog_settings,
-                                        functools.partial(catalog_sync.record_change, self.worker_name))
+                                        functools.partial(catalog_sync.record_change, self.worker_name),
+                                        self.config["WORKER_KEEPALIVE_SECONDS"])
         return self._bridge
 
+    async def _started_bridge(self) -> EngineBridge:
+        """The bridge, torch imported in a thread first (once) so the loop keeps answering meanwhile."""
+        if self._bridge is None:
+            if self._engine_import is None:
+                self._engine_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "workers.engine"))
+            await asyncio.shield(self._engine_import)
+        return self.bridge
+
     async def _keep_catalog(self) -> None:
-        """Join the catalog, take its settings, preload flagged models, then beat until stopped."""
-        welcome = await catalog_sync.join(self.worker_name, self.channel_name, self.config["DEVICE"],
-                                          self.config["WORKER_MEMORY_BUDGET_MB"] or None)
-        if welcome is not None:
-            self.catalog_settings = welcome.settings
-            for name in welcome.preload:
-                self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
+        """Join the catalog, take its settings, preload flagged models, then beat until stopped.
+
+        Joining is retried every beat: a worker may start before the web side has migrated the
+        database, or while the database is down.
+        """
+        while (welcome := await catalog_sync.join(self.worker_name, self.channel_name, self.config["DEVICE"],
+                                                  self.config["WORKER_MEMORY_BUDGET_MB"] or None)) is None:
+            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+        self.catalog_settings = welcome.settings
+        if welcome.preload:
+            await self._started_bridge()
+        for name in welcome.preload:
+            self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
         while True:
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
             loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
@@ -84,7 +117,16 @@ class InferenceConsumer(AsyncConsumer):
             self._bridge.engine.control(message)
 
     async def model_load(self, message: protocol.ControlMessage) -> None:
+        if self._bridge is None:  # acknowledged at once; starting the engine takes a while
+            if message.get("reply_channel"):
+                await self.channel_layer.send(message["reply_channel"],
+                                              {"type": protocol.MODEL_ACCEPTED, "worker": self.worker_name})
+            self._in_background(self._control_when_started(message))
+            return
         self.bridge.control(message)
+
+    async def _control_when_started(self, message: protocol.ControlMessage) -> None:
+        (await self._started_bridge()).control(message, acknowledged=True)
 
     async def model_unload(self, message: protocol.ControlMessage) -> None:
         if self._bridge is not None:
@@ -94,17 +136,67 @@ class InferenceConsumer(AsyncConsumer):
                 self.worker_name, {"status": "not_loaded", "model": message["model"]}))
 
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
-        if self.config["ROUTE_JOBS"] and not message.get("routed"):
+        if message.get("route_ack"):  # passed here by another worker: confirm at once
+            await self.channel_layer.send(message["route_ack"], {"type": protocol.ROUTE_ACK,
+                                                                 "request_id": message["request_id"]})
+        # The in-process layer reaches no other worker (a channel in the catalog from an earlier
+        # process is dead), so only a layer shared between processes routes.
+        if (self.config["ROUTE_JOBS"] and not message.get("routed")
+                and getattr(self.channel_layer, "connection", None) is not None):
             held = self._bridge.engine.models if self._bridge is not None else {}
             target = choose_worker(message["model"], self.channel_name, held, self.routing)
             if target is not None:  # one hop at most: the receiver takes it whatever its table says
-                await self.channel_layer.send(target, {**message, "routed": True})
+                await self.channel_layer.send(target, {**message, "routed": True, "route_ack": self.channel_name})
+                self._in_background(self._take_unless_confirmed(message))
                 return
+        await self._take(message)
+
+    async def generation_route_ack(self, message: protocol.RouteAckMessage) -> None:
+        self.passed.confirm(message["request_id"])
+
+    async def _take_unless_confirmed(self, message: protocol.SubmitMessage) -> None:
+        if not await self.passed.confirmed(message["request_id"], self.config["ROUTE_ACK_TIMEOUT"]):
+            logger.warning("the worker %s was passed to did not confirm it; running it here", message["request_id"])
+            await self._take(message)
+
+    async def _take(self, message: protocol.SubmitMessage) -> None:
         if not await self.claims.first_time(message["request_id"]):
             logger.info("dropped a second copy of %s", message["request_id"])
             return
+        if self._bridge is None:  # acknowledged at once; starting the engine takes a while
+            await self.channel_layer.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
+            self._in_background(self._submit_when_started(message))
+            return
         self.bridge.submit(message)
+
+    async def _submit_when_started(self, message: protocol.SubmitMessage) -> None:
+        """While the engine starts, the job's reply channel hears that this worker is alive."""
+        ticker = asyncio.ensure_future(self._say_alive(message["reply_channel"]))
+        try:
+            bridge = await self._started_bridge()
+        finally:
+            ticker.cancel()
+        bridge.submit(message, acknowledged=True)
+
+    async def _say_alive(self, reply_channel: str) -> None:
+        while True:
+            await asyncio.sleep(self.config["WORKER_KEEPALIVE_SECONDS"])
+            await self.channel_layer.send(reply_channel, {"type": protocol.ALIVE})
+
+    def _in_background(self, work) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background work failed", exc_info=task.exception())
+
+    async def worker_ping(self, message: protocol.PingMessage) -> None:
+        """/health asks: answered from the event loop, so a busy engine still counts as reachable."""
+        await self.channel_layer.send(message["reply_channel"], {"type": protocol.PONG, "worker": self.worker_name})
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
         if self._bridge is not None:
-            self._bridge.engine.cancel(message["request_id"])
+            self._bridge.cancel(message["request_id"])

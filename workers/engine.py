@@ -27,8 +27,8 @@ from .constraints import sample_rows
 from .cpu_share import ThreadGovernor
 from .errors import JobError, ModelBusyError, ModelLoadError
 from .grammars import GrammarCompiler, PendingGrammars
+from .loading import LOAD_FINISHED, Listener, Loader, PendingLoad
 from .metrics import EngineMetrics
-from .model_loader import LoadedModel
 from .model_manager import ModelManager
 from .prefill_pacing import PrefillPacer
 from .protocol import ModelRef
@@ -58,6 +58,7 @@ class Engine:
                                     prefix_cache_bytes=config.prefix_cache_bytes)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
+        self.loader = Loader(self.manager, self._wake)
         self._idle_checked = 0.0
         self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
                                         lambda: self._inbox.put(WAKE))
@@ -83,6 +84,7 @@ class Engine:
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         self._inbox.put(None)
+        self.loader.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self.grammars.compiler.shutdown()
@@ -122,6 +124,10 @@ class Engine:
 
     def control(self, message: protocol.ControlMessage | protocol.SettingsMessage) -> None:
         """A model.load / model.unload / model.settings message; handled in order with jobs."""
+        self._inbox.put(message)
+
+    def _wake(self, message: dict) -> None:
+        """The loader thread's word that a load finished."""
         self._inbox.put(message)
 
     # --- engine thread ---------------------------------------------------
@@ -174,6 +180,8 @@ class Engine:
                 self._beam_done(message["request_id"])
             elif message["type"] in CONTROL_TYPES:
                 self._control(message)
+            elif message["type"] == LOAD_FINISHED:
+                self._load_finished(message["model"])
 
     def _cancel(self, request_id: str) -> None:
         now = time.monotonic()
@@ -194,9 +202,34 @@ class Engine:
     def _busy(self) -> set[str]:
         return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
 
-    def _model(self, name: str) -> LoadedModel:
-        # Loads block this thread, so jobs queued meanwhile for the same model find it loaded: one load.
-        return self.manager.get(name, self._busy(), "request")
+    def _load(self, name: str, requested_by: str, listener: Listener | None = None) -> PendingLoad:
+        """Start loading `name` off this thread (or join the load under way); may raise ModelLoadError."""
+        return self.loader.start(name, self._busy(), requested_by, listener)
+
+    def _load_finished(self, name: str) -> None:
+        """Admit the jobs that waited for the model, answer the load requests; or refuse them all."""
+        pending, loaded, error = self.loader.finish(name)
+        for listener in pending.listeners:
+            if error is None:
+                listener({"status": "ready", "model": name, "cached": False})
+            else:
+                listener({"status": "error", "model": name, "message": str(error),
+                          "code": getattr(error, "code", "internal_error")})
+        for job in pending.jobs:
+            if error is None:
+                self._admit(job)
+            else:
+                self._refuse_load(job, error)
+
+    def _refuse_load(self, job: dict, error: Exception) -> None:
+        if job["request_id"] in self._cancelled:
+            self._job_done()
+        elif isinstance(error, ModelLoadError):
+            self._refuse(job["reply_channel"], protocol.error_message(error.status, str(error), "model", error.code))
+        else:
+            logger.error("loading %s failed", job["model"], exc_info=error)
+            self._refuse(job["reply_channel"], protocol.error_message(
+                500, "The worker failed to load the model.", None, "internal_error"))
 
     def _control(self, message: dict) -> None:
         """Load, unload or reconfigure models; progress goes to the message's reply channel, if any."""
@@ -211,15 +244,13 @@ class Engine:
             if reply:
                 self.emit(reply, protocol.progress_message(self.name, event))
 
-        def progress(stage: str, value: dict | None = None) -> None:
-            send({"status": "loading", "model": name, "stage": stage, **({"progress": value} if value else {})})
-
         requested_by = message.get("requested_by") or "control"
         try:
-            if kind == protocol.MODEL_LOAD:
-                cached = name in self.models
-                self.manager.get(name, self._busy(), requested_by, progress)
-                send({"status": "ready", "model": name, "cached": cached})
+            if kind == protocol.MODEL_LOAD and name in self.models:
+                self.manager.use(name)
+                send({"status": "ready", "model": name, "cached": True})
+            elif kind == protocol.MODEL_LOAD:
+                self._load(name, requested_by, send)
             else:
                 unloaded = self.manager.unload(name, self._busy(), requested_by)
                 send({"status": "unloaded" if unloaded else "not_loaded", "model": name})
@@ -234,9 +265,13 @@ class Engine:
         if request_id in self._cancelled:
             self._job_done()
             return
+        name = ModelRef.parse(job["model"]).key
         try:
-            request = Request(job, self._model(job["model"]), self.config.templates)
-            request.model_name = ModelRef.parse(job["model"]).key
+            if name not in self.models:  # admitted once the model is in; other streams go on meanwhile
+                self._load(name, "request").jobs.append(job)
+                return
+            request = Request(job, self.manager.use(name), self.config.templates)
+            request.model_name = name
             self._finish_empty_sequences(request)
         except JobError as exc:
             self._refuse(reply, exc.message_dict())

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import cached_file
 
 from .errors import ModelLoadError
+from .hub import hub_reachable
 from .protocol import ModelRef
 from .sampling import MODEL_DEFAULT_KEYS
 
@@ -161,6 +162,8 @@ def _local_first(loader, repo_id: str, **kwargs):
     try:  # what the cache holds loads without touching the network
         return loader(repo_id, local_files_only=True, **kwargs)
     except OSError:
+        if not hub_reachable():  # never into huggingface_hub's minute of retries
+            raise OSError(f"`{repo_id}` is not in the cache and the hub is not reachable") from None
         return loader(repo_id, **kwargs)
 
 

@@ -10,6 +10,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +25,20 @@ logger = logging.getLogger(__name__)
 
 OnEvent = Callable[[protocol.ModelChange], None]
 MIB = 1024 * 1024
+
+
+@dataclass
+class LoadPlan:
+    """One load under way: decided on the engine thread, run on the loader thread."""
+
+    name: str
+    device: str
+    dtype: str
+    requested_by: str
+    started: float = field(default_factory=time.monotonic)
+
+    def load(self, progress: Progress | None = None) -> LoadedModel:
+        return load_model(self.name, self.device, self.dtype, progress)
 
 
 class ModelManager:
@@ -79,36 +94,42 @@ class ModelManager:
         return bool(self._settings(name).get("preload"))
 
     # --- load / unload -------------------------------------------------------
-    def get(self, name: str, busy: set[str], requested_by: str = "request",
-            progress: Progress | None = None) -> LoadedModel:
-        """The loaded model, loading it first (evicting idle models if the budget needs room)."""
-        name = ModelRef.parse(name).key
-        loaded = self.models.get(name)
-        if loaded is None:
-            loaded = self._load(name, busy, requested_by, progress)
+    def use(self, name: str) -> LoadedModel:
+        """A loaded model, marked used now."""
+        loaded = self.models[name]
         loaded.last_used = time.monotonic()
         self._publish()
         return loaded
 
-    def _load(self, name: str, busy: set[str], requested_by: str, progress: Progress | None) -> LoadedModel:
+    def begin_load(self, name: str, busy: set[str], requested_by: str) -> LoadPlan:
+        """What loading `name` takes, decided on the engine thread: room made (idle models evicted
+        if the budget needs it), the load announced. The load itself is `plan.load(progress)`."""
+        name = ModelRef.parse(name).key
         own = self._settings(name)
         dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
-        device = own.get("device") or self.device
+        plan = LoadPlan(name, own.get("device") or self.device, dtype, requested_by)
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
-        started = time.monotonic()
         try:
             self._make_room(name, busy)
-            loaded = load_model(name, device, dtype, progress)
         except ModelLoadError as exc:
-            self.on_event({"type": protocol.MODEL_LOAD_FAILED, "model": name, "requested_by": requested_by,
-                           "duration_s": time.monotonic() - started, "error": str(exc)})
+            self.fail_load(plan, exc)
             raise
-        self.models[name] = loaded
-        self.runners[name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes)
-        self._apply(name, loaded)
-        self.on_event({"type": protocol.MODEL_LOADED, "model": name, "requested_by": requested_by,
-                       "duration_s": time.monotonic() - started, "memory_bytes": loaded.memory_bytes})
+        return plan
+
+    def finish_load(self, plan: LoadPlan, loaded: LoadedModel) -> LoadedModel:
+        """Install a model loaded off the engine thread (called on the engine thread)."""
+        self.models[plan.name] = loaded
+        self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes)
+        self._apply(plan.name, loaded)
+        loaded.last_used = time.monotonic()
+        self._publish()
+        self.on_event({"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
+                       "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes})
         return loaded
+
+    def fail_load(self, plan: LoadPlan, exc: Exception) -> None:
+        self.on_event({"type": protocol.MODEL_LOAD_FAILED, "model": plan.name, "requested_by": plan.requested_by,
+                       "duration_s": time.monotonic() - plan.started, "error": str(exc)})
 
     def touch(self, name: str) -> None:
         loaded = self.models.get(name)

@@ -7,12 +7,15 @@ path. Views and the worker consumer both import this module; it imports neither 
 Web -> worker (on the shared worker channel):   SubmitMessage (its prompts: Prompt, its params: JobParams)
 Web -> all workers (group):                     CancelMessage
 Worker -> web (on the reply channel), in order: AcceptedMessage, then Started or ErrorMessage,
-                                                DeltaMessage (once per step), DoneMessage
+                                                DeltaMessage (once per step), DoneMessage;
+                                                AliveMessage whenever it would be silent for a while
+Worker -> worker it passed a job to and back:   SubmitMessage (routed), RouteAckMessage
 Model control (web/admin -> a worker's channel, the shared worker channel, or the group):
     ControlMessage (model.load: one worker takes it; model.unload: every worker), SettingsMessage
 Worker -> the control request's reply channel:  ControlAccepted, then ProgressMessage until its
                                                 ModelEvent is terminal (`is_terminal`)
 Engine -> its own worker's catalog bookkeeping: ModelChange
+Health (web -> all workers, group), answered on its reply channel: PingMessage -> PongMessage
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ STARTED = "generation.started"
 ERROR = "generation.error"
 DELTA = "generation.delta"
 DONE = "generation.done"
+ALIVE = "generation.alive"
+ROUTE_ACK = "generation.route_ack"
 MODEL_LOAD = "model.load"
 MODEL_UNLOAD = "model.unload"
 MODEL_SETTINGS = "model.settings"
@@ -36,6 +41,9 @@ MODEL_LOADING = "model.loading"
 MODEL_LOADED = "model.loaded"
 MODEL_LOAD_FAILED = "model.load_failed"
 MODEL_UNLOADED = "model.unloaded"
+PING = "worker.ping"
+PONG = "worker.pong"
+LOAD_STAGES = ("processor", "config", "download", "weights")
 
 DEFAULT_REVISION = "main"
 
@@ -187,7 +195,22 @@ class SubmitMessage(TypedDict):
     model: str
     prompts: list[Prompt]
     params: dict[str, Any]  # JobParams.to_wire()
-    routed: NotRequired[bool]  # passed on once by another worker; never again
+    routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
+    route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
+
+
+class RouteAckMessage(TypedDict):
+    """A routed job arrived; without this within ROUTE_ACK_TIMEOUT the passing worker runs it itself."""
+
+    type: Literal["generation.route_ack"]
+    request_id: str
+
+
+class AliveMessage(TypedDict):
+    """The worker still holds the job: sent on a reply channel that has heard nothing for a while
+    (a job queued, or waiting for its model), so a silent reply channel means a dead worker."""
+
+    type: Literal["generation.alive"]
 
 
 class CancelMessage(TypedDict):
@@ -345,3 +368,19 @@ def progress_message(worker: str, event: ModelEvent) -> ProgressMessage:
 def is_terminal(event: ModelEvent) -> bool:
     """Whether a model.progress event ends its stream."""
     return event.get("status") in ("ready", "error", "unloaded")
+
+
+class PingMessage(TypedDict):
+    """/health asks every worker; any answer shows one is reachable over the channel layer."""
+
+    type: Literal["worker.ping"]
+    reply_channel: str
+
+
+class PongMessage(TypedDict):
+    type: Literal["worker.pong"]
+    worker: str
+
+
+def ping_message(reply_channel: str) -> PingMessage:
+    return {"type": PING, "reply_channel": reply_channel}

@@ -1,6 +1,8 @@
-"""Which worker runs a job: a pure choice from the catalog's routing table, and claims so it runs once."""
+"""Which worker runs a job: a pure choice from the catalog's routing table, claims so it runs once,
+and confirmations so a job passed to a dead worker comes back."""
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import OrderedDict
 from collections.abc import Container
@@ -64,3 +66,30 @@ class JobClaims:
             return True
         key = f"{self.layer.prefix}claim:{request_id}"
         return bool(await connection(self.layer.consistent_hash(key)).set(key, 1, nx=True, ex=CLAIM_SECONDS))
+
+
+class PassedJobs:
+    """Jobs this worker passed on, until their receiver confirms them.
+
+    The routing table is as old as the last heartbeat, so the chosen worker may have died
+    since; a job it does not confirm within the timeout is run by the worker that passed it.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future] = {}
+
+    async def confirmed(self, request_id: str, timeout: float) -> bool:
+        future = self._waiting[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def confirm(self, request_id: str) -> None:
+        future = self._waiting.get(request_id)
+        if future is not None and not future.done():
+            future.set_result(None)

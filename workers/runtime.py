@@ -1,7 +1,8 @@
 """Starting a worker: the consumer listens on the worker channel from the first moment.
 
 Channels' own Worker creates a consumer only when the first job arrives; ours
-starts it at once so it is in the cancellation group before any job exists.
+starts it at once so it is in the cancellation group before any job exists. An unreachable
+channel layer (Redis restarting) is waited out, never a reason to exit.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import logging
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from . import catalog_sync
 from .consumers import InferenceConsumer
+from .resilience import retrying
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +29,10 @@ async def run_worker() -> None:
         application({"type": "channel", "channel": channel}, inbox.get, _no_send)
     )
     logger.info("worker %s listening on channel %r", InferenceConsumer.worker_name, channel)
+    receive = retrying(lambda: layer.receive(channel), f"worker channel {channel!r}")
     try:
         while True:
-            receiving = asyncio.ensure_future(layer.receive(channel))
+            receiving = asyncio.ensure_future(receive())
             await asyncio.wait({receiving, consumer}, return_when=asyncio.FIRST_COMPLETED)
             if consumer.done():
                 receiving.cancel()
@@ -36,8 +40,15 @@ async def run_worker() -> None:
                 return
             await inbox.put(receiving.result())
     finally:
+        # A clean stop (SIGTERM, Ctrl-C) lets the consumer mark this worker stopped in the catalog.
         consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def _no_send(message: dict) -> None:
     raise RuntimeError("a worker consumer has no client to send to")
+
+
+def mark_stopped() -> None:
+    """This process's worker stopped, in the catalog (for `serve`, once its server has stopped)."""
+    asyncio.run(catalog_sync.say_stopped(InferenceConsumer.worker_name))

@@ -237,10 +237,13 @@ def build_tiny_model(
     size: str = "tiny",
     cache_dir: str | os.PathLike | None = None,
     seed: int = 0,
+    vocab_rows: int | None = None,
 ) -> Path:
     """Build a random Llama causal LM + tokenizer and store it as ``repo_id``.
 
-    Deterministic for a given ``seed``/``size`` (same files, same commit hash).
+    Deterministic for a given ``seed``/``size`` (same files, same commit hash). `vocab_rows`
+    below the tokenizer's size builds a broken checkpoint: most prompts hold token ids the
+    embedding lacks, so generation fails inside the forward pass (for fault tests).
     Returns the snapshot directory, e.g. ``.../models--org--name/snapshots/<sha>``.
     """
     if size not in SIZES:
@@ -253,7 +256,7 @@ def build_tiny_model(
     tokenizer = train_tokenizer(spec.pop("vocab_target"), spec["max_position_embeddings"])
     bos, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_rows or len(tokenizer),
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=pad,

@@ -80,13 +80,18 @@ class Command(BaseCommand):
 
         server = Server(
             application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
+            endpoints=[f"{endpoint}:backlog={settings.INFERENCE['LISTEN_BACKLOG']}"
+                       for endpoint in build_endpoint_description_strings(host=host, port=port)],
             http_timeout=None,
             ready_callable=start_worker,
             verbosity=0,
             application_close_timeout=10,
         )
         server.run()
+        if not no_worker:  # a clean shutdown says so: nothing is routed to this process's channel again
+            from workers.runtime import mark_stopped
+
+            mark_stopped()
 
     def _configure_chat(self, template: str | None, kwargs: str | None, reasoning: str | None) -> None:
         """Chat flags become settings (and env, for workers started from here); bad values stop the start."""

@@ -1,4 +1,5 @@
 import asyncio
+import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -17,7 +18,16 @@ class Command(BaseCommand):
                 "(or use `manage.py serve`, which runs a worker beside the server)."
             ))
         self.stdout.write(f"worker listening on channel {settings.INFERENCE['WORKER_CHANNEL']!r} via {backend}")
-        try:
-            asyncio.run(run_worker())
-        except KeyboardInterrupt:
-            pass
+        asyncio.run(_until_signalled())
+
+
+async def _until_signalled() -> None:
+    """SIGTERM (supervisord, systemd) or SIGINT stops the worker cleanly: it marks itself stopped."""
+    worker = asyncio.ensure_future(run_worker())
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.cancel)
+    try:
+        await worker
+    except asyncio.CancelledError:
+        pass

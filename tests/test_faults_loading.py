@@ -1,0 +1,132 @@
+"""Loads and crashes in the embedded default: a model loading never stalls another model's
+streams, an unknown model offline is a 404 at once, and a crash inside generation fails only
+that batch's requests while the server goes on serving."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from workers.tiny_models import build_tiny_model
+
+from .conftest import TINY_MODEL
+from .live_server import LiveServer, base_env
+from .test_catalog_live import manage
+
+BROKEN = "local/broken"  # its embedding lacks most of its tokenizer's ids
+UNKNOWN = "local/no-such-model"
+# An address that routes nowhere (TEST-NET-1): the hub is "online" by configuration but unreachable.
+UNREACHABLE_HUB = "http://192.0.2.1:9"
+
+
+@pytest.fixture(scope="module")
+def fault_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("fault-cache")
+    build_tiny_model(TINY_MODEL, cache_dir=cache)
+    build_tiny_model("local/other", cache_dir=cache, seed=1)
+    build_tiny_model(BROKEN, cache_dir=cache, vocab_rows=8)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def fault_env(fault_cache, tmp_path_factory):
+    work = tmp_path_factory.mktemp("faults-embedded")
+    return base_env(fault_cache, work, HF_HUB_OFFLINE="0", HF_ENDPOINT=UNREACHABLE_HUB), work
+
+
+@pytest.fixture(scope="module")
+def live(fault_env):
+    env, work = fault_env
+    server = LiveServer(env, work)
+    yield server
+    server.stop()
+
+
+class Stream(threading.Thread):
+    """A streamed completion; every SSE payload with its arrival time."""
+
+    def __init__(self, server: LiveServer, model: str, max_tokens: int, url: str = "/v1/completions", **extra) -> None:
+        super().__init__(daemon=True)
+        self.server, self.url = server, url
+        self.body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
+                     "stream": True, **extra}
+        self.events: list[tuple[float, str]] = []
+        self.status = 0
+
+    def run(self) -> None:
+        with httpx.stream("POST", self.server.base_url + self.url, headers=self.server.headers, json=self.body,
+                          timeout=120) as response:
+            self.status = response.status_code
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append((time.monotonic(), line[len("data: "):]))
+
+    def wait_for_tokens(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < count and time.monotonic() < deadline and self.is_alive():
+            time.sleep(0.02)
+        assert len(self.events) >= count, f"only {len(self.events)} events"
+
+
+def test_unknown_model_offline_is_a_404_at_once_and_leaves_no_row(live, fault_env):
+    env, _ = fault_env
+    for path, body in (("/v1/completions", {"model": UNKNOWN, "prompt": "hi", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"model": UNKNOWN, "messages": [{"role": "user", "content": "hi"}]}),
+                       ("/load_model", {"model": UNKNOWN})):
+        started = time.monotonic()
+        response = httpx.post(live.base_url + path, headers=live.headers, json=body, timeout=30)
+        elapsed = time.monotonic() - started
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "model_not_found"
+        assert elapsed < 1.0, f"{path}: a 404 for an unknown model took {elapsed:.2f}s"
+    rows = manage(env, "shell", "-c", "from catalog.models import CachedModel as M; "
+                                      f"print(M.objects.filter(repo_id={UNKNOWN!r}).count())")
+    assert rows.strip().splitlines()[-1] == "0"
+
+
+def test_a_load_does_not_stall_other_streams(live):
+    stream = Stream(live, TINY_MODEL, max_tokens=400)
+    stream.start()
+    stream.wait_for_tokens(5)
+    load_times = []
+    with httpx.stream("POST", f"{live.base_url}/load_model", headers=live.headers, json={"model": "local/other"},
+                      timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                load_times.append((time.monotonic(), json.loads(line[len("data: "):])))
+    stream.join(120)
+    assert load_times[-1][1]["status"] == "ready" and load_times[-1][1]["cached"] is False
+    began, ready = load_times[0][0], load_times[-1][0]
+    during = [t for t, _ in stream.events if began < t < ready]
+    # Tokens kept arriving while the other model loaded (a blocked engine thread sends none; one
+    # chunk may still be on its way when the load begins).
+    assert len(during) >= 2, f"{len(during)} chunks in the {ready - began:.2f}s the load took"
+    assert stream.events[-1][1] == "[DONE]" and '"error"' not in stream.events[-2][1]
+
+
+def test_a_crash_inside_generation_fails_its_batch_and_serving_goes_on(live):
+    # Loaded first, so the failing request joins the bystander's batch at once.
+    load = httpx.post(f"{live.base_url}/load_model", headers=live.headers, json={"model": BROKEN}, timeout=120)
+    assert '"status":"ready"' in load.text
+    bystander = Stream(live, TINY_MODEL, max_tokens=400)
+    bystander.start()
+    bystander.wait_for_tokens(3)
+    response = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=60,
+                          json={"model": BROKEN, "prompt": "Once upon a time", "max_tokens": 4})
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    bystander.join(60)
+    assert not bystander.is_alive()
+    # The other stream in that batch ends cleanly: an OpenAI-shaped error event, then [DONE].
+    assert bystander.events[-1][1] == "[DONE]"
+    error = json.loads(bystander.events[-2][1])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    for _ in range(2):
+        after = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=60,
+                           json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4})
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(f"{live.base_url}/health", timeout=10).status_code == 200
