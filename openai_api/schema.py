@@ -56,6 +56,15 @@ class BearerKeyScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer", "description": "an API key: `Authorization: Bearer <key>`"}
 
 
+class SessionCookieScheme(OpenApiAuthenticationExtension):
+    target_class = "teams.authentication.SessionPrincipalAuthentication"
+    name = "session"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "cookie", "name": "sessionid",
+                "description": "our own pages: a logged-in user's session cookie, with `X-CSRFToken` on writes"}
+
+
 ERROR_BODY = inline_serializer("ErrorResponse", {"error": inline_serializer("Error", {
     "message": serializers.CharField(),
     "type": serializers.ChoiceField(choices=sorted(set(ERROR_TYPES.values()))),

@@ -27,6 +27,7 @@ class UsageQuerySerializer(serializers.Serializer):
 
 
 class AccountView(APIView):
+    schema = None  # the pages' own JSON, not part of the public API (left out of /openapi.json)
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAuthenticated]
 

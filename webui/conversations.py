@@ -11,6 +11,7 @@ from .serializers import ConversationSerializer, conversation_body
 
 
 class ConversationView(APIView):
+    schema = None  # the pages' own JSON, not part of the public API (left out of /openapi.json)
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAuthenticated]
 
