@@ -35,6 +35,16 @@ FIELD_SCHEMAS = {
         "oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, OBJECT]},
     "openai_api.serializers.chat.ResponseFormatField": OBJECT,
     "openai_api.serializers.chat.TemplateKwargsField": OBJECT,
+    "openai_api.serializers.fields.StringListField": {**STRING_ARRAY, "maxItems": 64},
+    "openai_api.serializers.fields.TokenSequencesField": {"type": "array", "items": {**TOKEN_IDS, "minItems": 1},
+                                                          "maxItems": 256},
+    "openai_api.serializers.fields.EarlyStoppingField": {"oneOf": [{"type": "boolean"},
+                                                                   {"type": "string", "enum": ["never"]}]},
+    "openai_api.serializers.structured.StructuredOutputsField": {
+        "type": "object", "minProperties": 1, "maxProperties": 4, "additionalProperties": False,
+        "description": "exactly one of json (a JSON Schema), regex, choice (strings) or grammar (Lark/GBNF text)",
+        "properties": {"json": {"oneOf": [OBJECT, {"type": "string"}]}, "regex": {"type": "string"},
+                       "choice": {**STRING_ARRAY, "minItems": 1}, "grammar": {"type": "string"}}},
 }
 
 
