@@ -177,12 +177,3 @@ class OutputParser:
         self.tool_calls.append(call)
         out.append(Piece("tool_call", tool_call=call))
         return True
-
-
-def parse_text(text: str, reasoning_open: bool = False, parse_tools: bool = False) -> tuple[str, str, list[ToolCall]]:
-    """The whole text at once: (reasoning, content, tool calls)."""
-    parser = OutputParser(reasoning_open, parse_tools)
-    pieces = parser.feed(text) + parser.finish()
-    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
-    content = "".join(p.text for p in pieces if p.kind == "content")
-    return reasoning, content, parser.tool_calls

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from openai_api.output_parsing import OutputParser, parse_text
+from openai_api.output_parsing import OutputParser
+
+from .parse_whole import parse_text
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
