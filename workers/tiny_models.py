@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast, ProcessorMixin
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 CORPUS_PATH = DATA_DIR / "tiny_corpus.txt"
@@ -215,9 +215,10 @@ def _install_locked(src_dir: Path, repo_dir: Path) -> Path:
 
 
 def _save_and_install(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, cache_dir: str | os.PathLike | None, repo_id: str
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | ProcessorMixin, cache_dir: str | os.PathLike | None,
+    repo_id: str,
 ) -> Path:
-    """Serialise into a scratch dir first so a failed build never half-writes the cache."""
+    """Serialise into a scratch dir first so a failed build never half-writes the cache (a processor saves its tokenizer)."""
     cache = _resolve_cache(cache_dir)
     with tempfile.TemporaryDirectory(prefix="tiny-model-") as tmp:
         out = Path(tmp)

@@ -1,16 +1,24 @@
 from django.core.management.base import BaseCommand
 
 from workers.tiny_models import build_tiny_model
+from workers.tiny_multimodal import build_tiny_vlm, build_tiny_whisper
 
 
 class Command(BaseCommand):
-    help = "Build a causal LM with random weights and a trained tokenizer into the Hugging Face cache (offline)."
+    help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
+            "a Llama causal LM, a LLaVA-shaped vision-language model, or a Whisper.")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
-        parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
+        parser.add_argument("--arch", choices=["llama", "llava", "whisper"], default="llama")
+        parser.add_argument("--size", choices=["tiny", "small"], default="tiny", help="llama only")
         parser.add_argument("--seed", type=int, default=0)
 
-    def handle(self, *args, name: str, size: str, seed: int, **options):
-        path = build_tiny_model(name, size=size, seed=seed)
-        self.stdout.write(f"built {size} model {name} at {path}")
+    def handle(self, *args, name: str, arch: str, size: str, seed: int, **options):
+        if arch == "llava":
+            path = build_tiny_vlm(name, seed=seed)
+        elif arch == "whisper":
+            path = build_tiny_whisper(name, seed=seed)
+        else:
+            path = build_tiny_model(name, size=size, seed=seed)
+        self.stdout.write(f"built {arch} model {name} at {path}")
