@@ -45,6 +45,7 @@ class RenderedPrompt:
     ids: list[int]
     text: str
     open_block: str  # the prompt's unclosed trailing block ("<think>\n…"), or "": the web side's parser starts there
+    media_inputs: dict | None = None  # the processor's tensors beside the ids (pixel_values, …) for media prompts
 
 
 @lru_cache(maxsize=8)
@@ -93,11 +94,14 @@ def open_block(text: str) -> str:
 
 
 def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conversation,
-                        templates: TemplateSettings) -> RenderedPrompt:
-    """Render a conversation with the chosen template and tokenize it; bad input is a JobError 400."""
+                        templates: TemplateSettings, default_template: str | None = None) -> RenderedPrompt:
+    """Render a conversation with the chosen template and tokenize it; bad input is a JobError 400.
+
+    `default_template` stands in where the tokenizer has none (a processor's own template).
+    """
     template = server_template(templates)
     if template is None and not getattr(tokenizer, "chat_template", None):
-        template = FALLBACK_TEMPLATE
+        template = default_template or FALLBACK_TEMPLATE
     kwargs = {**server_template_kwargs(templates), **(conversation.get("chat_template_kwargs") or {})}
     try:
         text = tokenizer.apply_chat_template(

@@ -412,7 +412,7 @@ class Engine:
             cached = runner.attach_prefix(seq)
             if cached is not None:
                 self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
-            if cached or seq.wants_prompt_logprobs or len(seq.prompt_ids) > budget:
+            if cached or seq.wants_prompt_logprobs or seq.media_inputs is not None or len(seq.prompt_ids) > budget:
                 used, logits = runner.prefill(seq, budget)
                 budget -= used
                 if logits is not None:

@@ -1,4 +1,9 @@
-"""Loading a causal LM and its tokenizer from the Hugging Face cache (or the hub, online)."""
+"""Loading a model and its tokenizer (and processor, for media) from the Hugging Face cache (or the hub, online).
+
+The class follows `workers.modalities.model_kind`: a causal LM, a vision-language model
+(`AutoModelForImageTextToText` + its `AutoProcessor`), or a speech-to-text model
+(`AutoModelForSpeechSeq2Seq` + its processor, for /v1/audio).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,14 +14,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub import snapshot_download, try_to_load_from_cache
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
+from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import cached_file
 
 from .errors import ModelLoadError
 from .hub import hub_reachable
+from .modalities import Kind, input_modalities, model_kind
 from .protocol import ModelRef
 from .sampling import MODEL_DEFAULT_KEYS
 
@@ -25,6 +33,8 @@ logger = logging.getLogger(__name__)
 # progress(stage, {"current", "total"} | None): the load stages of /load_model, in order.
 Progress = Callable[[str, "dict | None"], None]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+MODEL_CLASSES = {"causal": AutoModelForCausalLM, "image_text": AutoModelForImageTextToText,
+                 "speech": AutoModelForSpeechSeq2Seq}
 
 
 @dataclass
@@ -40,6 +50,12 @@ class LoadedModel:
     default_stop: list[str] = field(default_factory=list)  # the catalog's, where a request sends no `stop`
     last_used: float = field(default_factory=time.monotonic)
     memory_bytes: int = 0
+    kind: Kind = "causal"
+    processor: Any = None  # the AutoProcessor of a model that takes media; None for text-only models
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return input_modalities(self.kind)
 
     @property
     def vocab_size(self) -> int:
@@ -184,17 +200,24 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: P
     started = time.monotonic()
     try:
         report("processor", None)
-        tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
+        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)  # says which processor
+        kind = model_kind(config.to_dict()) or "causal"
+        processor = None
+        if kind == "causal":
+            tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
+        else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
+            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil")
+            tokenizer = processor.tokenizer
         report("config", None)
-        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype)
+        model_class = MODEL_CLASSES[kind]
         try:
             with _weights_progress(report):
-                model = AutoModelForCausalLM.from_pretrained(repo_id, local_files_only=True, **kwargs)
+                model = model_class.from_pretrained(repo_id, local_files_only=True, **kwargs)
         except OSError:
             _download(repo_id, revision, report)
             with _weights_progress(report):
-                model = AutoModelForCausalLM.from_pretrained(repo_id, **kwargs)
+                model = model_class.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"The model `{name}` does not exist or could not be read: {exc}", not_found=True) from exc
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -215,4 +238,6 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: P
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         memory_bytes=model_bytes(model),
+        kind=kind,
+        processor=processor,
     )

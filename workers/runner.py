@@ -48,14 +48,15 @@ class ModelRunner:
     def attach_prefix(self, seq: Sequence) -> int | None:
         """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
         cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
-        if self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable:
+        if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable
+                or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
             return None
         seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids)
         return seq.prefilled
 
     def remember_prefix(self, seq: Sequence) -> None:
         """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
-        if self.prefix_cache is not None and seq.state is not None and self.batchable:
+        if self.prefix_cache is not None and seq.state is not None and self.batchable and seq.media_inputs is None:
             self.prefix_cache.remember(seq.prompt_ids, seq.state)
 
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
@@ -64,7 +65,8 @@ class ModelRunner:
             seq.state = DynamicCache(config=self.loaded.model.config)
             seq.prefilled = 0
         remaining = len(seq.prompt_ids) - seq.prefilled
-        take = min(remaining, budget, self.prefill_chunk)
+        # Media features need their placeholder tokens in the same forward: one chunk.
+        take = remaining if seq.media_inputs is not None else min(remaining, budget, self.prefill_chunk)
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
@@ -73,6 +75,7 @@ class ModelRunner:
             past_key_values=seq.state,
             use_cache=True,
             logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
+            **self._media_tensors(seq),
         )
         seq.state = output.past_key_values
         seq.prefilled += take
@@ -80,6 +83,14 @@ class ModelRunner:
         if seq.wants_prompt_logprobs:
             seq.record_prompt_chunk(output.logits[0], last=done)
         return take, output.logits[0, -1] if done else None
+
+    def _media_tensors(self, seq: Sequence) -> dict:
+        """The processor's tensors for the model's forward, floating ones in the model's dtype."""
+        if seq.media_inputs is None:
+            return {}
+        dtype = self.loaded.model.dtype
+        return {key: value.to(self.loaded.device, dtype=dtype if value.is_floating_point() else value.dtype)
+                for key, value in seq.media_inputs.items()}
 
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """Whole prompts of several newcomers in one left-padded forward; each keeps its own cache rows."""

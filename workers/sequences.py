@@ -57,6 +57,7 @@ class Sequence:
         self.text = IncrementalText(request.model.tokenizer, stop)
         self.completion_ids: list[int] = []
         self.state = None  # the runner's per-sequence model state (KV cache)
+        self.media_inputs: dict | None = None  # processor tensors the prompt's prefill takes (pixel_values, …)
         self.finish_reason: str | None = None
         self.echo_length = len(echo_text)
         self.pending_text = echo_text
@@ -172,6 +173,10 @@ class Request:
         self.arrived = time.monotonic()
         params = JobParams.from_wire(job["params"])
         self.echo = params.echo
+        if model.kind == "speech":
+            raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
+                           "/v1/audio/transcriptions.", "model", "unsupported_model")
+        self.media_inputs: list[dict | None] = []  # per prompt
         self.prompt_ids = [self._tokenize(prompt, templates) for prompt in job["prompts"]]
         max_tokens = self._max_tokens(params.max_tokens)
         self._check_limits(max_tokens, params)
@@ -193,17 +198,26 @@ class Request:
             prompt_sampling = dataclasses.replace(sampling, min_tokens=min_tokens)
             for sample in range(n):
                 sampler = Sampler(prompt_sampling, model.eos_token_ids, model.device, seed_offset=sample)
-                self.sequences.append(Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler,
-                                               max_tokens, params.stop or model.default_stop, params.suffix))
+                seq = Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler, max_tokens,
+                               params.stop or model.default_stop, params.suffix)
+                seq.media_inputs = self.media_inputs[prompt_index]
+                self.sequences.append(seq)
 
     # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
     open_blocks: tuple[str, ...] = ()
 
     def _tokenize(self, prompt: Prompt, templates: TemplateSettings) -> list[int]:
         if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
-            rendered = render_prompt(self.model.tokenizer, prompt, templates)
+            from .media_prompts import has_media, render_media_conversation
+
+            if has_media(prompt):
+                rendered = render_media_conversation(self.model, prompt, templates)
+            else:
+                rendered = render_prompt(self.model.tokenizer, prompt, templates)
             self.open_blocks = (*self.open_blocks, rendered.open_block)
+            self.media_inputs.append(rendered.media_inputs)
             return rendered.ids
+        self.media_inputs.append(None)
         if isinstance(prompt, str):
             return list(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         vocab = self.model.vocab_size
