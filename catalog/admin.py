@@ -46,7 +46,7 @@ class CachedModelAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "preload", "is_causal_lm", "gone", "dtype")
     search_fields = ("repo_id",)
     readonly_fields = ("repo_id", "revision", "revisions", "size_on_disk", "architectures", "is_causal_lm",
-                       "last_modified", "last_scanned", "gone")
+                       "modalities", "last_modified", "last_scanned", "gone")
     inlines = [ModelLoadInline]
     actions = ["preload_now", "unload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
                "delete_from_cache"]

@@ -13,7 +13,8 @@ from pathlib import Path
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
-CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+from workers.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind
+
 SCAN_TTL_SECONDS = 2.0
 
 
@@ -28,18 +29,24 @@ class CacheEntry:
     architectures: tuple[str, ...]
     snapshot_path: Path
     revisions: tuple[str, ...] = ()
+    modalities: tuple[str, ...] = ()  # what it takes as input; empty: nothing this server serves
 
     @property
     def is_causal_lm(self) -> bool:
         return any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in self.architectures)
 
+    @property
+    def is_served(self) -> bool:
+        """A causal LM, a vision-language model or a speech-to-text model."""
+        return bool(self.modalities)
 
-def _read_architectures(snapshot: Path) -> tuple[str, ...]:
+
+def _read_config(snapshot: Path) -> dict:
     try:
         config = json.loads((snapshot / "config.json").read_text())
     except (OSError, ValueError):
-        return ()
-    return tuple(a for a in (config.get("architectures") or ()) if isinstance(a, str))
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _newest_revision(repo):
@@ -60,15 +67,17 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
         revision = _newest_revision(repo)
         if revision is None:
             continue
+        config = _read_config(Path(revision.snapshot_path))
         models.append(
             CacheEntry(
                 repo_id=repo.repo_id,
                 revision=revision.commit_hash,
                 size_on_disk=repo.size_on_disk,
                 last_modified=repo.last_modified,
-                architectures=_read_architectures(Path(revision.snapshot_path)),
+                architectures=tuple(a for a in (config.get("architectures") or ()) if isinstance(a, str)),
                 snapshot_path=Path(revision.snapshot_path),
                 revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
+                modalities=input_modalities(model_kind(config)),
             )
         )
     return sorted(models, key=lambda m: m.repo_id)
@@ -78,13 +87,14 @@ _cache_lock = threading.Lock()
 _cache: dict[str, tuple[float, list[CacheEntry]]] = {}
 
 
-def cached_causal_lms(fresh: bool = False) -> list[CacheEntry]:
-    """The causal LMs in the cache; rescans when `fresh` or when the last scan is a couple of seconds old."""
+def cached_served_models(fresh: bool = False) -> list[CacheEntry]:
+    """The models in the cache this server serves; rescans when `fresh` or when the last scan is a couple of
+    seconds old."""
     key = str(hf_constants.HF_HUB_CACHE)
     with _cache_lock:
         stamp, models = _cache.get(key, (0.0, []))
         if fresh or time.monotonic() - stamp > SCAN_TTL_SECONDS:
-            models = [m for m in scan_cached_models(key) if m.is_causal_lm]
+            models = [m for m in scan_cached_models(key) if m.is_served]
             _cache[key] = (time.monotonic(), models)
         return models
 

@@ -28,6 +28,8 @@ class CachedModel(models.Model):
     size_on_disk = models.BigIntegerField(default=0)
     architectures = models.JSONField(default=list, blank=True)
     is_causal_lm = models.BooleanField(default=False)
+    modalities = models.JSONField(default=list, blank=True,
+                                  help_text="what it takes as input (text, image, audio, video); empty: not served")
     last_modified = models.DateTimeField(null=True, blank=True)
     last_scanned = models.DateTimeField(null=True, blank=True)
     gone = models.BooleanField(default=False, help_text="no longer in the cache (kept for its settings and history)")

@@ -11,18 +11,18 @@ from workers.hub import hub_reachable
 from workers.protocol import ModelRef
 
 from .errors import ModelDisabled, ModelNotFound
-from .hf_cache import CacheEntry, cached_causal_lms
+from .hf_cache import CacheEntry, cached_served_models
 from .models import CachedModel, ModelLoad, Worker
 
 RULES_TTL_SECONDS = 2.0
 
 
 def find_cached_model(name: str, fresh: bool = False) -> CacheEntry | None:
-    """The enabled cached causal LM a name (or alias) means; `fresh` rescans the cache first."""
+    """The enabled cached model a name (or alias) means; `fresh` rescans the cache first."""
     repo_id = canonical_repo_id(name)
     if repo_id in catalog_rules()[1]:
         return None
-    return next((m for m in cached_causal_lms(fresh) if m.repo_id == repo_id), None)
+    return next((m for m in cached_served_models(fresh) if m.repo_id == repo_id), None)
 
 
 # --- the catalog's rules: aliases and disabled models, read at most every couple of seconds ---
@@ -126,11 +126,11 @@ def routing_table() -> dict:
 
 
 def listed_models() -> list[tuple[CacheEntry, dict]]:
-    """The enabled cached causal LMs, each with its load state (status "cached" when on no worker)."""
+    """The enabled cached models, each with its load state (status "cached" when on no worker)."""
     states = load_states()
     disabled = catalog_rules()[1]
     return [(m, states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}))
-            for m in cached_causal_lms() if m.repo_id not in disabled]
+            for m in cached_served_models() if m.repo_id not in disabled]
 
 
 def resolve_model_id(name: str) -> str:

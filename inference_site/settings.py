@@ -226,6 +226,14 @@ INFERENCE = {
     "LISTEN_BACKLOG": env_int("INFERENCE_LISTEN_BACKLOG", 2048),
     # /health: how long it waits for the database and for some worker to answer a ping.
     "HEALTH_TIMEOUT": env_float("INFERENCE_HEALTH_TIMEOUT", 2.0),
+    # Media in chat/Responses (worker side): bytes one image/audio/video may have, how long fetching an
+    # http(s) URL may take, and hosts fetched even though they resolve to private or local addresses
+    # (comma-separated; none by default). A video becomes this many frames, sampled evenly.
+    "MEDIA_MAX_BYTES": env_int("INFERENCE_MEDIA_MAX_BYTES", 20 * 1024 * 1024),
+    "MEDIA_FETCH_TIMEOUT": env_float("INFERENCE_MEDIA_FETCH_TIMEOUT", 10.0),
+    "MEDIA_ALLOW_HOSTS": [h.strip().lower() for h in os.environ.get("INFERENCE_MEDIA_ALLOW_HOSTS", "").split(",")
+                          if h.strip()],
+    "VIDEO_FRAMES": env_int("INFERENCE_VIDEO_FRAMES", 8),
     # Worker side.
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),

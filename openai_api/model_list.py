@@ -1,7 +1,8 @@
-"""`GET /v1/models` and `GET /v1/models/{id}`: the enabled causal LMs the server can serve.
+"""`GET /v1/models` and `GET /v1/models/{id}`: the enabled models the server can serve.
 
 OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
-error), `loaded_on` (worker names) and `size_bytes` on disk.
+error), `loaded_on` (worker names), `size_bytes` on disk and the input `modalities` it takes
+(text, image, audio, video).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def model_object(model: CacheEntry, state: dict) -> dict:
         "status": state["status"],
         "loaded_on": state["loaded_on"],
         "size_bytes": model.size_on_disk,
+        "modalities": list(model.modalities),
     }
 
 

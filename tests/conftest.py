@@ -113,3 +113,35 @@ def thinking_server(hf_cache, tmp_path_factory, thinking_template):
                       extra_args=("--chat-template", str(thinking_template), "--reasoning", "on"))
     yield live
     live.stop()
+
+
+TINY_VLM = "local/tiny-vlm"
+TINY_WHISPER = "local/tiny-whisper"
+
+
+@pytest.fixture(scope="session")
+def media_cache(tmp_path_factory) -> Path:
+    """A cache with the text model, the vision-language model and the Whisper."""
+    from workers.tiny_multimodal import build_tiny_vlm, build_tiny_whisper
+
+    cache = tmp_path_factory.mktemp("hf-media-cache")
+    build_tiny_model(TINY_MODEL, size="tiny", cache_dir=cache)
+    build_tiny_vlm(TINY_VLM, cache_dir=cache)
+    build_tiny_whisper(TINY_WHISPER, cache_dir=cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def media_server(media_cache, tmp_path_factory):
+    """Fetches from 127.0.0.1 allowed (the tests' own file server), 2 s fetch limit, 200 kB per media file."""
+    work_dir = tmp_path_factory.mktemp("media-server")
+    env = base_env(media_cache, work_dir, INFERENCE_MEDIA_ALLOW_HOSTS="127.0.0.1", INFERENCE_MEDIA_FETCH_TIMEOUT="2",
+                   INFERENCE_MEDIA_MAX_BYTES="200000", INFERENCE_VIDEO_FRAMES="8", INFERENCE_WORKER_ACK_TIMEOUT="60")
+    live = LiveServer(env, work_dir, name="media")
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def media_client(media_server) -> OpenAI:
+    return OpenAI(base_url=f"{media_server.base_url}/v1", api_key=media_server.key, max_retries=0, timeout=120)

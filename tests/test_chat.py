@@ -220,7 +220,7 @@ BAD_BODIES = [
     ({"model": TINY_MODEL, "messages": [{"role": "user"}]}, "messages[0].content"),
     ({"model": TINY_MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"model": TINY_MODEL, "messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages[0].colour"),
-    ({"model": TINY_MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ({"model": TINY_MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].image_url"),
     ({"model": TINY_MODEL, "messages": USER, "tool_choice": "required"}, "tool_choice"),
     ({"model": TINY_MODEL, "messages": USER, "tools": [WEATHER_TOOL],
       "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),

@@ -2,7 +2,8 @@
 
 The engine emits from its own thread; the bridge carries each message onto the channel
 layer in order, one loop wake-up per step. It also admits jobs (a full worker says so at
-once) and relays the engine's model changes to whoever records them. While it holds a job it
+once; a job's media are read first, off the loop) and relays the engine's model changes to
+whoever records them. While it holds a job it
 keeps the job's reply channel from going silent (`generation.alive`), so the web side can tell
 a dead worker by silence within seconds; a job whose reply channel cannot be reached (Redis
 down) is cancelled rather than generated for nobody.
@@ -41,6 +42,8 @@ class EngineBridge:
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
         self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name)
+        self.media = config.media
+        self._media_reads: set[asyncio.Task] = set()
         if model_settings:
             self.engine.control({"type": protocol.MODEL_SETTINGS, "settings": model_settings})
         self.sender = self.loop.create_task(self._send_forever())
@@ -59,6 +62,24 @@ class EngineBridge:
         if not acknowledged:
             self.send(job["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.name})
         self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
+        from .media_prompts import job_has_media
+
+        if job_has_media(job):  # read on a thread of its own: the loop keeps carrying messages meanwhile
+            task = self.loop.create_task(self._read_media_then_submit(job))
+            self._media_reads.add(task)
+            task.add_done_callback(self._media_reads.discard)
+        else:
+            self.engine.submit(job)
+
+    async def _read_media_then_submit(self, job: protocol.SubmitMessage) -> None:
+        from .media import MediaError
+        from .media_prompts import read_job_media
+
+        try:
+            await asyncio.to_thread(read_job_media, job, self.media)
+        except MediaError as exc:
+            self.send(job["reply_channel"], protocol.error_message(exc.status, exc.message, exc.param, exc.code))
+            return
         self.engine.submit(job)
 
     def cancel(self, request_id: str) -> None:

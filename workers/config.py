@@ -1,4 +1,4 @@
-"""What an engine is told when it starts: device, batching limits, chat-template choices.
+"""What an engine is told when it starts: device, batching limits, chat-template choices, media limits.
 
 Plain Python. The worker's adapter builds one EngineConfig from Django's settings and
 passes it down; nothing below the adapter reads settings or the environment.
@@ -22,6 +22,17 @@ class TemplateSettings:
 
 
 @dataclass(frozen=True)
+class MediaSettings:
+    """Media in jobs: bytes one file may have, how long an http(s) fetch may take, hosts fetched even though
+    they resolve to private or local addresses, and how many frames a video becomes."""
+
+    max_bytes: int = 20 * MIB
+    fetch_timeout: float = 10.0
+    allow_hosts: frozenset[str] = frozenset()
+    video_frames: int = 8
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
@@ -36,6 +47,7 @@ class EngineConfig:
     kv_budget_bytes: int | None = None  # KV cache the running sequences may reserve; None: no budget
     prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
     templates: TemplateSettings = field(default_factory=TemplateSettings)
+    media: MediaSettings = field(default_factory=MediaSettings)
 
     @classmethod
     def from_settings(cls, inference: Mapping[str, Any]) -> EngineConfig:
@@ -51,4 +63,7 @@ class EngineConfig:
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
                                        reasoning=inference.get("REASONING") or "auto"),
+            media=MediaSettings(max_bytes=inference["MEDIA_MAX_BYTES"], fetch_timeout=inference["MEDIA_FETCH_TIMEOUT"],
+                                allow_hosts=frozenset(inference["MEDIA_ALLOW_HOSTS"]),
+                                video_frames=inference["VIDEO_FRAMES"]),
         )

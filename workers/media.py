@@ -16,8 +16,9 @@ import io
 import ipaddress
 import socket
 import time
-from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
+
+from .config import MediaSettings
 
 MAX_REDIRECTS = 3
 MAX_IMAGE_PIXELS = 8192 * 8192
@@ -32,13 +33,6 @@ class MediaError(Exception):
     def __init__(self, message: str, param: str | None, code: str, status: int = 400) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-
-
-@dataclass(frozen=True)
-class FetchLimits:
-    max_bytes: int
-    timeout: float = 10.0
-    allow_hosts: frozenset[str] = field(default_factory=frozenset)
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -77,11 +71,11 @@ def _public_address(host: str, port: int, allow_hosts: frozenset[str], param: st
                              param, "media_url_not_allowed")
 
 
-def fetch_url(url: str, param: str, limits: FetchLimits) -> tuple[str, bytes]:
+def fetch_url(url: str, param: str, limits: MediaSettings) -> tuple[str, bytes]:
     """GET an http(s) URL within the limits: -> (media type from Content-Type, body)."""
     import httpx
 
-    deadline = time.monotonic() + limits.timeout
+    deadline = time.monotonic() + limits.fetch_timeout
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -89,7 +83,7 @@ def fetch_url(url: str, param: str, limits: FetchLimits) -> tuple[str, bytes]:
         _public_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
                         limits.allow_hosts, param)
         try:
-            with httpx.Client(timeout=limits.timeout, follow_redirects=False, trust_env=False) as client:
+            with httpx.Client(timeout=limits.fetch_timeout, follow_redirects=False, trust_env=False) as client:
                 with client.stream("GET", url) as response:
                     if response.is_redirect and "location" in response.headers:
                         url = urljoin(url, response.headers["location"])
@@ -100,7 +94,7 @@ def fetch_url(url: str, param: str, limits: FetchLimits) -> tuple[str, bytes]:
                     return response.headers.get("content-type", "").split(";")[0].strip().lower(), \
                         _read_body(response, param, limits, deadline)
         except httpx.TimeoutException:
-            raise MediaError(f"{param}: fetching the URL took longer than {limits.timeout:g} s.", param,
+            raise MediaError(f"{param}: fetching the URL took longer than {limits.fetch_timeout:g} s.", param,
                              "media_fetch_timeout") from None
         except httpx.HTTPError as exc:
             raise MediaError(f"{param}: the URL could not be fetched ({type(exc).__name__}).", param,
@@ -108,7 +102,7 @@ def fetch_url(url: str, param: str, limits: FetchLimits) -> tuple[str, bytes]:
     raise MediaError(f"{param}: more than {MAX_REDIRECTS} redirects.", param, "media_fetch_failed")
 
 
-def _read_body(response, param: str, limits: FetchLimits, deadline: float) -> bytes:
+def _read_body(response, param: str, limits: MediaSettings, deadline: float) -> bytes:
     too_large = MediaError(f"{param}: the fetched media is larger than the limit of {limits.max_bytes} bytes.",
                            param, "media_too_large", 413)
     declared = response.headers.get("content-length", "")
@@ -120,12 +114,12 @@ def _read_body(response, param: str, limits: FetchLimits, deadline: float) -> by
         if len(body) > limits.max_bytes:
             raise too_large
         if time.monotonic() > deadline:
-            raise MediaError(f"{param}: fetching the URL took longer than {limits.timeout:g} s.", param,
+            raise MediaError(f"{param}: fetching the URL took longer than {limits.fetch_timeout:g} s.", param,
                              "media_fetch_timeout")
     return bytes(body)
 
 
-def read_url(url: str, param: str, limits: FetchLimits) -> tuple[str, bytes]:
+def read_url(url: str, param: str, limits: MediaSettings) -> tuple[str, bytes]:
     """A data: URL decoded, or an http(s) URL fetched: -> (media type, bytes)."""
     if url.startswith("data:"):
         return parse_data_url(url, param, limits.max_bytes)

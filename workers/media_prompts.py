@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from .chat_templates import RenderedPrompt, render_conversation
-from .config import TemplateSettings
+from .config import MediaSettings, TemplateSettings
 from .errors import JobError
-from .media import FetchLimits, MediaError, decode_audio, decode_image, decode_video, read_url
+from .media import MediaError, decode_audio, decode_image, decode_video, read_url
 from .modalities import AUDIO, IMAGE, VIDEO
 
 MEDIA_TYPES = (IMAGE, VIDEO, AUDIO)
@@ -39,12 +39,19 @@ def has_media(prompt: Any) -> bool:
     return next(media_parts(prompt), None) is not None
 
 
-def read_job_media(job: dict, limits: FetchLimits) -> None:
-    """In place: every media part's `url` read into `data` bytes. Blocking (fetches): run it on a thread."""
+def job_has_media(job: dict) -> bool:
+    return any(has_media(prompt) for prompt in job.get("prompts") or ())
+
+
+def read_job_media(job: dict, limits: MediaSettings) -> None:
+    """In place: every media part's `url` read into `data` bytes (a video's also told how many frames
+    to become). Blocking (fetches): run it on a thread."""
     for prompt in job["prompts"]:
         for path, part in media_parts(prompt):
             if "data" not in part:
                 part["data"] = read_url(part.pop("url"), path, limits)[1]
+            if part["type"] == VIDEO:
+                part.setdefault("frames", limits.video_frames)
 
 
 def _check_modalities(loaded, prompt: dict) -> None:
@@ -54,7 +61,7 @@ def _check_modalities(loaded, prompt: dict) -> None:
                            f"(it takes: {', '.join(loaded.modalities)}).", path, "unsupported_modality")
 
 
-def _decoded(loaded, prompt: dict, video_frames: int) -> tuple[list[dict], dict[str, list]]:
+def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
     """The messages with placeholder parts for the template, and the decoded media in order, by kind."""
     processor = loaded.processor
     media: dict[str, list] = {IMAGE: [], AUDIO: []}
@@ -71,7 +78,7 @@ def _decoded(loaded, prompt: dict, video_frames: int) -> tuple[list[dict], dict[
                 media[IMAGE].append(decode_image(part["data"], path))
                 parts.append({"type": IMAGE})
             elif kind == VIDEO:  # frames as images, in order (transformers' video processors need torchvision)
-                frames = decode_video(part["data"], path, video_frames)
+                frames = decode_video(part["data"], path, part.get("frames", MediaSettings.video_frames))
                 media[IMAGE].extend(frames)
                 parts.extend({"type": IMAGE} for _ in frames)
             elif kind == AUDIO:
@@ -84,12 +91,12 @@ def _decoded(loaded, prompt: dict, video_frames: int) -> tuple[list[dict], dict[
     return messages, media
 
 
-def render_media_conversation(loaded, prompt: dict, video_frames: int = 8) -> RenderedPrompt:
+def render_media_conversation(loaded, prompt: dict) -> RenderedPrompt:
     """Ids and processor tensors for a conversation with media; unusable media is a JobError 400/413."""
     _check_modalities(loaded, prompt)
     processor = loaded.processor
     try:
-        messages, media = _decoded(loaded, prompt, video_frames)
+        messages, media = _decoded(loaded, prompt)
     except MediaError as exc:
         raise JobError(exc.status, exc.message, exc.param, exc.code) from None
     rendered = render_conversation(loaded.tokenizer, {**prompt, "messages": messages}, templates,

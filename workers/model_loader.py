@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import snapshot_download, try_to_load_from_cache
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
-from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import cached_file
 
 from .errors import ModelLoadError
@@ -33,8 +32,19 @@ logger = logging.getLogger(__name__)
 # progress(stage, {"current", "total"} | None): the load stages of /load_model, in order.
 Progress = Callable[[str, "dict | None"], None]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-MODEL_CLASSES = {"causal": AutoModelForCausalLM, "image_text": AutoModelForImageTextToText,
-                 "speech": AutoModelForSpeechSeq2Seq}
+
+
+def _model_class(kind: Kind):
+    """Imported on first use: the media classes cost seconds of import a text-only worker never needs."""
+    if kind == "image_text":
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    if kind == "speech":
+        from transformers import AutoModelForSpeechSeq2Seq
+
+        return AutoModelForSpeechSeq2Seq
+    return AutoModelForCausalLM
 
 
 @dataclass
@@ -206,11 +216,13 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: P
         if kind == "causal":
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
+            from transformers import AutoProcessor
+
             processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil")
             tokenizer = processor.tokenizer
         report("config", None)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype)
-        model_class = MODEL_CLASSES[kind]
+        model_class = _model_class(kind)
         try:
             with _weights_progress(report):
                 model = model_class.from_pretrained(repo_id, local_files_only=True, **kwargs)

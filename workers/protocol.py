@@ -162,8 +162,21 @@ def to_job_params(request: Mapping[str, Any], **endpoint: Any) -> JobParams:
     return JobParams(**shared, **endpoint)
 
 
+class MediaPart(TypedDict):
+    """An image, video or audio part of a user message's content list (the others: {"type": "text", "text"}).
+
+    The worker reads `url` (data: or http(s)) into `data` bytes before its engine sees the job
+    (workers.media_prompts); a video part is then also told how many `frames` to become.
+    """
+
+    type: Literal["image", "video", "audio"]
+    url: str
+    format: NotRequired[Literal["wav", "mp3"]]  # audio
+
+
 class Conversation(TypedDict):
-    """A chat prompt, rendered by the worker's chat template (workers.chat_templates)."""
+    """A chat prompt, rendered by the worker's chat template (workers.chat_templates), or by the
+    model's processor when a message holds MediaParts (workers.media_prompts)."""
 
     messages: list[dict]
     tools: list[dict] | None

@@ -11,43 +11,18 @@ from rest_framework import serializers
 
 from workers.protocol import Conversation, JobParams, to_job_params
 
+from .content import invalid, message_content
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
 from .structured import ResponseFormatField, StructuredOutputsField, constrain, output_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning", "refusal"}
-TEXT_PART_TYPES = ("text", "input_text", "output_text")
 TOOL_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 # Names apply_chat_template takes itself: a request may not smuggle them in as template kwargs.
 RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
                             "continue_final_message", "tokenize", "padding", "truncation", "max_length",
                             "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
-
-
-def invalid(path: str, message: str) -> serializers.ValidationError:
-    return serializers.ValidationError({path: [message]})
-
-
-def text_content(content, path: str, allow_none: bool) -> str | None:
-    """A string, or a list of text parts joined with newlines (as vLLM); None only where allowed."""
-    if content is None:
-        if allow_none:
-            return None
-        raise invalid(path, "content is required for this role.")
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid(path, "content must be a string or a list of text parts.")
-    texts = []
-    for index, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else None
-            message = (f"content part type {kind!r} is not supported: this server takes text only."
-                       if kind else 'content parts must be {"type": "text", "text": "..."}.')
-            raise invalid(f"{path}[{index}]", message)
-        texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def tool_call_arguments(arguments, path: str):
@@ -94,7 +69,8 @@ def clean_message(message, index: int) -> dict:
         raise invalid(f"{path}.role", f"role must be one of {', '.join(ROLES)}; got {role!r}.")
     cleaned: dict = {"role": "system" if role == "developer" else role}
     has_calls = role == "assistant" and bool(message.get("tool_calls"))
-    cleaned["content"] = text_content(message.get("content"), f"{path}.content", allow_none=role == "assistant")
+    cleaned["content"] = message_content(message.get("content"), f"{path}.content", allow_none=role == "assistant",
+                                         allow_media=role == "user")
     if cleaned["content"] is None:
         cleaned["content"] = "" if not has_calls else None
     if isinstance(message.get("name"), str):

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog.hf_cache import cached_causal_lms
+from catalog.hf_cache import cached_served_models
 from inference_site import http_limits
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
@@ -152,10 +152,10 @@ class Command(BaseCommand):
         self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
 
     def _ensure_a_model(self) -> None:
-        if cached_causal_lms():
+        if cached_served_models():
             return
         name = settings.INFERENCE["DEFAULT_MODEL"]
-        self.stdout.write(f"No causal LM in the Hugging Face cache: building {name} offline (random weights)…")
+        self.stdout.write(f"No model to serve in the Hugging Face cache: building {name} offline (random weights)…")
         call_command("create_tiny_model", name)
 
     def _announce_auth(self, port: int, no_auth: bool) -> None:
