@@ -8,6 +8,7 @@ Each step: drop finished rows, let waiting sequences in (up to `max_num_seqs`),
 decode one token for every running sequence in one batched forward, publish one
 message per request, then prefill newcomers within a token budget and publish
 their first tokens at once (they decode with the batch from the next step).
+A transcription (workers.transcription) advances by one audio window per step.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from .model_manager import ModelManager
 from .prefill_pacing import PrefillPacer
 from .protocol import ModelRef
 from .sequences import Request, Sequence
+from .transcription import Transcription, is_audio_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +272,11 @@ class Engine:
             if name not in self.models:  # admitted once the model is in; other streams go on meanwhile
                 self._load(name, "request").jobs.append(job)
                 return
-            request = Request(job, self.manager.use(name), self.config.templates)
+            model = self.manager.use(name)
+            if is_audio_prompt(job["prompts"][0]):
+                request = Transcription(job, model)
+            else:
+                request = Request(job, model, self.config.templates)
             request.model_name = name
             self._finish_empty_sequences(request)
         except JobError as exc:
@@ -348,6 +354,9 @@ class Engine:
         self.metrics.tokens(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)
+        for request in list(self.requests.values()):
+            if isinstance(request, Transcription):
+                request.advance()  # one audio window per step, between the batch's decode steps
         self._publish_all()
         if self._prefill(self.pacer.budget(bool(decoded))):
             self._publish_all()

@@ -198,7 +198,19 @@ class TokenIdsPrompt(TypedDict):
     token_ids: list[int]
 
 
-Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt
+class AudioPrompt(TypedDict):
+    """Audio for a speech-to-text model (/v1/audio/transcriptions and /translations; workers.transcription).
+
+    Each ChoiceDelta of such a job is the text of one window of `window_seconds` (Started), in order.
+    """
+
+    audio: bytes  # the uploaded file as sent (wav, mp3, … anything FFmpeg reads)
+    task: Literal["transcribe", "translate"]
+    language: str | None  # ISO-639-1; None: the model detects it
+    prompt: str | None
+
+
+Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
 
 
 class SubmitMessage(TypedDict):
@@ -243,6 +255,8 @@ class Started(TypedDict):
     prompt_token_ids: list[list[int]]
     max_model_len: int
     open_blocks: list[str]  # per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""
+    audio_seconds: NotRequired[float]  # an AudioPrompt's length
+    window_seconds: NotRequired[int]  # an AudioPrompt is transcribed in windows this long
 
 
 class ErrorMessage(TypedDict):

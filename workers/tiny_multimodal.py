@@ -69,10 +69,12 @@ def whisper_tokenizer():
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train([str(CORPUS_PATH)], trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=1000, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     state = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    # Added tokens come after the trained vocabulary, <|endoftext|> first, as in Whisper's (its
+    # prompt handling takes every id from <|endoftext|>'s on as special).
     tokenizer = WhisperTokenizer(vocab=state["vocab"], merges=merges)
     specials = (["<|startoftranscript|>"] + [f"<|{code}|>" for code in LANGUAGES]
                 + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
