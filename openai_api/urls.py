@@ -1,5 +1,6 @@
 from django.urls import path
 
+from .audio import TranscriptionsView, TranslationsView
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
 from .health import health, live
@@ -18,6 +19,8 @@ urlpatterns = [
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
+    path("v1/audio/transcriptions", TranscriptionsView.as_view()),
+    path("v1/audio/translations", TranslationsView.as_view()),
     path("load_model", LoadModelView.as_view()),
     path("unload_model", UnloadModelView.as_view()),
     path("v1/models", ModelListView.as_view()),

@@ -91,7 +91,7 @@ def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
     return messages, media
 
 
-def render_media_conversation(loaded, prompt: dict) -> RenderedPrompt:
+def render_media_conversation(loaded, prompt: dict, templates: TemplateSettings) -> RenderedPrompt:
     """Ids and processor tensors for a conversation with media; unusable media is a JobError 400/413."""
     _check_modalities(loaded, prompt)
     processor = loaded.processor

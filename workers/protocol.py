@@ -257,6 +257,7 @@ class Started(TypedDict):
     open_blocks: list[str]  # per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""
     audio_seconds: NotRequired[float]  # an AudioPrompt's length
     window_seconds: NotRequired[int]  # an AudioPrompt is transcribed in windows this long
+    language: NotRequired[str]  # an AudioPrompt's language, named ("english"): asked for or detected
 
 
 class ErrorMessage(TypedDict):

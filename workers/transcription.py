@@ -4,8 +4,8 @@ The audio is decoded once (PyAV, at the feature extractor's sampling rate) and c
 windows of the extractor's `chunk_length` (30 s for Whisper). The engine advances a job by
 one window per step, between the decode steps of the running text batch, so a long file never
 stalls the streams beside it; each window's text goes out as one ChoiceDelta as soon as it is
-ready. A window is exactly `model.generate(features, language=…, task=…)` on the processor's
-features, so the output equals the model's own.
+ready. A window is exactly `model.generate(features, attention_mask=…, language=…, task=…)` on the
+processor's features, so the output equals the model's own.
 
 The job looks like a `sequences.Request` to the engine (request_id, reply_channel, model_name,
 no sequences, finished, take_deltas, usage, started_message).
@@ -49,6 +49,7 @@ class Transcription:
         self.windows = [audio[start:start + window] for start in range(0, len(audio), window)]
         self.seconds = len(audio) / self.rate
         self.options = self._generate_options(prompt, params)
+        self.language = self._language_name()
         self.done = 0
         self.pending: list[ChoiceDelta] = []
         self.completion_tokens = 0
@@ -76,6 +77,25 @@ class Transcription:
             torch.manual_seed(params.seed)
         return options
 
+    def _features(self, window: int) -> dict:
+        """The window's features and attention mask (as the ASR pipeline asks the extractor for them)."""
+        inputs = self.model.processor(self.windows[window], sampling_rate=self.rate, return_tensors="pt",
+                                      return_attention_mask=True)
+        return {"input_features": inputs.input_features.to(self.model.device, dtype=self.model.model.dtype),
+                "attention_mask": inputs.attention_mask.to(self.model.device)}
+
+    def _language_name(self) -> str:
+        """The language asked for, else the one the model detects in the first window (verbose_json's)."""
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+        code = self.options.get("language")
+        if code is None:
+            if not getattr(self.model.model.generation_config, "lang_to_id", None):
+                return "english"  # an English-only model
+            token_id = int(self.model.model.detect_language(self._features(0)["input_features"])[0])
+            code = self.model.tokenizer.convert_ids_to_tokens(token_id).strip("<|>")
+        return LANGUAGES.get(code, code)
+
     @property
     def finished(self) -> bool:
         return self.done >= len(self.windows)
@@ -84,13 +104,11 @@ class Transcription:
         """Transcribe the next window."""
         if self.finished:
             return
-        processor, model = self.model.processor, self.model.model
-        features = processor(self.windows[self.done], sampling_rate=self.rate, return_tensors="pt").input_features
-        features = features.to(self.model.device, dtype=model.dtype)
-        ids = model.generate(features, **self.options)[0].tolist()
+        ids = self.model.model.generate(**self._features(self.done), **self.options)[0].tolist()
         self.done += 1
         self.completion_tokens += len(ids)
-        self.pending.append({"index": 0, "text": processor.decode(ids, skip_special_tokens=True), "token_ids": ids,
+        text = self.model.processor.decode(ids, skip_special_tokens=True)
+        self.pending.append({"index": 0, "text": text, "token_ids": ids,
                              "logprobs": None, "finish_reason": "stop" if self.finished else None})
 
     def take_deltas(self) -> list[ChoiceDelta]:
@@ -101,7 +119,7 @@ class Transcription:
     def started_message(self) -> Started:
         return {"type": protocol.STARTED, "model": self.model.model_id, "prompt_tokens": [0], "prompt_token_ids": [[]],
                 "max_model_len": self.model.max_model_len, "open_blocks": [""], "audio_seconds": self.seconds,
-                "window_seconds": self.model.processor.feature_extractor.chunk_length}
+                "window_seconds": self.model.processor.feature_extractor.chunk_length, "language": self.language}
 
     def usage(self) -> Usage:
         return {"prompt_tokens": 0, "completion_tokens": self.completion_tokens}
