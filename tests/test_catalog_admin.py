@@ -68,8 +68,9 @@ def online_worker(name: str = "gpu-box:1") -> Worker:
 def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(cache):
     alpha = CachedModel.objects.get(repo_id="local/alpha")
     assert alpha.is_causal_lm and alpha.size_on_disk > 0 and alpha.revision in alpha.revisions
-    assert alpha.architectures == ["LlamaForCausalLM"]
-    assert not CachedModel.objects.get(repo_id="local/encoder").is_causal_lm
+    assert alpha.architectures == ["LlamaForCausalLM"] and alpha.modalities == ["text"]
+    encoder = CachedModel.objects.get(repo_id="local/encoder")
+    assert not encoder.is_causal_lm and encoder.modalities == []
     alpha.idle_timeout, alpha.aliases = 42, ["a"]
     services.save_model_settings(alpha)
     import shutil

@@ -219,3 +219,9 @@ def test_bad_media_are_openai_errors_and_the_server_keeps_serving(media_server, 
     assert_openai_error(post_chat(media_server, image_message("x", huge)), 413)
     assert chat_ids(media_client, image_message("Still there?", png_url(1))) == vision.greedy("Still there?",
                                                                                                 [media_files.image(1)])
+
+
+def test_models_list_their_modalities(media_client):
+    listed = {model.id: model.model_extra["modalities"] for model in media_client.models.list()}
+    assert listed == {TINY_MODEL: ["text"], TINY_VLM: ["text", "image", "video"], TINY_WHISPER: ["audio"]}
+    assert media_client.models.retrieve(TINY_VLM).model_extra["modalities"] == ["text", "image", "video"]
