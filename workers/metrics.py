@@ -88,7 +88,8 @@ class EngineMetrics:
         E2E.labels(model).observe(time.monotonic() - request.arrived)
         PROMPT_TOKENS.labels(model).inc(usage["prompt_tokens"])
         GENERATION_TOKENS.labels(model).inc(usage["completion_tokens"])
-        SUCCESS.labels(model, request.sequences[0].finish_reason or "stop").inc()
+        reason = request.sequences[0].finish_reason if request.sequences else None  # a transcription has none
+        SUCCESS.labels(model, reason or "stop").inc()
         self.forget(request)
 
     def forget(self, request) -> None:
@@ -103,7 +104,8 @@ class EngineMetrics:
         waiting_seqs = {id(seq) for seq in waiting}
         running, queued = Tally(), Tally()
         for request in requests:
-            let_in = any(id(seq) not in waiting_seqs and not seq.finished for seq in request.sequences)
+            let_in = not request.sequences or any(id(seq) not in waiting_seqs and not seq.finished
+                                                  for seq in request.sequences)  # a transcription runs at once
             (running if let_in else queued)[label(request.model_name)] += 1
         counts = {model: (running[model], queued[model]) for model in set(self._gauges) | set(running) | set(queued)}
         for model, (now_running, now_waiting) in counts.items():
