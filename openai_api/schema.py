@@ -85,19 +85,22 @@ ERRORS = {status: OpenApiResponse(ERROR_BODY, description="an OpenAI-shaped erro
           for status in (400, 401, 403, 404, 405, 409, 413, 415, 429, 431, 500, 503)}
 
 
-def responses(streams: bool, media_type: str = "application/json") -> dict:
-    """200 as an object (and an SSE stream where `stream: true` is allowed), every error in OpenAI's shape."""
+def responses(streams: bool, media_type: str = "application/json", text_types: tuple[str, ...] = ()) -> dict:
+    """200 as an object (and an SSE stream where `stream: true` is allowed, or text in `text_types`),
+    every error in OpenAI's shape."""
     ok = {(200, media_type): OpenApiTypes.OBJECT if media_type == "application/json" else OpenApiTypes.STR}
+    ok.update({(200, text_type): OpenApiTypes.STR for text_type in text_types})
     if streams:
         ok[(200, "text/event-stream")] = OpenApiTypes.STR
     return {**ok, **{(status, "application/json"): error for status, error in ERRORS.items()}}
 
 
 def _view_extension(target: str, method: str, request: str | None, streams: bool, summary: str,
-                    media_type: str = "application/json") -> type:
+                    media_type: str = "application/json", text_types: tuple[str, ...] = ()) -> type:
     def view_replacement(self):
         serializer = _serializer(request) if request else None
-        schema = extend_schema(request=serializer, responses=responses(streams, media_type), summary=summary,
+        schema = extend_schema(request=serializer, responses=responses(streams, media_type, text_types),
+                               summary=summary,
                                operation_id=summary.lower().replace(" ", "_").replace("/", ""))
         # A subclass: extend_schema_view wraps inherited handlers in plain (sync) functions, which on
         # the served class itself would turn the async views sync.
@@ -135,4 +138,8 @@ VIEW_EXTENSIONS = [
     _view_extension("openai_api.model_list.ModelDetailView", "get", None, False, "Retrieve model"),
     _view_extension("openai_api.metrics.MetricsView", "get", None, False, "Metrics", "text/plain"),
     _view_extension("teams.views.KeyStatusView", "get", None, False, "Key status"),
+    _view_extension("openai_api.audio.TranscriptionsView", "post", S + "audio.TranscriptionRequestSerializer",
+                    True, "Create transcription", text_types=("text/plain", "application/x-subrip", "text/vtt")),
+    _view_extension("openai_api.audio.TranslationsView", "post", S + "audio.TranslationRequestSerializer",
+                    False, "Create translation", text_types=("text/plain", "application/x-subrip", "text/vtt")),
 ]

@@ -356,7 +356,11 @@ class Engine:
             self.pacer.decoded(time.perf_counter() - started)
         for request in list(self.requests.values()):
             if isinstance(request, Transcription):
-                request.advance()  # one audio window per step, between the batch's decode steps
+                try:
+                    request.advance()  # one audio window per step, between the batch's decode steps
+                except Exception:  # this job fails alone; the batch goes on
+                    logger.exception("transcription %s failed", request.request_id)
+                    self._fail(request)
         self._publish_all()
         if self._prefill(self.pacer.budget(bool(decoded))):
             self._publish_all()

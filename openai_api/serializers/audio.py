@@ -5,6 +5,8 @@ bounded here, by INFERENCE_MAX_REQUEST_BYTES on the whole body (413).
 """
 from __future__ import annotations
 
+import math
+
 from django.http import QueryDict
 from rest_framework import serializers
 
@@ -25,6 +27,11 @@ class TranslationRequestSerializer(RejectUnknownFieldsMixin, serializers.Seriali
     temperature = serializers.FloatField(required=False, default=0.0, min_value=0.0, max_value=1.0)
 
     task = "translate"
+
+    def validate_temperature(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("temperature must be a number in [0, 1].")
+        return value
 
     def to_internal_value(self, data):
         """Multipart sends lists as repeated `name[]` fields (the OpenAI SDK's way)."""
