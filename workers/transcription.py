@@ -8,7 +8,7 @@ ready. A window is exactly `model.generate(features, attention_mask=…, languag
 processor's features, so the output equals the model's own.
 
 The job looks like a `sequences.Request` to the engine (request_id, reply_channel, model_name,
-no sequences, finished, take_deltas, usage, started_message).
+no sequences, no `structured` grammar, no `beam`, finished, take_deltas, usage, started_message).
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ class Transcription:
         self.model = model
         self.arrived = time.monotonic()
         self.sequences: list = []  # nothing for the batch: the engine advances it with `advance()`
+        self.structured = None  # no grammar, no beam search: plain windows
+        self.beam = None
         if model.kind != "speech":
             raise JobError(400, f"The model `{model.model_id}` does not take audio input "
                            f"(it takes: {', '.join(model.modalities) or 'nothing'}).", "model", "unsupported_modality")
