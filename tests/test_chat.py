@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from openai_api.output_parsing import parse_text
+from .parse_whole import parse_text
 
 from .conftest import TINY_MODEL
 from .test_errors import assert_openai_error
