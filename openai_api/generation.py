@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -85,6 +86,8 @@ class GenerationStream:
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
         config = settings.INFERENCE
+        # A job still queued when the wait below ends (no worker was up) must not run later.
+        self.job = {**self.job, "accept_by": time.time() + config["WORKER_ACK_TIMEOUT"]}
         await self.layer.send(config["WORKER_CHANNEL"], self.job)
         try:
             accepted = await receive_within(self.layer, self.reply_channel, config["WORKER_ACK_TIMEOUT"])

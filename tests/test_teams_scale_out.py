@@ -107,9 +107,9 @@ def test_a_worker_dying_mid_stream_is_ledgered_with_what_was_generated(cluster):
             received += sum(len(choice["token_ids"]) for choice in chunk["choices"])
             if worker.process.poll() is None:
                 os.killpg(worker.process.pid, signal.SIGKILL)
-    assert error is not None and error["code"] == "worker_timeout"
+    assert error is not None and error["code"] == "worker_lost"
     rows = ledger(postgres, "doomed", 1)
     assert len(rows) == 1
     prompt, completion, status, code, cancelled = rows[0]
-    assert (status, code, cancelled) == (503, "worker_timeout", False)
+    assert (status, code, cancelled) == (503, "worker_lost", False)
     assert completion == received and 0 < received < 480 * 8

@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import socket
+import time
 
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.layers import get_channel_layer
@@ -136,6 +137,9 @@ class InferenceConsumer(AsyncConsumer):
                 self.worker_name, {"status": "not_loaded", "model": message["model"]}))
 
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
+        if protocol.is_stale(message, time.time()):
+            logger.info("dropped %s: its client stopped waiting before a worker took it", message["request_id"])
+            return
         if message.get("route_ack"):  # passed here by another worker: confirm at once
             await self.channel_layer.send(message["route_ack"], {"type": protocol.ROUTE_ACK,
                                                                  "request_id": message["request_id"]})

@@ -222,6 +222,7 @@ class SubmitMessage(TypedDict):
     params: dict[str, Any]  # JobParams.to_wire()
     routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
     route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
+    accept_by: NotRequired[float]  # wall-clock time after which the web side no longer waits: drop it
 
 
 class RouteAckMessage(TypedDict):
@@ -306,6 +307,11 @@ def submit_message(request_id: str, reply_channel: str, model: str, prompts: lis
                    params: JobParams) -> SubmitMessage:
     return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model,
             "prompts": prompts, "params": params.to_wire()}
+
+
+def is_stale(job: SubmitMessage, now: float) -> bool:
+    """A job its web side gave up on (it answered 503 no_worker): nobody reads its reply channel."""
+    return now > job.get("accept_by", now)
 
 
 def cancel_message(request_id: str) -> CancelMessage:
