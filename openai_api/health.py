@@ -19,9 +19,19 @@ from workers import protocol
 from .errors import SERVICE_RETRY_AFTER, error_body
 
 
+def _wrong_method(request) -> JsonResponse | None:
+    """Probes read: any other method is a 405 in OpenAI's shape."""
+    if request.method in ("GET", "HEAD"):
+        return None
+    response = JsonResponse(error_body(405, f"Method {request.method} is not allowed here; use GET.", None,
+                                       "method_not_allowed"), status=405)
+    response["Allow"] = "GET, HEAD"
+    return response
+
+
 async def live(request) -> JsonResponse:
     """The process serves HTTP; nothing else is checked (restart it only if this fails)."""
-    return JsonResponse({"status": "ok"})
+    return _wrong_method(request) or JsonResponse({"status": "ok"})
 
 
 def _query_database() -> None:
@@ -57,6 +67,8 @@ async def _worker_problem(timeout: float) -> str | None:
 
 
 async def health(request) -> JsonResponse:
+    if (refused := _wrong_method(request)) is not None:
+        return refused
     timeout = settings.INFERENCE["HEALTH_TIMEOUT"]
     checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout))
     problems = [problem for problem in checks if problem]

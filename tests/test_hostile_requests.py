@@ -158,7 +158,7 @@ def test_a_header_beyond_the_http_parser_limit_is_still_answered(server):
 @pytest.mark.parametrize("method,path", [
     ("TRACE", "/v1/models"), ("TRACE", "/health"), ("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"),
     ("DELETE", "/v1/models"), ("GET", "/tokenize"), ("POST", "/v1/models"), ("POST", "/metrics"),
-    ("POST", "/openapi.json"),
+    ("POST", "/openapi.json"), ("POST", "/health"), ("DELETE", "/health/live"),
 ])
 def test_wrong_methods_are_405(server, method, path):
     response = httpx.request(method, server.base_url + path, headers=server.headers, timeout=30)
