@@ -7,14 +7,12 @@ public `GET /v1/key`, which the page calls with the session like any client.
 from __future__ import annotations
 
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from openai_api.serializers.fields import RejectUnknownFieldsMixin, StrictCharField, StrictFloatField
 
 from . import selectors, services
+from .page_api import PageAPIView
 
 
 class NewKeySerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -26,13 +24,7 @@ class UsageQuerySerializer(serializers.Serializer):
     days = serializers.IntegerField(min_value=1, max_value=366, default=30)
 
 
-class AccountView(APIView):
-    schema = None  # the pages' own JSON, not part of the public API (left out of /openapi.json)
-    authentication_classes = [SessionAuthentication]
-    permission_classes = [IsAuthenticated]
-
-
-class UsageView(AccountView):
+class UsageView(PageAPIView):
     def get(self, request):
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
@@ -40,7 +32,7 @@ class UsageView(AccountView):
         return Response({"days": days, "data": selectors.usage_per_day(request.user, days)})
 
 
-class KeyListView(AccountView):
+class KeyListView(PageAPIView):
     def get(self, request):
         return Response({"data": [selectors.key_body(key) for key in selectors.keys_of(request.user)]})
 
@@ -51,7 +43,7 @@ class KeyListView(AccountView):
         return Response({**selectors.key_body(key), "secret": secret}, status=201)
 
 
-class KeyDetailView(AccountView):
+class KeyDetailView(PageAPIView):
     def delete(self, request, key_id: int):
         services.revoke_own_key(request.user, key_id)
         return Response(status=204)

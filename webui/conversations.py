@@ -1,22 +1,14 @@
 """The page's conversation store: `/ui/api/conversations[/<id>]`, JSON, session cookie + CSRF only."""
 from __future__ import annotations
 
-from rest_framework.authentication import SessionAuthentication
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from . import selectors, services
+from .page_api import PageAPIView
 from .serializers import ConversationSerializer, conversation_body
 
 
-class ConversationView(APIView):
-    schema = None  # the pages' own JSON, not part of the public API (left out of /openapi.json)
-    authentication_classes = [SessionAuthentication]
-    permission_classes = [IsAuthenticated]
-
-
-class ConversationListView(ConversationView):
+class ConversationListView(PageAPIView):
     def get(self, request):
         return Response({"data": [conversation_body(c, with_messages=False)
                                   for c in selectors.conversations_of(request.user)]})
@@ -28,7 +20,7 @@ class ConversationListView(ConversationView):
         return Response(conversation_body(conversation), status=201)
 
 
-class ConversationDetailView(ConversationView):
+class ConversationDetailView(PageAPIView):
     def get(self, request, conversation_id: int):
         return Response(conversation_body(selectors.conversation_of(request.user, conversation_id)))
 
