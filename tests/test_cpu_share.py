@@ -43,3 +43,24 @@ def test_busy_processes_on_every_core_leave_the_engine_one_thread():
             process.kill()
             process.wait()
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2+ cores")
+def test_what_ran_while_the_engine_was_idle_does_not_cost_it_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    governor = ThreadGovernor()
+    most = governor.threads
+    governor.adjust()  # the window starts
+    competitors = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(core)]) for core in sorted(governor.cores)]
+    try:
+        time.sleep(4)  # idle engine: no steps, no checks, while every core is busy
+    finally:
+        for process in competitors:
+            process.kill()
+            process.wait()
+    try:
+        governor.adjust()  # the first step after the idle spell, on a quiet machine again
+        assert governor.threads == torch.get_num_threads() == most
+    finally:
+        torch.set_num_threads(before)

@@ -21,6 +21,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 CHECK_SECONDS = 1.0
+# A window longer than this spans an idle spell of the engine (no steps, no checks): what other
+# processes did then says nothing about now, so it only starts a fresh window.
+STALE_WINDOW_SECONDS = 3 * CHECK_SECONDS
 # Another process using at least this much of a core costs the engine a thread.
 BUSY_CORE_THRESHOLD = 0.25
 
@@ -75,7 +78,7 @@ class ThreadGovernor:
             self.fixed = True
             return
         own = _own_ticks()
-        if self._last is not None:
+        if self._last is not None and now - self._last[0] <= STALE_WINDOW_SECONDS:
             then, busy_then, own_then = self._last
             ticks = (now - then) * os.sysconf("SC_CLK_TCK")
             self.others_cores = max(0.0, ((busy - busy_then) - (own - own_then)) / ticks)
