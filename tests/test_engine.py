@@ -88,3 +88,20 @@ def test_a_cancelled_request_stops_within_one_step_and_frees_its_slot(engine):
     time.sleep(0.2)  # a few more steps' time: nothing more comes
     after = outbox.messages[reply][at_cancel:]
     assert len(after) <= 1 and not finished(after)  # at most the step already under way; no DONE
+
+
+def test_loads_yield_the_cores_and_leave_the_collector_little_to_scan(engine):
+    """The loader thread runs niced (decoding keeps the cores while a model loads), and a load
+    freezes what is alive so a garbage collection never stalls every stream for a full scan."""
+    import gc
+    import os
+
+    engine, outbox = engine
+    _, reply = submit(engine, "Once", max_tokens=2)  # the model is loaded by now
+    outbox.wait_for(reply, finished)
+    assert gc.get_freeze_count() > 100_000  # torch, transformers and the model's modules
+    loaders = [t for t in threading.enumerate() if t.name.startswith("model-loader")]
+    assert loaders
+    for thread in loaders:
+        stat = open(f"/proc/self/task/{thread.native_id}/stat").read()
+        assert int(stat[stat.rindex(")") + 2:].split()[16]) == 19  # the nice field

@@ -7,6 +7,7 @@ worker's consumer can record it; nothing here knows of Django or the channel lay
 from __future__ import annotations
 
 import gc
+import weakref
 import logging
 import time
 from collections.abc import Callable
@@ -119,6 +120,10 @@ class ModelManager:
     def finish_load(self, plan: LoadPlan, loaded: LoadedModel) -> LoadedModel:
         """Install a model loaded off the engine thread (called on the engine thread)."""
         self.models[plan.name] = loaded
+        # Everything alive now (the libraries, this model's modules) leaves the collector's sight:
+        # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
+        # stream); after freezing, only what is new.
+        gc.freeze()
         self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes)
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
@@ -171,8 +176,12 @@ class ModelManager:
         self.runners.pop(name, None)
         self._file_defaults.pop(name, None)
         device = loaded.device
+        model = weakref.ref(loaded.model)
         del loaded
-        gc.collect()
+        if model() is not None:  # kept by a reference cycle: only a full collection frees its weights
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         self._publish()
