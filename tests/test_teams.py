@@ -171,7 +171,8 @@ def test_requests_per_minute_with_headers_and_retry_after(live):
         sdk(live, "rpm2").completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=2)
 
 
-RATE_HEADERS = [f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens") for what in ("limit", "remaining", "reset")]
+RATE_HEADERS = [f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens")
+                for what in ("limit", "remaining", "reset")]
 NO_LIMIT = str(2**31 - 1)
 
 
