@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from catalog.selectors import resolve_model_id
 from teams.metering import RequestMeter
+from teams.response_headers import RateLimitHeadersMixin
 
 from .errors import APIError, error_body, unavailable
 from .generation import GenerationStream, new_request_id, open_generation
@@ -20,10 +21,12 @@ from .generation import GenerationStream, new_request_id, open_generation
 logger = logging.getLogger(__name__)
 
 
-class OpenAIView(APIView):
-    """Async DRF view; bodies over the configured limit get 413 before parsing."""
+class OpenAIView(RateLimitHeadersMixin, APIView):
+    """Async DRF view; bodies over the configured limit get 413 before parsing. Every response
+    to an authenticated request carries OpenAI's x-ratelimit-* headers (`teams.response_headers`)."""
 
     def initial(self, request, *args, **kwargs):
+        self.perform_authentication(request)  # first, so that even a 413 carries its caller's rate-limit headers
         limit = settings.INFERENCE["MAX_REQUEST_BYTES"]
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -86,8 +89,8 @@ class GenerationView(OpenAIView):
     request as a job) and `id_prefix`, and implements `respond()`; `answer_without_job()`
     may answer a request that needs no generation. The meter (`teams.metering`) refuses a model
     the caller's team or key may not use (404), admits the job against the team's limits, and
-    settles it and writes its ledger row when the stream closes; its rate-limit headers go on
-    every response of the view, errors included.
+    settles it and writes its ledger row when the stream closes; its counters give the
+    response's rate-limit headers, errors included.
     """
 
     serializer_class: type
@@ -106,13 +109,6 @@ class GenerationView(OpenAIView):
             return Response(early)
         stream = await open_generation(request_id, model, serializer.job_prompts(), serializer.job_params(), meter)
         return await self.respond(serializer, request_id, model, stream)
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        meter = getattr(request, "meter", None)
-        if meter is not None:
-            for name, value in meter.headers().items():
-                response[name] = value
-        return super().finalize_response(request, response, *args, **kwargs)
 
     def new_request_id(self) -> str:
         return new_request_id(self.id_prefix)

@@ -7,6 +7,7 @@
     await meter.reserve(started, max_tokens, n)   # prompt + the most it may generate, or LimitExceeded
     meter.observe(event)            # each event from the worker: first token, tokens so far, usage
     await meter.finish(status)      # settle to real use, free the slot, queue the ledger row
+    await meter.rate_headers()      # OpenAI's x-ratelimit-* headers for the response
 
 `finish` is idempotent and must run however the request ends (also a vanished client or a
 dead worker): the tokens seen so far are what gets counted then.
@@ -21,7 +22,7 @@ from django.utils import timezone
 from catalog.errors import ModelNotFound
 
 from .ledger import LedgerWriter, UsageEntry
-from .limits import LimitExceeded, Ticket, limiter, rate_headers, reservation_size
+from .limits import LimitExceeded, Ticket, current_headers, limiter, reservation_size, ticket_headers
 from .principal import Principal
 
 __all__ = ["LimitExceeded", "RequestMeter"]
@@ -37,6 +38,7 @@ class RequestMeter:
         self.clock = time.monotonic()
         self.ticket = Ticket.for_scopes(request_id, principal.scopes, time.time())
         self.admitted = False
+        self.refused = False
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.usage: dict | None = None
@@ -55,8 +57,8 @@ class RequestMeter:
         if not self.ticket.empty:
             try:
                 await limiter().admit(self.ticket)
-            except LimitExceeded as exc:
-                exc.headers = self.headers()
+            except LimitExceeded:
+                self.refused = True
                 raise
         self.admitted = True
 
@@ -67,8 +69,8 @@ class RequestMeter:
             tokens = reservation_size(prompt, max_tokens, n, started.get("max_model_len"))
             try:
                 await limiter().reserve(self.ticket, tokens)
-            except LimitExceeded as exc:
-                exc.headers = self.headers()
+            except LimitExceeded:
+                self.refused = True
                 raise
         self.prompt_tokens = sum(prompt)
 
@@ -89,8 +91,13 @@ class RequestMeter:
             return self.usage["prompt_tokens"], self.usage["completion_tokens"]
         return self.prompt_tokens, self.completion_tokens
 
-    def headers(self) -> dict[str, str]:
-        return rate_headers(self.ticket)
+    async def rate_headers(self) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* headers for this request's response: the counters as its own
+        admission left them, or, when it was refused or never admitted (a 429, a 404 for a model
+        it may not use), as they stand now."""
+        if self.admitted and not self.refused:
+            return ticket_headers(self.ticket)
+        return await current_headers(self.principal.scopes)
 
     async def finish(self, status_code: int = 200, error_code: str = "", cancelled: bool = False) -> None:
         if self.finished:

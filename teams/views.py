@@ -5,8 +5,9 @@ from adrf.views import APIView
 from rest_framework.response import Response
 
 from .quota import quota_status
+from .response_headers import RateLimitHeadersMixin
 
 
-class KeyStatusView(APIView):
+class KeyStatusView(RateLimitHeadersMixin, APIView):
     async def get(self, request):
         return Response(await quota_status(request.auth))

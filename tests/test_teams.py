@@ -46,6 +46,7 @@ def live(teams_cache, tmp_path_factory):
         "solo": ["--max-parallel", "1"],
         "budget": ["--token-budget", "100", "--budget-period", "7"],
         "ledger": [],
+        "meter": ["--rpm", "3", "--tpm", "1000"],
     }, keys={
         "alpha": ["--team", "alpha"],
         "beta": ["--team", "beta"],
@@ -56,6 +57,7 @@ def live(teams_cache, tmp_path_factory):
         "solo": ["--team", "solo"],
         "budget": ["--team", "budget"],
         "ledger": ["--team", "ledger"],
+        "meter": ["--team", "meter", "--tpm", "500"],  # the key's tpm is the tighter; the team's rpm
         "revoke-me": ["--team", "beta"],
         "expiring": ["--team", "beta", "--expires-days", "0.00003"],  # about 2.6 seconds
     })
@@ -167,6 +169,97 @@ def test_requests_per_minute_with_headers_and_retry_after(live):
     assert third.headers["x-ratelimit-remaining-requests"] == "0"
     with pytest.raises(openai.RateLimitError):
         sdk(live, "rpm2").completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=2)
+
+
+RATE_HEADERS = [f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens")
+                for what in ("limit", "remaining", "reset")]
+NO_LIMIT = str(2**31 - 1)
+
+
+def rate(response) -> dict[str, str]:
+    """The six x-ratelimit-* headers (KeyError when one is missing)."""
+    return {name.removeprefix("x-ratelimit-"): response.headers[name] for name in RATE_HEADERS}
+
+
+def reset_seconds(text: str) -> int:
+    """OpenAI's reset durations: 0s, 7s, 1m0s, 2h3m4s."""
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(\d+)s", text)
+    assert match, text
+    hours, minutes, secs = (int(part or 0) for part in match.groups())
+    return hours * 3600 + minutes * 60 + secs
+
+
+def test_every_response_carries_the_rate_limit_headers_and_only_inference_counts(live):
+    prompt_tokens = post(live, "beta", "/tokenize", {"model": TINY_MODEL, "prompt": PROMPT}).json()["count"]
+    fresh_minute(40)
+    client = sdk(live, "meter")
+    auth = {"Authorization": f"Bearer {live.secrets['meter']}"}
+
+    def get(path: str) -> httpx.Response:
+        return httpx.get(f"{live.base_url}{path}", headers=auth, timeout=60)
+
+    # Listing models, the key's status, a 404 and a 400 read the counters and count nothing.
+    for _ in range(4):
+        listed = rate(client.with_raw_response.models.list())
+        assert {k: v for k, v in listed.items() if not k.startswith("reset")} == {
+            "limit-requests": "3", "remaining-requests": "3", "limit-tokens": "500", "remaining-tokens": "500"}
+        assert 1 <= reset_seconds(listed["reset-requests"]) <= 60 and 1 <= reset_seconds(listed["reset-tokens"]) <= 60
+    huge = b'{"model": "%s", "prompt": "%s"}' % (TINY_MODEL.encode(), b"a" * (3 * 1024 * 1024))
+    for response in (get(f"/v1/models/{TINY_MODEL}"), get("/v1/key"), get("/v1/models/nobody/nothing"),
+                     post(live, "meter", "/v1/completions", {"prompt": PROMPT}),
+                     httpx.post(f"{live.base_url}/v1/completions", content=huge, timeout=60,
+                                headers={**auth, "Content-Type": "application/json"})):
+        assert response.status_code in (200, 400, 404, 413), response.text
+        assert rate(response)["remaining-requests"] == "3", response.request.url
+
+    # A streamed completion (the SDK's raw response): the headers come before the first token.
+    raw = client.completions.with_raw_response.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=4, stream=True,
+                                                      extra_body={"ignore_eos": True})
+    assert int(raw.headers["x-ratelimit-remaining-requests"]) == 2
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) == 500 - prompt_tokens - 4
+    assert sum(len(chunk.choices[0].text) > 0 for chunk in raw.parse() if chunk.choices) > 0
+    status = rate(get("/v1/key"))
+    assert (status["remaining-requests"], int(status["remaining-tokens"])) == ("2", 500 - prompt_tokens - 4)
+
+    # /tokenize is a job on a worker and counts; /load_model (an SSE stream) does not.
+    tokenized = post(live, "meter", "/tokenize", {"model": TINY_MODEL, "prompt": PROMPT})
+    assert tokenized.status_code == 200
+    assert rate(tokenized)["remaining-requests"] == "1"
+    assert int(rate(tokenized)["remaining-tokens"]) == 500 - 2 * prompt_tokens - 4
+    with httpx.stream("POST", f"{live.base_url}/load_model", headers=auth, json={"model": TINY_MODEL},
+                      timeout=120) as loading:
+        assert loading.status_code == 200
+        assert rate(loading)["remaining-requests"] == "1"
+        loading.read()
+
+    assert rate(complete(live, "meter"))["remaining-requests"] == "0"
+    refused = complete(live, "meter")
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
+    assert (rate(refused)["limit-requests"], rate(refused)["remaining-requests"]) == ("3", "0")
+    assert 1 <= reset_seconds(rate(refused)["reset-requests"]) <= 60
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=2)
+    assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+    after = client.with_raw_response.models.list()  # never refused: listing is not a request against rpm
+    assert after.http_response.status_code == 200 and rate(after)["remaining-requests"] == "0"
+
+
+def test_unlimited_keys_get_the_six_headers_as_no_limit(live):
+    unlimited = {"limit-requests": NO_LIMIT, "remaining-requests": NO_LIMIT, "reset-requests": "0s",
+                 "limit-tokens": NO_LIMIT, "remaining-tokens": NO_LIMIT, "reset-tokens": "0s"}
+    beta = sdk(live, "beta")
+    assert rate(beta.with_raw_response.models.list()) == unlimited
+    assert rate(complete(live, "beta")) == unlimited
+    streamed = beta.chat.completions.with_raw_response.create(
+        model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True)
+    assert rate(streamed) == unlimited
+    list(streamed.parse())
+    # A key with only an rpm, on a team with none: the requests trio is the key's, the tokens trio "no limit".
+    narrow = rate(sdk(live, "beta-narrow").completions.with_raw_response.create(model=OTHER, prompt=PROMPT,
+                                                                                max_tokens=2))
+    assert narrow["limit-requests"] == "50" and int(narrow["remaining-requests"]) < 50
+    assert (narrow["limit-tokens"], narrow["remaining-tokens"], narrow["reset-tokens"]) == (NO_LIMIT, NO_LIMIT, "0s")
+    assert not any(name.startswith("x-ratelimit") for name in httpx.get(f"{live.base_url}/v1/models").headers)
 
 
 def test_tokens_per_minute_are_reserved_at_admission_and_settled_to_real_use(live):

@@ -52,14 +52,21 @@ def test_requests_per_minute_hold_across_two_web_processes(cluster):
                       json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 2})  # the model loads first
     assert warm.status_code == 200
     fresh_minute(30)
-    statuses = []
+    auth = {"Authorization": f"Bearer {secrets['shared']}"}
+    models = [httpx.get(f"{web.base_url}/v1/models", headers=auth) for web in webs]  # read the counters, count nothing
+    assert [m.headers["x-ratelimit-remaining-requests"] for m in models] == ["6", "6"]
+    statuses, remaining = [], []
     for index in range(12):
-        response = httpx.post(f"{webs[index % 2].base_url}/v1/completions", timeout=120,
-                              headers={"Authorization": f"Bearer {secrets['shared']}"},
+        response = httpx.post(f"{webs[index % 2].base_url}/v1/completions", timeout=120, headers=auth,
                               json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 2})
         statuses.append(response.status_code)
+        remaining.append(response.headers["x-ratelimit-remaining-requests"])
     assert sorted(statuses) == [200] * 6 + [429] * 6
     assert statuses[:6] == [200] * 6  # both processes counted into one window
+    assert remaining == ["5", "4", "3", "2", "1", "0"] + ["0"] * 6  # the 429s too, read back from Redis
+    models = [httpx.get(f"{web.base_url}/v1/models", headers=auth) for web in webs]
+    assert [(m.status_code, m.headers["x-ratelimit-limit-requests"], m.headers["x-ratelimit-remaining-requests"])
+            for m in models] == [(200, "6", "0")] * 2
     keys = redis.Redis.from_url(redis_server.url).keys("inference:limits:*:rpm:*")
     assert keys, "the counters live in Redis"
 

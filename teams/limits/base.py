@@ -116,24 +116,37 @@ def reservation_size(prompt_tokens: list[int], max_tokens: int | None, n: int, m
     return total
 
 
-def rate_headers(ticket: Ticket) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers from the tightest limit of each kind (none without limits)."""
+# A kind (requests, tokens) with no limit still gets its three headers, so every response has
+# all six and a client can always parse them as integers: limit and remaining are this (never
+# reached: nothing to wait for) and the reset is "0s".
+NO_LIMIT_VALUE = 2**31 - 1
+
+
+def rate_headers(scopes: tuple[Scope, ...], used: dict[str, dict[str, int]], now: float) -> dict[str, str]:
+    """OpenAI's six x-ratelimit-* headers: the tightest limit of each kind (requests: rpm;
+    tokens: tpm and the budget) over the scopes, given each scope's counters (`used`, as a
+    ticket holds them or `peek` reads them)."""
     headers: dict[str, str] = {}
     for kind, checks in (("requests", (REQUESTS,)), ("tokens", (TOKENS, BUDGET))):
         tightest = None
-        for scope in ticket.scopes:
+        for scope in scopes:
             for check in checks:
                 limit = limit_of(scope, check)
                 if limit is None:
                     continue
-                remaining = max(0, limit - ticket.used.get(scope.name, {}).get(check, 0))
+                remaining = max(0, limit - used.get(scope.name, {}).get(check, 0))
                 if tightest is None or remaining < tightest[1]:
-                    tightest = (limit, remaining, reset_at(scope, check, ticket.now) - ticket.now)
-        if tightest is not None:
-            headers[f"x-ratelimit-limit-{kind}"] = str(tightest[0])
-            headers[f"x-ratelimit-remaining-{kind}"] = str(tightest[1])
-            headers[f"x-ratelimit-reset-{kind}"] = duration_text(tightest[2])
+                    tightest = (limit, remaining, duration_text(reset_at(scope, check, now) - now))
+        limit, remaining, reset = tightest or (NO_LIMIT_VALUE, NO_LIMIT_VALUE, "0s")
+        headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(remaining)
+        headers[f"x-ratelimit-reset-{kind}"] = reset
     return headers
+
+
+def ticket_headers(ticket: Ticket) -> dict[str, str]:
+    """The headers of an admitted request: its counters as admission (and reservation) left them."""
+    return rate_headers(ticket.scopes, ticket.used, ticket.now)
 
 
 def duration_text(seconds: float) -> str:

@@ -167,14 +167,18 @@ class RedisLimiter:
             await pipe.execute()
 
     async def peek(self, scopes: tuple[Scope, ...], now: float) -> dict[str, dict[str, int]]:
-        client = self._client()
-        result = {}
-        for scope in scopes:
-            values = {}
-            for check, name in counter_names(scope, now).items():
+        """Every scope's counters as they stand, in one round trip; counts and reserves nothing."""
+        wanted = [(scope.name, check, name) for scope in scopes for check, name in counter_names(scope, now).items()]
+        if not wanted:
+            return {scope.name: {} for scope in scopes}
+        async with self._client().pipeline(transaction=False) as pipe:
+            for _, check, name in wanted:
                 if check == PARALLEL:
-                    values[check] = await client.zcount(self._key(name), now, "+inf")
+                    pipe.zcount(self._key(name), now, "+inf")
                 else:
-                    values[check] = int(await client.get(self._key(name)) or 0)
-            result[scope.name] = values
+                    pipe.get(self._key(name))
+            values = await pipe.execute()
+        result: dict[str, dict[str, int]] = {scope.name: {} for scope in scopes}
+        for (scope_name, check, _), value in zip(wanted, values):
+            result[scope_name][check] = int(value or 0)
         return result
