@@ -141,7 +141,8 @@ def build_tiny_whisper(repo_id: str, cache_dir: str | os.PathLike | None = None,
     """A Whisper encoder-decoder with its WhisperProcessor (80-bin log-mel features, 30 s windows).
 
     Every special and timestamp token but the end of text is suppressed in generation_config,
-    so the random decoder writes text from the trained vocabulary.
+    so the random decoder writes text from the trained vocabulary; its `alignment_heads` give
+    token (and so word) timestamps.
     """
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor
@@ -167,8 +168,14 @@ def build_tiny_whisper(repo_id: str, cache_dir: str | os.PathLike | None = None,
     first_added = token("<|startoftranscript|>")
     model.generation_config = GenerationConfig(
         decoder_start_token_id=config.decoder_start_token_id, bos_token_id=end, eos_token_id=end, pad_token_id=end,
-        is_multilingual=True, lang_to_id=lang_to_id, task_to_id=task_to_id,
+        # task: a hub Whisper's forced_decoder_ids put <|transcribe|> in the decoder prompt when a call
+        # names no task (as the ASR pipeline's); without it the prompt would hold no task token at all.
+        is_multilingual=True, lang_to_id=lang_to_id, task_to_id=task_to_id, task="transcribe",
         no_timestamps_token_id=token("<|notimestamps|>"), prev_sot_token_id=token("<|startofprev|>"),
         max_initial_timestamp_index=50, max_length=WHISPER_MAX_LENGTH, begin_suppress_tokens=[end],
-        suppress_tokens=list(range(first_added, len(tokenizer))))
+        suppress_tokens=list(range(first_added, len(tokenizer))),
+        # For word timestamps: every head of the last half of the decoder layers (OpenAI's default for a
+        # model without chosen alignment heads).
+        alignment_heads=[[layer, head] for layer in range(config.decoder_layers // 2, config.decoder_layers)
+                         for head in range(config.decoder_attention_heads)])
     return _save_and_install(model, processor, cache_dir, repo_id)
