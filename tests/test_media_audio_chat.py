@@ -156,6 +156,7 @@ def test_bad_audio_is_an_openai_error_and_the_server_keeps_serving(media_server,
         (audio_message("x", (media_files.png_bytes(media_files.image(1)), "wav")), "invalid_audio"),
         (audio_message("x", (mp3, "wav")), "invalid_audio"),  # the data is not what the format says
         (audio_message("x", (media_files.wav_bytes(np.zeros(0, dtype=np.float32)), "wav")), "invalid_audio"),
+        (audio_message("x", (media_files.wav_bytes(media_files.tone(0.05, 440)), "wav")), "audio_too_short"),
     ]:
         assert_openai_error(post_chat(media_server, messages), 400, code=code, param=part)
     text_only = post_chat(media_server, audio_message("x", (wav, "wav")), model=TINY_MODEL)
