@@ -1,7 +1,7 @@
 """`POST /v1/audio/transcriptions` and `/v1/audio/translations`: OpenAI's Audio API over speech-to-text models.
 
 The worker transcribes the upload in windows (workers.transcription), one ChoiceDelta per
-window; here they become the text, the segments of `verbose_json`, SRT or WebVTT cues, or the
+window; here they become the text, the segments (and words) of `verbose_json`, SRT or WebVTT cues, or the
 `transcript.text.delta` / `transcript.text.done` events of a stream. Uploads stay in memory
 (the body limit bounds them): nothing of a request is ever written to disk.
 """
@@ -52,8 +52,11 @@ def timestamp(seconds: float, separator: str) -> str:
 class Transcript:
     """One finished transcript in each of OpenAI's response formats."""
 
-    def __init__(self, task: str, started: dict, parts: list[ChoiceDelta], temperature: float) -> None:
+    def __init__(self, task: str, started: dict, parts: list[ChoiceDelta], temperature: float,
+                 granularities: list[str] | tuple = ()) -> None:
         self.task = task
+        self.granularities = granularities or ("segment",)
+        self.words = [word for part in parts for word in part.get("words", ())]
         self.seconds = float(started.get("audio_seconds") or 0.0)
         self.language = started.get("language") or ""
         step = started.get("window_seconds") or 30
@@ -71,8 +74,12 @@ class Transcript:
         if response_format == "json":
             return {"text": self.text, "usage": self.usage}
         if response_format == "verbose_json":
-            return {"task": self.task, "language": self.language, "duration": self.seconds, "text": self.text,
-                    "segments": self.segments, "usage": self.usage}
+            body = {"task": self.task, "language": self.language, "duration": self.seconds, "text": self.text}
+            if "word" in self.granularities:
+                body["words"] = self.words
+            if "segment" in self.granularities:
+                body["segments"] = self.segments
+            return {**body, "usage": self.usage}
         if response_format == "srt":
             return "".join(f"{s['id'] + 1}\n{timestamp(s['start'], ',')} --> {timestamp(s['end'], ',')}\n"
                            f"{s['text'].strip()}\n\n" for s in self.segments)
@@ -106,7 +113,8 @@ class TranslationsView(GenerationView):
         data = serializer.validated_data
         if data.get("stream"):
             return sse_response(transcript_events(stream), stream)
-        transcript = Transcript(serializer.task, stream.started, await windows(stream), data["temperature"])
+        transcript = Transcript(serializer.task, stream.started, await windows(stream), data["temperature"],
+                                data.get("timestamp_granularities") or ())
         body = transcript.body(data["response_format"])
         if isinstance(body, str):
             return HttpResponse(body, content_type=f"{TEXT_FORMATS[data['response_format']]}; charset=utf-8")

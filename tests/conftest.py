@@ -117,17 +117,19 @@ def thinking_server(hf_cache, tmp_path_factory, thinking_template):
 
 TINY_VLM = "local/tiny-vlm"
 TINY_WHISPER = "local/tiny-whisper"
+TINY_AUDIO_LM = "local/tiny-audio-lm"
 
 
 @pytest.fixture(scope="session")
 def media_cache(tmp_path_factory) -> Path:
-    """A cache with the text model, the vision-language model and the Whisper."""
-    from workers.tiny_multimodal import build_tiny_vlm, build_tiny_whisper
+    """A cache with the text model, the vision-language model, the audio-language model and the Whisper."""
+    from workers.tiny_multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 
     cache = tmp_path_factory.mktemp("hf-media-cache")
     build_tiny_model(TINY_MODEL, size="tiny", cache_dir=cache)
     build_tiny_vlm(TINY_VLM, cache_dir=cache)
     build_tiny_whisper(TINY_WHISPER, cache_dir=cache)
+    build_tiny_audio_lm(TINY_AUDIO_LM, cache_dir=cache)
     return cache
 
 

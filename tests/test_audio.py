@@ -107,7 +107,7 @@ def test_bad_audio_requests_are_openai_errors(media_server, media_client, whispe
     assert_openai_error(post_audio(media_server, wav, language="xx"), 400, param="language")
     assert_openai_error(post_audio(media_server, wav, language="english"), 400, param="language")
     assert_openai_error(post_audio(media_server, wav, response_format="mp4"), 400, param="response_format")
-    assert_openai_error(post_audio(media_server, wav, **{"timestamp_granularities[]": "word",
+    assert_openai_error(post_audio(media_server, wav, **{"timestamp_granularities[]": "sentence",
                                                          "response_format": "verbose_json"}), 400,
                         param="timestamp_granularities")
     assert_openai_error(post_audio(media_server, wav, stream="true", response_format="srt"), 400, param="stream")

@@ -21,6 +21,7 @@ from .media import MediaError, decode_audio, decode_image, decode_video, read_ur
 from .modalities import AUDIO, IMAGE, VIDEO
 
 MEDIA_TYPES = (IMAGE, VIDEO, AUDIO)
+MIN_AUDIO_SECONDS = 0.1  # OpenAI's minimum; shorter clips give audio encoders (Qwen2-Audio's) one feature or none
 
 
 def media_parts(prompt: Any) -> Iterator[tuple[str, dict]]:
@@ -83,7 +84,11 @@ def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
                 parts.extend({"type": IMAGE} for _ in frames)
             elif kind == AUDIO:
                 rate = processor.feature_extractor.sampling_rate
-                media[AUDIO].append(decode_audio(part["data"], path, rate, part.get("format")))
+                samples = decode_audio(part["data"], path, rate, part.get("format"))
+                if len(samples) < MIN_AUDIO_SECONDS * rate:
+                    raise MediaError(f"{path}: the audio is shorter than the minimum of {MIN_AUDIO_SECONDS:g} s.",
+                                     path, "audio_too_short")
+                media[AUDIO].append(samples)
                 parts.append({"type": AUDIO})
             else:
                 parts.append(part)

@@ -1,7 +1,8 @@
 """Loading a model and its tokenizer (and processor, for media) from the Hugging Face cache (or the hub, online).
 
 The class follows `workers.modalities.model_kind`: a causal LM, a vision-language model
-(`AutoModelForImageTextToText` + its `AutoProcessor`), or a speech-to-text model
+(`AutoModelForImageTextToText` + its `AutoProcessor`), an audio-language model
+(`AutoModelForMultimodalLM` + its `AutoProcessor`), or a speech-to-text model
 (`AutoModelForSpeechSeq2Seq` + its processor, for /v1/audio).
 """
 from __future__ import annotations
@@ -40,6 +41,10 @@ def _model_class(kind: Kind):
         from transformers import AutoModelForImageTextToText
 
         return AutoModelForImageTextToText
+    if kind == "audio_text":
+        from transformers import AutoModelForMultimodalLM
+
+        return AutoModelForMultimodalLM
     if kind == "speech":
         from transformers import AutoModelForSpeechSeq2Seq
 

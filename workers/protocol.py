@@ -208,6 +208,7 @@ class AudioPrompt(TypedDict):
     task: Literal["transcribe", "translate"]
     language: str | None  # ISO-639-1; None: the model detects it
     prompt: str | None
+    word_timestamps: NotRequired[bool]  # each window's ChoiceDelta carries its `words`
 
 
 Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
@@ -277,6 +278,14 @@ class Logprobs(TypedDict):
     text_offset: list[int]
 
 
+class Word(TypedDict):
+    """A transcribed word and when it is said, in seconds from the start of the audio."""
+
+    word: str
+    start: float
+    end: float
+
+
 class ChoiceDelta(TypedDict):
     """What one choice produced in one step."""
 
@@ -285,6 +294,7 @@ class ChoiceDelta(TypedDict):
     token_ids: list[int]
     logprobs: Logprobs | None
     finish_reason: str | None
+    words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
 
 
 class Usage(TypedDict):

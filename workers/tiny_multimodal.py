@@ -1,11 +1,12 @@
-"""Offline builders for tiny multimodal models: a LLaVA-shaped vision-language model and a Whisper.
+"""Offline builders for tiny multimodal models: a LLaVA-shaped vision-language model, a
+Qwen2-Audio-shaped audio-language model and a Whisper.
 
 Like `tiny_models`: random weights with a fixed seed, a tokenizer trained on the shipped
 corpus, the processor saved beside the weights, all written into the Hugging Face cache
 layout, no network. The image processor is the PIL one (transformers' torchvision-backed
 processors cannot run with this project's torch build), and the shapes are the real
 architectures' so `AutoProcessor` / `AutoModelForImageTextToText` /
-`AutoModelForSpeechSeq2Seq` load them exactly as they would a hub model.
+`AutoModelForMultimodalLM` / `AutoModelForSpeechSeq2Seq` load them exactly as they would a hub model.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from .tiny_models import CORPUS_PATH, SIZES, _save_and_install, train_tokenizer
 IMAGE_TOKEN = "<image>"
 VLM_IMAGE_SIZE = 32
 VLM_PATCH_SIZE = 8
+AUDIO_TOKEN, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
+AUDIO_LM_CHUNK_SECONDS = 10  # the audio LM's window (Qwen2-Audio's is 30 s): longer audio is cut there, as theirs
 WHISPER_MEL_BINS = 80
 WHISPER_TIMESTAMPS = 1501
 WHISPER_MAX_LENGTH = 48  # tokens per 30 s window: a random decoder rarely stops on its own  # <|0.00|> … <|30.00|> in steps of 0.02 s, as Whisper's vocabulary has
@@ -59,6 +62,56 @@ def build_tiny_vlm(repo_id: str, cache_dir: str | os.PathLike | None = None, see
     return _save_and_install(model, processor, cache_dir, repo_id)
 
 
+def audio_chat_template(template: str) -> str:
+    """The tiny ChatML template with an audio part written as Qwen2-Audio's processor expects it:
+    `<|audio_bos|><|AUDIO|><|audio_eos|>`, its one `<|AUDIO|>` expanded by the processor to one token
+    per audio feature."""
+    image_branch = "{%- elif part.type == 'image' -%}"
+    assert image_branch in template
+    return template.replace(image_branch, "{%- elif part.type == 'audio' -%}\n"
+                            f"                {{{{- '{AUDIO_BOS}{AUDIO_TOKEN}{AUDIO_EOS}' -}}}}\n"
+                            f"            {image_branch}")
+
+
+def build_tiny_audio_lm(repo_id: str, cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """A Qwen2-Audio (Whisper-like audio encoder + Qwen2 text model) with its Qwen2AudioProcessor.
+
+    80-bin log-mel features over 10 s windows; one audio token per 40 ms of audio (25 per second).
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2AudioConfig, Qwen2AudioEncoderConfig
+    from transformers import Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor, Qwen2Config
+    from transformers import WhisperFeatureExtractor
+
+    spec = dict(SIZES["tiny"])
+    lm_head_scale = spec.pop("lm_head_scale")
+    tokenizer = train_tokenizer(spec.pop("vocab_target"), spec["max_position_embeddings"])
+    tokenizer.add_special_tokens({"additional_special_tokens": [AUDIO_TOKEN, AUDIO_BOS, AUDIO_EOS]})
+    tokenizer.chat_template = audio_chat_template(tokenizer.chat_template)
+    extractor = WhisperFeatureExtractor(feature_size=WHISPER_MEL_BINS, chunk_length=AUDIO_LM_CHUNK_SECONDS)
+    processor = Qwen2AudioProcessor(feature_extractor=extractor, tokenizer=tokenizer,
+                                    chat_template=tokenizer.chat_template, audio_token=AUDIO_TOKEN,
+                                    audio_bos_token=AUDIO_BOS, audio_eos_token=AUDIO_EOS)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    text_config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=False, rms_norm_eps=1e-5, **ids, **spec)
+    # The encoder takes exactly max_source_positions * 2 mel frames (its two convolutions halve them once).
+    audio_config = Qwen2AudioEncoderConfig(
+        num_mel_bins=WHISPER_MEL_BINS, d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64,
+        max_source_positions=extractor.nb_max_frames // 2, init_std=0.2)
+    config = Qwen2AudioConfig(audio_config=audio_config, text_config=text_config,
+                              audio_token_index=tokenizer.convert_tokens_to_ids(AUDIO_TOKEN))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2AudioForConditionalGeneration(config).to(torch.float32).eval()
+        with torch.no_grad():  # as the VLM: a larger init so the audio changes the answer
+            for parameter in model.model.multi_modal_projector.parameters():
+                parameter.normal_(0.0, 0.2)
+            model.lm_head.weight.mul_(lm_head_scale)
+    model.generation_config = GenerationConfig(**ids)
+    return _save_and_install(model, processor, cache_dir, repo_id)
+
+
 def whisper_tokenizer():
     """A WhisperTokenizer over a BPE trained on the corpus, with Whisper's special and timestamp tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -88,7 +141,8 @@ def build_tiny_whisper(repo_id: str, cache_dir: str | os.PathLike | None = None,
     """A Whisper encoder-decoder with its WhisperProcessor (80-bin log-mel features, 30 s windows).
 
     Every special and timestamp token but the end of text is suppressed in generation_config,
-    so the random decoder writes text from the trained vocabulary.
+    so the random decoder writes text from the trained vocabulary; its `alignment_heads` give
+    token (and so word) timestamps.
     """
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor
@@ -114,8 +168,14 @@ def build_tiny_whisper(repo_id: str, cache_dir: str | os.PathLike | None = None,
     first_added = token("<|startoftranscript|>")
     model.generation_config = GenerationConfig(
         decoder_start_token_id=config.decoder_start_token_id, bos_token_id=end, eos_token_id=end, pad_token_id=end,
-        is_multilingual=True, lang_to_id=lang_to_id, task_to_id=task_to_id,
+        # task: a hub Whisper's forced_decoder_ids put <|transcribe|> in the decoder prompt when a call
+        # names no task (as the ASR pipeline's); without it the prompt would hold no task token at all.
+        is_multilingual=True, lang_to_id=lang_to_id, task_to_id=task_to_id, task="transcribe",
         no_timestamps_token_id=token("<|notimestamps|>"), prev_sot_token_id=token("<|startofprev|>"),
         max_initial_timestamp_index=50, max_length=WHISPER_MAX_LENGTH, begin_suppress_tokens=[end],
-        suppress_tokens=list(range(first_added, len(tokenizer))))
+        suppress_tokens=list(range(first_added, len(tokenizer))),
+        # For word timestamps: every head of the last half of the decoder layers (OpenAI's default for a
+        # model without chosen alignment heads).
+        alignment_heads=[[layer, head] for layer in range(config.decoder_layers // 2, config.decoder_layers)
+                         for head in range(config.decoder_attention_heads)])
     return _save_and_install(model, processor, cache_dir, repo_id)

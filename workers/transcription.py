@@ -5,7 +5,8 @@ windows of the extractor's `chunk_length` (30 s for Whisper). The engine advance
 one window per step, between the decode steps of the running text batch, so a long file never
 stalls the streams beside it; each window's text goes out as one ChoiceDelta as soon as it is
 ready. A window is exactly `model.generate(features, attention_mask=…, language=…, task=…)` on the
-processor's features, so the output equals the model's own.
+processor's features, so the output equals the model's own (with `return_token_timestamps=True`
+where word timestamps are asked for: workers.word_timestamps).
 
 The job looks like a `sequences.Request` to the engine (request_id, reply_channel, model_name,
 no sequences, no `structured` grammar, no `beam`, finished, take_deltas, usage, started_message).
@@ -21,6 +22,7 @@ from .errors import JobError
 from .media import MediaError, decode_audio
 from .model_loader import LoadedModel
 from .protocol import AudioPrompt, ChoiceDelta, JobParams, Started, SubmitMessage, Usage
+from .word_timestamps import generate_with_token_timestamps, has_alignment_heads, words
 
 
 def is_audio_prompt(prompt) -> bool:
@@ -51,6 +53,10 @@ class Transcription:
         self.windows = [audio[start:start + window] for start in range(0, len(audio), window)]
         self.seconds = len(audio) / self.rate
         self.options = self._generate_options(prompt, params)
+        self.word_timestamps = bool(prompt.get("word_timestamps"))
+        if self.word_timestamps and not has_alignment_heads(model.model):
+            raise JobError(400, f"The model `{model.model_id}` gives no word timestamps (its generation config names "
+                           "no alignment_heads).", "timestamp_granularities", "unsupported_timestamp_granularity")
         self.language = self._language_name()
         self.done = 0
         self.pending: list[ChoiceDelta] = []
@@ -106,12 +112,20 @@ class Transcription:
         """Transcribe the next window."""
         if self.finished:
             return
-        ids = self.model.model.generate(**self._features(self.done), **self.options)[0].tolist()
+        window = self.done
+        if self.word_timestamps:
+            ids, timestamps = generate_with_token_timestamps(self.model.model, **self._features(window), **self.options)
+        else:
+            ids = self.model.model.generate(**self._features(window), **self.options)[0].tolist()
         self.done += 1
         self.completion_tokens += len(ids)
         text = self.model.processor.decode(ids, skip_special_tokens=True)
-        self.pending.append({"index": 0, "text": text, "token_ids": ids,
-                             "logprobs": None, "finish_reason": "stop" if self.finished else None})
+        delta: ChoiceDelta = {"index": 0, "text": text, "token_ids": ids, "logprobs": None,
+                              "finish_reason": "stop" if self.finished else None}
+        if self.word_timestamps:
+            window_seconds = self.model.processor.feature_extractor.chunk_length
+            delta["words"] = words(self.model.tokenizer, ids, timestamps, self.language, window * window_seconds)
+        self.pending.append(delta)
 
     def take_deltas(self) -> list[ChoiceDelta]:
         """One delta per transcribed window, in order."""

@@ -63,12 +63,16 @@ class TranscriptionRequestSerializer(TranslationRequestSerializer):
 
     task = "transcribe"
 
+    def job_prompts(self) -> list[AudioPrompt]:
+        prompts = super().job_prompts()
+        if "word" in (self.validated_data.get("timestamp_granularities") or ()):
+            prompts[0]["word_timestamps"] = True
+        return prompts
+
     def validate(self, attrs: dict) -> dict:
         granularities = attrs.get("timestamp_granularities") or []
         if granularities and attrs["response_format"] != "verbose_json":
             raise invalid("timestamp_granularities", "timestamp_granularities needs response_format verbose_json.")
-        if "word" in granularities:
-            raise invalid("timestamp_granularities", "word timestamps are not supported; segment ones are.")
         if attrs["stream"] and attrs["response_format"] not in ("json", "text"):
             raise invalid("stream", "stream needs response_format json or text.")
         return attrs

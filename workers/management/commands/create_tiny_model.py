@@ -1,22 +1,25 @@
 from django.core.management.base import BaseCommand
 
 from workers.tiny_models import build_tiny_model
-from workers.tiny_multimodal import build_tiny_vlm, build_tiny_whisper
+from workers.tiny_multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 
 
 class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
-            "a Llama causal LM, a LLaVA-shaped vision-language model, or a Whisper.")
+            "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
+            "(audio-chat), or a Whisper.")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
-        parser.add_argument("--arch", choices=["llama", "llava", "whisper"], default="llama")
+        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper"], default="llama")
         parser.add_argument("--size", choices=["tiny", "small"], default="tiny", help="llama only")
         parser.add_argument("--seed", type=int, default=0)
 
     def handle(self, *args, name: str, arch: str, size: str, seed: int, **options):
         if arch == "llava":
             path = build_tiny_vlm(name, seed=seed)
+        elif arch == "audio-chat":
+            path = build_tiny_audio_lm(name, seed=seed)
         elif arch == "whisper":
             path = build_tiny_whisper(name, seed=seed)
         else:

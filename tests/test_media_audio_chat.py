@@ -1,0 +1,169 @@
+"""Audio in chat and Responses (`input_audio`, `input_file`), through the real server and the OpenAI SDK.
+
+The model is the tiny Qwen2-Audio (`create_tiny_model --arch audio-chat`). Greedy output equals the
+model's own `generate` on the inputs its own processor makes from the same samples
+(`processor.apply_chat_template(..., tokenize=True, return_dict=True)`, the samples read here with
+the standard library's `wave`), token for token; audio and text requests share one continuous batch;
+bad audio is an OpenAI-shaped 400 and the server keeps serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import wave
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from openai import AsyncOpenAI
+from transformers import AutoModelForMultimodalLM, AutoProcessor
+
+from . import media_files
+from .conftest import TINY_AUDIO_LM, TINY_MODEL
+from .test_errors import assert_openai_error
+
+MAX_TOKENS = 12
+RATE = 16000
+
+
+def wav_samples(data: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(data)) as handle:
+        return np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2").astype(np.float32) / 32768
+
+
+def mp3_samples(data: bytes) -> np.ndarray:
+    """The mp3 decoded with PyAV (FFmpeg) to mono float32 at 16 kHz, as any player would."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
+        pieces = [out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
+                  for out in resampler.resample(frame)]
+        pieces += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
+    return np.concatenate(pieces)
+
+
+class AudioReference:
+    def __init__(self, cache) -> None:
+        self.processor = AutoProcessor.from_pretrained(TINY_AUDIO_LM, cache_dir=cache, local_files_only=True)
+        self.model = AutoModelForMultimodalLM.from_pretrained(TINY_AUDIO_LM, cache_dir=cache, local_files_only=True)
+        self.model.eval()
+
+    def greedy(self, text: str, audios: list[np.ndarray]) -> list[int]:
+        content = [{"type": "audio", "audio": audio} for audio in audios] + [{"type": "text", "text": text}]
+        messages = [{"role": "user", "content": content}]
+        owner = self.processor if audios else self.processor.tokenizer
+        inputs = owner.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")
+        with torch.no_grad():
+            output = self.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
+                                         pad_token_id=self.processor.tokenizer.pad_token_id)
+        return output[0, inputs["input_ids"].shape[1]:].tolist()
+
+    def decode(self, ids: list[int]) -> str:
+        return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def audio_lm(media_cache) -> AudioReference:
+    return AudioReference(media_cache)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def audio_message(text: str, *clips: tuple[bytes, str]) -> list[dict]:
+    parts = [{"type": "input_audio", "input_audio": {"data": b64(data), "format": fmt}} for data, fmt in clips]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def chat_ids(client, messages, model: str = TINY_AUDIO_LM) -> list[int]:
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+                                           extra_body={"return_token_ids": True})
+    return reply.choices[0].model_extra["token_ids"]
+
+
+def test_audio_chat_equals_generate(media_client, audio_lm):
+    low, high = media_files.wav_bytes(media_files.tone(1, 440)), media_files.wav_bytes(media_files.tone(2, 660))
+    expected = audio_lm.greedy("What is this sound?", [wav_samples(low)])
+    assert chat_ids(media_client, audio_message("What is this sound?", (low, "wav"))) == expected
+    # The answer depends on the audio, and two clips go in order.
+    assert audio_lm.greedy("What is this sound?", [wav_samples(high)]) != expected
+    two = audio_lm.greedy("Compare.", [wav_samples(low), wav_samples(high)])
+    assert chat_ids(media_client, audio_message("Compare.", (low, "wav"), (high, "wav"))) == two
+    assert audio_lm.greedy("Compare.", [wav_samples(high), wav_samples(low)]) != two
+    mp3 = media_files.mp3_bytes(media_files.tone(1.5, 550))
+    assert chat_ids(media_client, audio_message("And this?", (mp3, "mp3"))) == audio_lm.greedy(
+        "And this?", [mp3_samples(mp3)])
+
+
+def test_audio_chat_streams_the_same_text(media_client, audio_lm):
+    wav = media_files.wav_bytes(media_files.tone(1, 300))
+    expected = audio_lm.decode(audio_lm.greedy("Listen.", [wav_samples(wav)]))
+    stream = media_client.chat.completions.create(model=TINY_AUDIO_LM, messages=audio_message("Listen.", (wav, "wav")),
+                                                  max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == expected
+
+
+def test_audio_and_text_requests_batch_together(media_server, audio_lm):
+    requests = [("Hello there", None), ("What do you hear?", 440), ("Tell me more", None), ("Which note?", 880)]
+    clips = {freq: media_files.wav_bytes(media_files.tone(1, freq)) for _, freq in requests if freq}
+    expected = [audio_lm.greedy(text, [wav_samples(clips[freq])] if freq else []) for text, freq in requests]
+
+    async def run() -> list[list[int]]:
+        client = AsyncOpenAI(base_url=f"{media_server.base_url}/v1", api_key=media_server.key, max_retries=0)
+
+        async def one(text, freq):
+            messages = audio_message(text, (clips[freq], "wav")) if freq else [{"role": "user", "content": text}]
+            reply = await client.chat.completions.create(model=TINY_AUDIO_LM, messages=messages,
+                                                         max_tokens=MAX_TOKENS, temperature=0,
+                                                         extra_body={"return_token_ids": True})
+            return reply.choices[0].model_extra["token_ids"]
+
+        return await asyncio.gather(*(one(text, freq) for text, freq in requests))
+
+    assert asyncio.run(run()) == expected
+
+
+def test_responses_input_audio_and_input_file(media_client, audio_lm):
+    wav = media_files.wav_bytes(media_files.tone(1, 520))
+    expected = audio_lm.decode(audio_lm.greedy("What is shown?", [wav_samples(wav)]))
+    for part in ({"type": "input_audio", "input_audio": {"data": b64(wav), "format": "wav"}},
+                 {"type": "input_file", "file_data": media_files.data_url("audio/wav", wav), "filename": "a.wav"}):
+        response = media_client.responses.create(
+            model=TINY_AUDIO_LM, max_output_tokens=MAX_TOKENS, temperature=0,
+            input=[{"role": "user", "content": [part, {"type": "input_text", "text": "What is shown?"}]}])
+        assert response.output_text == expected
+
+
+def post_chat(server, messages, model: str = TINY_AUDIO_LM) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/chat/completions", headers=server.headers, timeout=60,
+                      json={"model": model, "messages": messages, "max_tokens": 4})
+
+
+def test_bad_audio_is_an_openai_error_and_the_server_keeps_serving(media_server, media_client, audio_lm):
+    part = "messages[0].content[0]"
+    wav = media_files.wav_bytes(media_files.tone(1, 440))
+    mp3 = media_files.mp3_bytes(media_files.tone(1, 440))
+    raw = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "!!not base64!!",
+                                                                                "format": "wav"}}]}]
+    for messages, code in [
+        (raw, "invalid_base64"),
+        (audio_message("x", (b"RIFF but not really a wave file", "wav")), "invalid_audio"),
+        (audio_message("x", (media_files.png_bytes(media_files.image(1)), "wav")), "invalid_audio"),
+        (audio_message("x", (mp3, "wav")), "invalid_audio"),  # the data is not what the format says
+        (audio_message("x", (media_files.wav_bytes(np.zeros(0, dtype=np.float32)), "wav")), "invalid_audio"),
+        (audio_message("x", (media_files.wav_bytes(media_files.tone(0.05, 440)), "wav")), "audio_too_short"),
+    ]:
+        assert_openai_error(post_chat(media_server, messages), 400, code=code, param=part)
+    text_only = post_chat(media_server, audio_message("x", (wav, "wav")), model=TINY_MODEL)
+    assert_openai_error(text_only, 400, code="unsupported_modality", param=part)
+    assert "audio" in text_only.json()["error"]["message"]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": media_files.data_url("image/png", media_files.png_bytes(media_files.image(1)))}}]}]
+    assert_openai_error(post_chat(media_server, image), 400, code="unsupported_modality", param=part)
+    assert chat_ids(media_client, audio_message("Still there?", (wav, "wav"))) == audio_lm.greedy(
+        "Still there?", [wav_samples(wav)])
