@@ -218,6 +218,9 @@ INFERENCE = {
     "WORKER_KEEPALIVE_SECONDS": env_float("INFERENCE_WORKER_KEEPALIVE_SECONDS", 1.0),
     "WORKER_SILENCE_TIMEOUT": env_float("INFERENCE_WORKER_SILENCE_TIMEOUT", 3.0),
     "JOB_RESUBMITS": env_int("INFERENCE_JOB_RESUBMITS", 2),
+    # A stream whose first chunk is not ready yet (queued behind running sequences, sent again after
+    # its worker died) gets an SSE comment this often, so its client and any proxy see it alive.
+    "SSE_KEEPALIVE_SECONDS": env_float("INFERENCE_SSE_KEEPALIVE_SECONDS", 1.0),
     # A worker that passes a job on runs it itself if the receiver does not confirm within this long.
     "ROUTE_ACK_TIMEOUT": env_float("INFERENCE_ROUTE_ACK_TIMEOUT", 1.0),
     # Web side under overload: generation requests one web process holds at once (more: 503 +

@@ -1,6 +1,7 @@
 """What every OpenAI endpoint view shares: async DRF, size limit, SSE framing, the generation pipeline."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -47,16 +48,42 @@ def sse_frame(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+SSE_KEEPALIVE = b": keepalive\n\n"
+
+
+async def keepalives_until_first(chunks: AsyncIterator[dict], every: float) -> AsyncIterator[dict | None]:
+    """`chunks`, with a None every `every` seconds while the first one is awaited.
+
+    A job waits before its first token (queued behind running sequences, or sent again after
+    its worker died), and a client hearing nothing for that long cannot tell a queue from a hang.
+    After the first chunk the worker answers every step, so the rest passes straight through.
+    """
+    iterator = aiter(chunks)
+    first = asyncio.ensure_future(anext(iterator))
+    try:
+        while not (await asyncio.wait({first}, timeout=every))[0]:
+            yield None
+    finally:
+        if not first.done():  # the client went away while waiting: stop the job's iterator too
+            first.cancel()
+    try:
+        yield first.result()
+    except StopAsyncIteration:
+        return
+    async for chunk in iterator:
+        yield chunk
+
+
 def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> StreamingHttpResponse:
     """Frame chunks as SSE, end with [DONE]; a vanished client cancels the job at once."""
 
     async def body() -> AsyncIterator[bytes]:
         # An SSE comment first, so the status and headers reach the client at once even
-        # while the job waits in the queue (SSE clients ignore comment lines).
+        # while the job waits in the queue (SSE clients ignore comment lines); more while it waits.
         yield b": accepted\n\n"
         try:
-            async for chunk in chunks:
-                yield sse_frame(chunk)
+            async for chunk in keepalives_until_first(chunks, settings.INFERENCE["SSE_KEEPALIVE_SECONDS"]):
+                yield SSE_KEEPALIVE if chunk is None else sse_frame(chunk)
         except Exception as exc:  # mid-stream, every error is an OpenAI-shaped event, then [DONE]
             error = exc if isinstance(exc, APIError) else unavailable(exc)
             if error is None:

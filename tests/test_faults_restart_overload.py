@@ -86,3 +86,34 @@ def test_overload_gets_streams_or_503s_never_resets(hf_cache, tmp_path):
         assert complete(server).status_code == 200  # and it serves on
     finally:
         server.stop()
+
+
+def test_a_queued_stream_hears_keepalives_until_its_first_token(hf_cache, tmp_path):
+    """One slot: a stream queued behind another gets SSE comments while it waits, then its tokens."""
+    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS="1", INFERENCE_SSE_KEEPALIVE_SECONDS="0.1")
+    server = LiveServer(env, tmp_path, name="keepalive")
+    body = {"model": TINY_MODEL, "prompt": "Once upon a time", "ignore_eos": True, "stream": True}
+
+    async def stream_lines(max_tokens: int) -> list[str]:
+        async with httpx.AsyncClient(timeout=120) as http:
+            async with http.stream("POST", f"{server.base_url}/v1/completions", headers=server.headers,
+                                   json={**body, "max_tokens": max_tokens}) as response:
+                assert response.status_code == 200
+                return [line async for line in response.aiter_lines() if line]
+
+    async def both() -> tuple[list[str], list[str]]:
+        running = asyncio.ensure_future(stream_lines(400))
+        await asyncio.sleep(0.5)  # the first holds the only slot
+        return tuple(await asyncio.gather(running, stream_lines(4)))
+
+    try:
+        assert complete(server).status_code == 200
+        first, queued = asyncio.run(both())
+    finally:
+        server.stop()
+    first_data = next(i for i, line in enumerate(queued) if line.startswith("data: "))
+    assert queued[0] == ": accepted"
+    assert ": keepalive" in queued[1:first_data]
+    assert ": keepalive" not in queued[first_data:]  # once tokens flow, every line is data
+    assert queued[-1] == "data: [DONE]" and sum('"text"' in line for line in queued) == 4
+    assert first[-1] == "data: [DONE]"

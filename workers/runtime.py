@@ -7,6 +7,7 @@ channel layer (Redis restarting) is waited out, never a reason to exit.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 
 from channels.layers import get_channel_layer
@@ -19,8 +20,13 @@ from .resilience import retrying
 logger = logging.getLogger(__name__)
 
 
-async def run_worker() -> None:
-    """Receive jobs from the shared worker channel and hand them to this process's consumer."""
+async def run_worker(engine_first: bool = False) -> None:
+    """Receive jobs from the shared worker channel and hand them to this process's consumer.
+
+    With `engine_first` (a worker process of its own) torch and the engine are imported before
+    the first job is taken: a worker restarted beside live ones leaves the shared channel to them
+    until it can run what it takes, rather than hold jobs while it imports for seconds.
+    """
     layer = get_channel_layer()
     channel = settings.INFERENCE["WORKER_CHANNEL"]
     inbox: asyncio.Queue = asyncio.Queue()
@@ -29,6 +35,8 @@ async def run_worker() -> None:
         application({"type": "channel", "channel": channel}, inbox.get, _no_send)
     )
     logger.info("worker %s listening on channel %r", InferenceConsumer.worker_name, channel)
+    if engine_first:
+        await asyncio.to_thread(importlib.import_module, "workers.engine")
     receive = retrying(lambda: layer.receive(channel), f"worker channel {channel!r}")
     try:
         while True:

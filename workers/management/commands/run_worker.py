@@ -23,7 +23,7 @@ class Command(BaseCommand):
 
 async def _until_signalled() -> None:
     """SIGTERM (supervisord, systemd) or SIGINT stops the worker cleanly: it marks itself stopped."""
-    worker = asyncio.ensure_future(run_worker())
+    worker = asyncio.ensure_future(run_worker(engine_first=True))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.cancel)
