@@ -140,7 +140,7 @@ CHANNEL_CAPACITY = env_int("CHANNEL_CAPACITY", 10_000)
 if CHANNEL_LAYER_URL.startswith(("redis://", "rediss://", "unix://")):
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "inference_site.redis_layer.BatchingRedisChannelLayer",
             "CONFIG": {
                 "hosts": [CHANNEL_LAYER_URL],
                 "capacity": CHANNEL_CAPACITY,

@@ -97,22 +97,42 @@ class EngineBridge:
         self.outbox.put_nowait((channel, message))
 
     async def _send_forever(self) -> None:
+        """Everything queued goes out together: one round trip per step over Redis (`send_many`)."""
+        send_many = getattr(self.layer, "send_many", None)
         while True:
-            channel, message = await self.outbox.get()
-            try:
-                await self.layer.send(channel, message)
-            except Exception as exc:  # a full or vanished reply channel must not stop the worker
-                logger.warning("could not deliver %s to %s: %s", message.get("type"), channel, exc)
-                held = self._held.pop(channel, None)
-                if held is not None:  # nobody can hear this job any more: free its slot
-                    self.engine.cancel(held[0])
-                continue
-            held = self._held.get(channel)
-            if held is not None:
-                if message.get("type") in (protocol.DONE, protocol.ERROR):
-                    del self._held[channel]
-                else:
-                    self._held[channel] = (held[0], time.monotonic())
+            items = [await self.outbox.get()]
+            while not self.outbox.empty():
+                items.append(self.outbox.get_nowait())
+            if send_many is not None and len(items) > 1:
+                try:
+                    outcomes = await send_many(items)
+                except Exception as exc:  # the layer went away: every item failed alike
+                    outcomes = [exc] * len(items)
+            else:
+                outcomes = [await self._send_one(channel, message) for channel, message in items]
+            for (channel, message), error in zip(items, outcomes):
+                self._sent(channel, message, error)
+
+    async def _send_one(self, channel: str, message: dict) -> Exception | None:
+        try:
+            await self.layer.send(channel, message)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _sent(self, channel: str, message: dict, error: BaseException | None) -> None:
+        if error is not None:  # a full or vanished reply channel must not stop the worker
+            logger.warning("could not deliver %s to %s: %s", message.get("type"), channel, error)
+            held = self._held.pop(channel, None)
+            if held is not None:  # nobody can hear this job any more: free its slot
+                self.engine.cancel(held[0])
+            return
+        held = self._held.get(channel)
+        if held is not None:
+            if message.get("type") in (protocol.DONE, protocol.ERROR):
+                del self._held[channel]
+            else:
+                self._held[channel] = (held[0], time.monotonic())
 
     async def _keep_alive_forever(self) -> None:
         """Every held job's reply channel hears from this worker at least every `keepalive_seconds`."""

@@ -1,0 +1,181 @@
+"""The scale-out channel layer: channels-redis with one round trip per send and batched replies.
+
+Every streamed token crosses the layer once per step per request. channels-redis's `send` makes
+four Redis round trips (drop expired, count, add, expire) and its `receive` on a process's own
+channels ("name!id": every reply channel of a web process) makes four more per message, one
+message at a time under a lock, while all of the process's reply channels share one Redis key. At
+64 streams a web process then drained ~1,000 messages/s while the workers offered several times
+that: a new request's "started" waited seconds behind other streams' tokens.
+
+Here a send is one Lua script (expire, capacity check, add, expire the key), `send_many` pipelines
+many sends into one round trip (the worker's outbox sends a step's messages that way), and one
+reader task per process pops up to `REPLY_BATCH` messages of its own channels per round trip and
+hands each to its channel's receiver. Named channels (the shared worker channel) keep
+channels-redis's own receive, which never loses a message to a cancelled reader.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from copy import deepcopy
+
+from channels.exceptions import ChannelFull
+from channels_redis.core import RedisChannelLayer
+
+REPLY_BATCH = 256
+# An own channel nobody has received from for this long (its request ended) is dropped with its messages.
+STALE_INBOX_SECONDS = 120.0
+
+_SEND = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+
+
+class _Inbox:
+    """Messages of one own channel, in order, and the receiver waiting for the next one."""
+
+    __slots__ = ("messages", "waiter", "touched")
+
+    def __init__(self) -> None:
+        self.messages: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+        self.touched = time.monotonic()
+
+
+class BatchingRedisChannelLayer(RedisChannelLayer):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._inboxes: dict[str, _Inbox] = {}
+        self._reader: asyncio.Task | None = None
+        self._waiting = 0  # receivers waiting on own channels: the reader runs while there are any
+        self._last_sweep = time.monotonic()
+
+    # --- sending ---------------------------------------------------------------
+    def _prepared(self, channel: str, message: dict) -> tuple[int, str, bytes]:
+        """(connection index, key, serialized message), as channels-redis's send lays them out."""
+        assert isinstance(message, dict), "message is not a dict"
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
+        assert "__asgi_channel__" not in message
+        if "!" in channel:
+            message = {**message, "__asgi_channel__": channel}
+            return self.consistent_hash(channel), self.prefix + self.non_local_name(channel), self.serialize(message)
+        return next(self._send_index_generator), self.prefix + channel, self.serialize(message)
+
+    def _send_args(self, channel: str, score: float) -> list:
+        return [int(time.time()) - int(self.expiry), self.get_capacity(channel), score]
+
+    async def send(self, channel: str, message: dict) -> None:
+        index, key, body = self._prepared(channel, message)
+        sent = await self.connection(index).eval(_SEND, 1, key, *self._send_args(channel, time.time()), body,
+                                                 int(self.expiry))
+        if not sent:
+            raise ChannelFull(channel)
+
+    async def send_many(self, items: list[tuple[str, dict]]) -> list[BaseException | None]:
+        """Send each (channel, message) in order, pipelined per Redis server; per item None or ChannelFull.
+
+        A channel's messages keep their order (scores rise by a microsecond per message)."""
+        outcomes: list[BaseException | None] = [None] * len(items)
+        by_index: dict[int, list[tuple[int, str, bytes, str]]] = collections.defaultdict(list)
+        for position, (channel, message) in enumerate(items):
+            index, key, body = self._prepared(channel, message)
+            by_index[index].append((position, key, body, channel))
+        now = time.time()
+        for index, batch in by_index.items():
+            async with self.connection(index).pipeline(transaction=False) as pipe:
+                for offset, (_, key, body, channel) in enumerate(batch):
+                    pipe.eval(_SEND, 1, key, *self._send_args(channel, now + offset * 1e-6), body, int(self.expiry))
+                results = await pipe.execute()
+            for (position, _, _, channel), sent in zip(batch, results):
+                if not sent:
+                    outcomes[position] = ChannelFull(channel)
+        return outcomes
+
+    # --- receiving on this process's own channels -----------------------------
+    async def receive(self, channel: str) -> dict:
+        if "!" not in channel:
+            return await super().receive(channel)
+        assert self.require_valid_channel_name(channel)
+        inbox = self._inboxes.get(channel)
+        if inbox is None:
+            inbox = self._inboxes[channel] = _Inbox()
+        inbox.touched = time.monotonic()
+        if inbox.messages:
+            return self._take(channel, inbox)
+        self._ensure_reader(channel)
+        inbox.waiter = asyncio.get_running_loop().create_future()
+        self._waiting += 1
+        try:
+            return await inbox.waiter
+        finally:
+            self._waiting -= 1
+            inbox.waiter = None
+            if not inbox.messages and self._inboxes.get(channel) is inbox:
+                del self._inboxes[channel]
+
+    def _take(self, channel: str, inbox: _Inbox) -> dict:
+        message = inbox.messages.popleft()
+        if not inbox.messages and inbox.waiter is None:
+            del self._inboxes[channel]
+        return message
+
+    def _ensure_reader(self, channel: str) -> None:
+        loop = asyncio.get_running_loop()
+        if self._reader is not None and not self._reader.done() and self._reader.get_loop() is loop:
+            return
+        self._reader = loop.create_task(self._read_own_channels(self.non_local_name(channel)))
+
+    async def _read_own_channels(self, real_channel: str) -> None:
+        """Pop this process's messages in batches and hand them out, until an error (given to every
+        waiting receiver; the next receive starts a new reader) or no receiver is left."""
+        key = self.prefix + real_channel
+        index = self.consistent_hash(real_channel)
+        try:
+            while self._waiting:
+                connection = self.connection(index)
+                popped = await connection.zpopmin(key, REPLY_BATCH)
+                if not popped:
+                    result = await connection.bzpopmin(key, timeout=1)
+                    popped = [(result[1], result[2])] if result else []
+                for body, _ in popped:
+                    self._deliver(self.deserialize(body))
+                self._sweep()
+        except Exception as exc:
+            for inbox in list(self._inboxes.values()):
+                if inbox.waiter is not None and not inbox.waiter.done():
+                    inbox.waiter.set_exception(exc)
+
+    def _deliver(self, message: dict) -> None:
+        channels = message.pop("__asgi_channel__")
+        if not isinstance(channels, list):
+            channels = [channels]
+        for channel in channels:
+            own = message if len(channels) == 1 else deepcopy(message)  # a group send: one copy each
+            inbox = self._inboxes.get(channel)
+            if inbox is None:
+                inbox = self._inboxes[channel] = _Inbox()
+            if inbox.waiter is not None and not inbox.waiter.done() and not inbox.messages:
+                inbox.waiter.set_result(own)
+            else:
+                inbox.messages.append(own)
+
+    def _sweep(self) -> None:
+        """Drop the messages of own channels nobody reads any more (their requests ended)."""
+        now = time.monotonic()
+        if now - self._last_sweep < STALE_INBOX_SECONDS / 4:
+            return
+        self._last_sweep = now
+        for channel, inbox in list(self._inboxes.items()):
+            if inbox.waiter is None and now - inbox.touched > STALE_INBOX_SECONDS:
+                del self._inboxes[channel]
+
+    async def close_pools(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        await super().close_pools()

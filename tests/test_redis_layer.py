@@ -1,0 +1,114 @@
+"""The scale-out channel layer against a real redis-server: order, batches, groups, capacity, faults."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.exceptions import ChannelFull
+from redis import exceptions as redis_exceptions
+
+from inference_site.redis_layer import BatchingRedisChannelLayer
+
+from .services import RedisServer, require_binary
+
+pytestmark = pytest.mark.scale_out
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    require_binary("redis-server")
+    server = RedisServer(tmp_path_factory.mktemp("redis-layer"))
+    yield server
+    server.stop()
+
+
+def layer_for(server: RedisServer, **config) -> BatchingRedisChannelLayer:
+    # A process's own channels share one Redis key, and so its capacity (settings: CHANNEL_CAPACITY).
+    return BatchingRedisChannelLayer(hosts=[server.url], **{"capacity": 10_000, **config})
+
+
+def test_replies_arrive_in_order_per_channel_across_many_channels(redis_server):
+    async def run() -> dict[str, list[int]]:
+        sender, receiver = layer_for(redis_server), layer_for(redis_server)
+        channels = [await receiver.new_channel("reply.") for _ in range(40)]
+        items = [(channel, {"type": "t", "n": n}) for n in range(50) for channel in channels]
+        assert await sender.send_many(items) == [None] * len(items)  # one pipeline
+        await sender.send(channels[0], {"type": "t", "n": 50})  # and a single send after it
+
+        async def drain(channel: str, count: int) -> list[int]:
+            return [(await receiver.receive(channel))["n"] for _ in range(count)]
+
+        got = await asyncio.gather(*[drain(channel, 51 if i == 0 else 50) for i, channel in enumerate(channels)])
+        await sender.close_pools()
+        await receiver.close_pools()
+        return dict(zip(channels, got))
+
+    for index, numbers in enumerate(asyncio.run(run()).values()):
+        assert numbers == list(range(51 if index == 0 else 50))
+
+
+def test_a_waiting_receiver_gets_a_message_sent_later_and_group_members_each_get_a_copy(redis_server):
+    async def run() -> tuple[dict, dict, dict]:
+        sender, receiver = layer_for(redis_server), layer_for(redis_server)
+        first, second = await receiver.new_channel("w."), await receiver.new_channel("w.")
+        waiting = asyncio.ensure_future(receiver.receive(first))
+        await asyncio.sleep(0.2)
+        await sender.send(first, {"type": "late", "payload": [1]})
+        late = await asyncio.wait_for(waiting, 5)
+        await receiver.group_add("members", first)
+        await receiver.group_add("members", second)
+        await sender.group_send("members", {"type": "cancel", "ids": [1, 2]})
+        one, two = await asyncio.gather(receiver.receive(first), receiver.receive(second))
+        one["ids"].append(3)  # receivers never share one dict
+        await sender.close_pools()
+        await receiver.close_pools()
+        return late, one, two
+
+    late, one, two = asyncio.run(run())
+    assert late == {"type": "late", "payload": [1]}
+    assert one == {"type": "cancel", "ids": [1, 2, 3]} and two == {"type": "cancel", "ids": [1, 2]}
+
+
+def test_a_full_channel_refuses_only_what_does_not_fit(redis_server):
+    async def run() -> list:
+        layer = layer_for(redis_server, capacity=3)
+        channel = await layer.new_channel("full.")
+        outcomes = await layer.send_many([(channel, {"type": "t", "n": n}) for n in range(5)])
+        with pytest.raises(ChannelFull):
+            await layer.send(channel, {"type": "t", "n": 5})
+        received = [(await layer.receive(channel))["n"] for _ in range(3)]
+        await layer.close_pools()
+        return [type(o).__name__ if o else None for o in outcomes] + received
+
+    assert asyncio.run(run()) == [None, None, None, "ChannelFull", "ChannelFull", 0, 1, 2]
+
+
+def test_redis_going_away_fails_the_waiting_receivers_and_reading_resumes_when_it_is_back(redis_server):
+    async def run() -> dict:
+        layer = layer_for(redis_server)
+        channel = await layer.new_channel("gone.")
+        waiting = asyncio.ensure_future(layer.receive(channel))
+        await asyncio.sleep(0.2)
+        redis_server.stop()
+        with pytest.raises((OSError, redis_exceptions.ConnectionError)):
+            await asyncio.wait_for(waiting, 10)
+        redis_server.start()
+        await layer.send(channel, {"type": "back"})
+        message = await asyncio.wait_for(layer.receive(channel), 10)
+        await layer.close_pools()
+        return message
+
+    assert asyncio.run(run()) == {"type": "back"}
+
+
+def test_named_channels_keep_channels_redis_receive(redis_server):
+    """The shared worker channel: one message goes to one reader, whichever sent it."""
+    async def run() -> list[dict]:
+        sender, reader = layer_for(redis_server), layer_for(redis_server)
+        await sender.send_many([("jobs", {"type": "job", "n": 0}), ("jobs", {"type": "job", "n": 1})])
+        got = [await reader.receive("jobs"), await reader.receive("jobs")]
+        await sender.close_pools()
+        await reader.close_pools()
+        return got
+
+    assert [m["n"] for m in asyncio.run(run())] == [0, 1]
