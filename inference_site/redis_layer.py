@@ -9,8 +9,8 @@ that: a new request's "started" waited seconds behind other streams' tokens.
 
 Here a send is one Lua script (expire, capacity check, add, expire the key), `send_many` pipelines
 many sends into one round trip (the worker's outbox sends a step's messages that way), and one
-reader task per process pops up to `REPLY_BATCH` messages of its own channels per round trip and
-hands each to its channel's receiver. Named channels (the shared worker channel) keep
+reader task per Redis key of the process's own channels pops up to `REPLY_BATCH` messages per round
+trip and hands each to its channel's receiver. Named channels (the shared worker channel) keep
 channels-redis's own receive, which never loses a message to a cancelled reader.
 """
 from __future__ import annotations
@@ -51,8 +51,10 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._inboxes: dict[str, _Inbox] = {}
-        self._reader: asyncio.Task | None = None
-        self._waiting = 0  # receivers waiting on own channels: the reader runs while there are any
+        # One reader per Redis key of own channels ("reply.<id>!", "health.<id>!", ...), running
+        # while receivers wait on that key's channels.
+        self._readers: dict[str, asyncio.Task] = {}
+        self._waiting: collections.Counter[str] = collections.Counter()
         self._last_sweep = time.monotonic()
 
     # --- sending ---------------------------------------------------------------
@@ -107,13 +109,14 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         inbox.touched = time.monotonic()
         if inbox.messages:
             return self._take(channel, inbox)
-        self._ensure_reader(channel)
+        real_channel = self.non_local_name(channel)
+        self._ensure_reader(real_channel)
         inbox.waiter = asyncio.get_running_loop().create_future()
-        self._waiting += 1
+        self._waiting[real_channel] += 1
         try:
             return await inbox.waiter
         finally:
-            self._waiting -= 1
+            self._waiting[real_channel] -= 1
             inbox.waiter = None
             if not inbox.messages and self._inboxes.get(channel) is inbox:
                 del self._inboxes[channel]
@@ -124,11 +127,12 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
             del self._inboxes[channel]
         return message
 
-    def _ensure_reader(self, channel: str) -> None:
+    def _ensure_reader(self, real_channel: str) -> None:
         loop = asyncio.get_running_loop()
-        if self._reader is not None and not self._reader.done() and self._reader.get_loop() is loop:
+        reader = self._readers.get(real_channel)
+        if reader is not None and not reader.done() and reader.get_loop() is loop:
             return
-        self._reader = loop.create_task(self._read_own_channels(self.non_local_name(channel)))
+        self._readers[real_channel] = loop.create_task(self._read_own_channels(real_channel))
 
     async def _read_own_channels(self, real_channel: str) -> None:
         """Pop this process's messages in batches and hand them out, until an error (given to every
@@ -136,7 +140,7 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         key = self.prefix + real_channel
         index = self.consistent_hash(real_channel)
         try:
-            while self._waiting:
+            while self._waiting[real_channel]:
                 connection = self.connection(index)
                 popped = await connection.zpopmin(key, REPLY_BATCH)
                 if not popped:
@@ -146,8 +150,9 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
                     self._deliver(self.deserialize(body))
                 self._sweep()
         except Exception as exc:
-            for inbox in list(self._inboxes.values()):
-                if inbox.waiter is not None and not inbox.waiter.done():
+            for channel, inbox in list(self._inboxes.items()):
+                if (inbox.waiter is not None and not inbox.waiter.done()
+                        and self.non_local_name(channel) == real_channel):
                     inbox.waiter.set_exception(exc)
 
     def _deliver(self, message: dict) -> None:
@@ -175,7 +180,7 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
                 del self._inboxes[channel]
 
     async def close_pools(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
+        for reader in self._readers.values():
+            reader.cancel()
+        self._readers.clear()
         await super().close_pools()

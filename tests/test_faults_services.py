@@ -146,7 +146,8 @@ def test_database_outage(hf_cache, tmp_path):
         postgres.start_server()
         assert complete(web).status_code == 200  # the very first request after it is back
         assert asyncio.run(burst(8)) == [200] * 8
-        assert httpx.get(f"{web.base_url}/health", timeout=10).status_code == 200
+        health = httpx.get(f"{web.base_url}/health", timeout=10)
+        assert health.status_code == 200, health.text
         assert "Internal Server Error" not in web.log() and "unhandled error" not in web.log()
         assert all(worker.process.poll() is None for worker in workers)
     finally:

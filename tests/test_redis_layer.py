@@ -69,6 +69,24 @@ def test_a_waiting_receiver_gets_a_message_sent_later_and_group_members_each_get
     assert one == {"type": "cancel", "ids": [1, 2, 3]} and two == {"type": "cancel", "ids": [1, 2]}
 
 
+def test_own_channels_of_different_prefixes_are_read_side_by_side(redis_server):
+    """"reply.<id>!…" and "health.<id>!…" are separate Redis keys: a reader busy on one misses none of the other."""
+    async def run() -> tuple[dict, dict]:
+        sender, receiver = layer_for(redis_server), layer_for(redis_server)
+        reply, health = await receiver.new_channel("reply."), await receiver.new_channel("health.")
+        streaming = asyncio.ensure_future(receiver.receive(reply))  # keeps the "reply." reader waiting
+        await asyncio.sleep(0.1)
+        await sender.send(health, {"type": "pong"})
+        pong = await asyncio.wait_for(receiver.receive(health), 5)
+        await sender.send(reply, {"type": "delta"})
+        delta = await asyncio.wait_for(streaming, 5)
+        await sender.close_pools()
+        await receiver.close_pools()
+        return pong, delta
+
+    assert asyncio.run(run()) == ({"type": "pong"}, {"type": "delta"})
+
+
 def test_a_full_channel_refuses_only_what_does_not_fit(redis_server):
     async def run() -> list:
         layer = layer_for(redis_server, capacity=3)
