@@ -90,7 +90,7 @@ class GenerationStream:
         self.job = {**self.job, "accept_by": time.time() + config["WORKER_ACK_TIMEOUT"]}
         await self.layer.send(config["WORKER_CHANNEL"], self.job)
         try:
-            accepted = await receive_within(self.layer, self.reply_channel, config["WORKER_ACK_TIMEOUT"])
+            accepted = await self._first_answer(time.monotonic() + config["WORKER_ACK_TIMEOUT"])
             started = await self._next() if accepted.get("type") == protocol.ACCEPTED else accepted
         except TimeoutError:
             await send_cancel(self.layer, self.request_id)
@@ -103,6 +103,27 @@ class GenerationStream:
         if started.get("type") != protocol.STARTED:
             raise APIError(500, "The worker sent an unexpected message.", code="worker_protocol")
         self.started = self.started or started
+
+    async def _first_answer(self, deadline: float) -> dict:
+        """A worker's first word on the job (its acknowledgement, or an error), by `deadline`.
+
+        Workers acknowledge a job the moment they read it, so one unanswered for
+        WORKER_SILENCE_TIMEOUT was most likely read by a worker that died as it took it (kill -9
+        between Redis popping the job and the worker answering): it goes out again under a new id
+        (the old one cancelled everywhere) while resubmits are left. TimeoutError at the deadline.
+        """
+        config = settings.INFERENCE
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                return await receive_within(self.layer, self.reply_channel, min(left, config["WORKER_SILENCE_TIMEOUT"]))
+            except TimeoutError:
+                if deadline - time.monotonic() <= 0 or self.resubmits >= config["JOB_RESUBMITS"]:
+                    continue
+                await self._prepare_resubmit()
+                await self.layer.send(config["WORKER_CHANNEL"], self.job)
 
     async def open_or_resubmit(self) -> None:
         """`open()`, sending the job again each time its worker is lost before it starts."""

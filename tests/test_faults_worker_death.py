@@ -94,3 +94,34 @@ def test_a_killed_worker_fails_fast_and_its_waiting_jobs_move(catalog_cache, tmp
             worker.stop()
         web.stop()
         redis.stop()
+
+
+def test_a_job_taken_by_a_worker_that_died_as_it_read_it_is_sent_again(catalog_cache, tmp_path):  # noqa: F811
+    """A worker killed between Redis popping a job and its answer takes the job with it. Here a
+    reader that pops one job and never answers stands for it; the web side sends the job again
+    after WORKER_SILENCE_TIMEOUT and a live worker finishes it."""
+    import redis as redis_client
+
+    from inference_site.redis_layer import BatchingRedisChannelLayer
+
+    redis = RedisServer(tmp_path)
+    env = catalog_env(catalog_cache, tmp_path, CHANNEL_LAYER_URL=redis.url, INFERENCE_WORKER_ACK_TIMEOUT="20")
+    manage(env, "migrate", "--verbosity", "0")
+    web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
+    jobs_key = BatchingRedisChannelLayer(hosts=[redis.url]).prefix + "inference"
+    workers = []
+    try:
+        request = Stream(web, TINY_MODEL, max_tokens=4)
+        request.start()
+        popped = redis_client.Redis.from_url(redis.url).bzpopmin(jobs_key, timeout=30)  # the job, gone
+        assert popped is not None
+        workers = worker_processes(env, tmp_path, 1)
+        request.join(60)
+        assert not request.is_alive() and request.status == 200, request.events[-2:]
+        assert error_of(request) is None and tokens_of(request) >= 1
+        assert "sending it again" in web.log()
+    finally:
+        for worker in workers:
+            worker.stop()
+        web.stop()
+        redis.stop()
