@@ -152,6 +152,9 @@ def main() -> None:
         "tokens_per_s": round(sum(o.tokens for o in outcomes) / wall, 1),
         "longest_stall_s": round(max(o.longest_gap for o in outcomes), 2),
         f"stalls_over_{STALL_BOUND_SECONDS:g}s": sum(o.longest_gap > STALL_BOUND_SECONDS for o in outcomes),
+        # Each stall over the bound: when it ended (s into the run), how long, the outcome, the line that ended it.
+        "stalls": [{"ended_at_s": round(o.gap_ended - started, 1), "seconds": round(o.longest_gap, 2), "kind": o.kind,
+                    "ended_by": o.first_line} for o in outcomes if o.longest_gap > STALL_BOUND_SECONDS],
         "rss_mb_start": rss_start, "rss_mb_end": rss_end, "faults": fault_log,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

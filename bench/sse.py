@@ -14,11 +14,14 @@ class StreamOutcome:
     tokens: int  # chunks with text
     longest_gap: float  # seconds: request to first byte, or between two SSE lines, whichever is longest
     times: list[float]  # arrival time of each text chunk (monotonic)
+    gap_ended: float = 0.0  # when the longest gap ended (monotonic)
+    first_line: str = ""  # the line that ended it ("" for the response's head, or a transport error)
 
 
 async def stream_once(http: httpx.AsyncClient, url: str, headers: dict, body: dict) -> StreamOutcome:
     started = last = time.monotonic()
     gap, times, kind = 0.0, [], "transport incomplete"
+    gap_ended, gap_line = started, ""
     try:
         async with http.stream("POST", url, headers=headers, json={**body, "stream": True}) as response:
             if response.status_code != 200:
@@ -27,10 +30,13 @@ async def stream_once(http: httpx.AsyncClient, url: str, headers: dict, body: di
                     code = json.loads(text)["error"]["code"]
                 except (ValueError, KeyError, TypeError):
                     code = "unshaped"
-                return StreamOutcome(f"http {response.status_code} {code}", 0, time.monotonic() - started, [])
+                now = time.monotonic()
+                return StreamOutcome(f"http {response.status_code} {code}", 0, now - started, [], now, "")
             async for line in response.aiter_lines():
                 now = time.monotonic()
-                gap, last = max(gap, now - last), now
+                if now - last > gap:
+                    gap, gap_ended, gap_line = now - last, now, line[:60]
+                last = now
                 if not line.startswith("data: "):
                     continue
                 payload = line[len("data: "):]
@@ -42,4 +48,7 @@ async def stream_once(http: httpx.AsyncClient, url: str, headers: dict, body: di
                     times.append(now)
     except httpx.HTTPError as exc:
         kind = f"transport {type(exc).__name__}"
-    return StreamOutcome(kind, len(times), max(gap, time.monotonic() - last if kind.startswith("transport") else 0), times)
+    now = time.monotonic()
+    if kind.startswith("transport") and now - last > gap:
+        gap, gap_ended, gap_line = now - last, now, ""
+    return StreamOutcome(kind, len(times), gap, times, gap_ended, gap_line)
