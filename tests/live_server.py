@@ -94,6 +94,9 @@ class LiveServer(ManagedProcess):
             try:
                 if httpx.get(f"{self.base_url}/health/live", timeout=1).status_code == 200:
                     return
+                # A server from before /health/live (bench: --baseline-ref): its model list answers once it is up.
+                if httpx.get(f"{self.base_url}/v1/models", timeout=1).status_code in (200, 401):
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
