@@ -33,6 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--baseline-ref", default="main", help="git ref to compare with ('' : none)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 8 streams of 300 tokens, 1 round")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for our server (not the baseline's), e.g. INFERENCE_PREFIX_CACHE_MB=0")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     if args.quick:
@@ -50,8 +52,9 @@ def prompts(model: str, streams: int, length: int) -> list[str]:
     return [tokenizer.decode(stream[7 * i: 7 * i + length - 1]) for i in range(streams)]
 
 
-def one_run(cache: Path, work: Path, root: Path | None, model: str, texts: list[str], max_tokens: int) -> dict:
-    server = OurServer(cache, work, root=root)
+def one_run(cache: Path, work: Path, root: Path | None, model: str, texts: list[str], max_tokens: int,
+            env: dict[str, str] | None = None) -> dict:
+    server = OurServer(cache, work, root=root, **(env or {}))
     try:
         asyncio.run(run_load(server.base_url, model, texts[:1], 1, 2, {"ignore_eos": True}))  # loads the model
         loaded = rss_mb(server.pid)
@@ -77,7 +80,8 @@ def main(argv: list[str]) -> None:
         for index in range(args.rounds):
             for name in runs:
                 root = baseline.root if name != "ours" else None
-                runs[name].append(one_run(cache, work / f"{name}-{index}", root, args.model, texts, args.max_tokens))
+                env = dict(item.split("=", 1) for item in args.server_env) if name == "ours" else None
+                runs[name].append(one_run(cache, work / f"{name}-{index}", root, args.model, texts, args.max_tokens, env))
                 print(f"round {index + 1} {name}: {runs[name][-1]}", flush=True)
     finally:
         if baseline:
