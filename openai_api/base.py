@@ -27,13 +27,16 @@ class OpenAIView(RateLimitHeadersMixin, APIView):
     to an authenticated request carries OpenAI's x-ratelimit-* headers (`teams.response_headers`)."""
 
     def initial(self, request, *args, **kwargs):
-        self.perform_authentication(request)  # first, so that even a 413 carries its caller's rate-limit headers
         limit = settings.INFERENCE["MAX_REQUEST_BYTES"]
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0
-        if declared > limit or len(request._request.body) > limit:
+        # The body is read (and kept) before authentication: session auth's CSRF check may read the
+        # request's stream, after which Django no longer gives the body.
+        too_large = declared > limit or len(request._request.body) > limit
+        self.perform_authentication(request)  # before the 413, so that it carries the caller's rate-limit headers
+        if too_large:
             raise APIError(413, f"Request body too large: the limit is {limit} bytes.", code="request_too_large")
         super().initial(request, *args, **kwargs)
 
