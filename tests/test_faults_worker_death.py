@@ -88,7 +88,7 @@ def test_a_killed_worker_fails_fast_and_its_waiting_jobs_move(catalog_cache, tmp
             assert stream.events[-1][1] == "[DONE]"
         assert [usage_of(s)["completion_tokens"] for s in waiting] == [40] * 3
         assert other.log().count(f"loaded {TINY_MODEL}@main on") == 1  # the survivor took the moved jobs
-        assert "did not confirm it; running it here" in other.log()
+        assert "did not confirm it" in other.log()
     finally:
         for worker in workers:
             worker.stop()

@@ -26,7 +26,7 @@ from . import catalog_sync, protocol
 from .bridge import EngineBridge
 from .config import EngineConfig
 from .resilience import retrying
-from .routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, choose_worker
+from .routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, choose_worker, without_worker
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class InferenceConsumer(AsyncConsumer):
         self.routing: RoutingTable = EMPTY_TABLE
         self.claims = JobClaims(self.channel_layer)
         self.passed = PassedJobs()
+        self.unconfirmed: dict[str, float] = {}  # worker channel -> until when it is not passed jobs
         self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
         self._engine_import: asyncio.Future | None = None
@@ -107,10 +108,10 @@ class InferenceConsumer(AsyncConsumer):
             await self._started_bridge()
         for name in welcome.preload:
             self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
-        while True:
-            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+        while True:  # the first beat at once: a restarted worker routes its first jobs to the live holders
             loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
             self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
+            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
 
     async def model_settings(self, message: protocol.SettingsMessage) -> None:
         self.catalog_settings = message.get("settings") or {}
@@ -147,21 +148,37 @@ class InferenceConsumer(AsyncConsumer):
         # process is dead), so only a layer shared between processes routes.
         if (self.config["ROUTE_JOBS"] and not message.get("routed")
                 and getattr(self.channel_layer, "connection", None) is not None):
-            held = self._bridge.engine.models if self._bridge is not None else {}
-            target = choose_worker(message["model"], self.channel_name, held, self.routing)
-            if target is not None:  # one hop at most: the receiver takes it whatever its table says
-                await self.channel_layer.send(target, {**message, "routed": True, "route_ack": self.channel_name})
-                self._in_background(self._take_unless_confirmed(message))
-                return
+            await self._pass_or_take(message)
+            return
         await self._take(message)
+
+    async def _pass_or_take(self, message: protocol.SubmitMessage) -> None:
+        held = self._bridge.engine.models if self._bridge is not None else {}
+        table, now = self.routing, time.monotonic()
+        for channel, until in list(self.unconfirmed.items()):
+            if until < now:
+                del self.unconfirmed[channel]
+            else:
+                table = without_worker(table, channel)
+        target = choose_worker(message["model"], self.channel_name, held, table)
+        if target is None:
+            await self._take(message)
+            return
+        # One hop at most: the receiver takes it whatever its table says.
+        await self.channel_layer.send(target, {**message, "routed": True, "route_ack": self.channel_name})
+        self._in_background(self._take_unless_confirmed(message, target))
 
     async def generation_route_ack(self, message: protocol.RouteAckMessage) -> None:
         self.passed.confirm(message["request_id"])
 
-    async def _take_unless_confirmed(self, message: protocol.SubmitMessage) -> None:
+    async def _take_unless_confirmed(self, message: protocol.SubmitMessage, target: str) -> None:
+        """A receiver that does not confirm died since the last heartbeat: it is left out of this worker's
+        choices until the catalog would call it lost, and the job goes to another holder (or is run here)."""
         if not await self.passed.confirmed(message["request_id"], self.config["ROUTE_ACK_TIMEOUT"]):
-            logger.warning("the worker %s was passed to did not confirm it; running it here", message["request_id"])
-            await self._take(message)
+            logger.warning("the worker %s was passed to did not confirm it; passing it on again or running it here",
+                           message["request_id"])
+            self.unconfirmed[target] = time.monotonic() + self.config["WORKER_LOST_AFTER"]
+            await self._pass_or_take(message)
 
     async def _take(self, message: protocol.SubmitMessage) -> None:
         if not await self.claims.first_time(message["request_id"]):

@@ -24,6 +24,12 @@ class RoutingTable(TypedDict):
 EMPTY_TABLE: RoutingTable = {"loaded": {}, "free": {}}
 
 
+def without_worker(table: RoutingTable, channel: str) -> RoutingTable:
+    """The table less a worker that did not confirm a job passed to it (dead since the last heartbeat)."""
+    return {"loaded": {repo: [c for c in channels if c != channel] for repo, channels in table["loaded"].items()},
+            "free": {c: free for c, free in table["free"].items() if c != channel}}
+
+
 def choose_worker(model: str, here: str, held: Container[str], table: RoutingTable) -> str | None:
     """Another worker's channel for a job this worker (channel `here`, holding `held`) should not take, else None.
 
