@@ -16,12 +16,12 @@ import wave
 import httpx
 import numpy as np
 import pytest
-import torch
 from openai import AsyncOpenAI
-from transformers import AutoModelForMultimodalLM, AutoProcessor
+from transformers import AutoModelForMultimodalLM
 
 from . import media_files
 from .conftest import TINY_AUDIO_LM, TINY_MODEL
+from .processor_reference import ProcessorReference
 from .test_errors import assert_openai_error
 
 MAX_TOKENS = 12
@@ -45,30 +45,9 @@ def mp3_samples(data: bytes) -> np.ndarray:
     return np.concatenate(pieces)
 
 
-class AudioReference:
-    def __init__(self, cache) -> None:
-        self.processor = AutoProcessor.from_pretrained(TINY_AUDIO_LM, cache_dir=cache, local_files_only=True)
-        self.model = AutoModelForMultimodalLM.from_pretrained(TINY_AUDIO_LM, cache_dir=cache, local_files_only=True)
-        self.model.eval()
-
-    def greedy(self, text: str, audios: list[np.ndarray]) -> list[int]:
-        content = [{"type": "audio", "audio": audio} for audio in audios] + [{"type": "text", "text": text}]
-        messages = [{"role": "user", "content": content}]
-        owner = self.processor if audios else self.processor.tokenizer
-        inputs = owner.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                           return_tensors="pt")
-        with torch.no_grad():
-            output = self.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
-                                         pad_token_id=self.processor.tokenizer.pad_token_id)
-        return output[0, inputs["input_ids"].shape[1]:].tolist()
-
-    def decode(self, ids: list[int]) -> str:
-        return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
-
-
 @pytest.fixture(scope="module")
-def audio_lm(media_cache) -> AudioReference:
-    return AudioReference(media_cache)
+def audio_lm(media_cache) -> ProcessorReference:
+    return ProcessorReference(TINY_AUDIO_LM, AutoModelForMultimodalLM, "audio", media_cache, MAX_TOKENS)
 
 
 def b64(data: bytes) -> str:

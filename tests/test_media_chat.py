@@ -14,45 +14,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-import torch
 from huggingface_hub import InferenceClient
 from openai import AsyncOpenAI
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText
 
 from . import media_files
 from .conftest import TINY_AUDIO_LM, TINY_MODEL, TINY_VLM, TINY_WHISPER
+from .processor_reference import ProcessorReference
 from .test_errors import assert_openai_error
 
 MAX_TOKENS = 12
 
 
-class VisionReference:
-    def __init__(self, cache) -> None:
-        self.processor = AutoProcessor.from_pretrained(TINY_VLM, cache_dir=cache, local_files_only=True)
-        self.model = AutoModelForImageTextToText.from_pretrained(TINY_VLM, cache_dir=cache, local_files_only=True)
-        self.model.eval()
-
-    def greedy(self, text: str, images: list) -> list[int]:
-        content = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": text}]
-        messages = [{"role": "user", "content": content}]
-        if images:
-            inputs = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=True, return_tensors="pt")
-        else:
-            inputs = self.processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                                  return_dict=True, return_tensors="pt")
-        with torch.no_grad():
-            output = self.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
-                                         pad_token_id=self.processor.tokenizer.pad_token_id)
-        return output[0, inputs["input_ids"].shape[1]:].tolist()
-
-    def decode(self, ids: list[int]) -> str:
-        return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
-
-
 @pytest.fixture(scope="module")
-def vision(media_cache) -> VisionReference:
-    return VisionReference(media_cache)
+def vision(media_cache) -> ProcessorReference:
+    return ProcessorReference(TINY_VLM, AutoModelForImageTextToText, "image", media_cache, MAX_TOKENS)
 
 
 def image_message(text: str, *urls: str, kind: str = "image_url") -> list[dict]:
