@@ -33,6 +33,18 @@ def record_streamed_lengths(page) -> None:
     }""")
 
 
+def record_open_reasoning(page) -> None:
+    """From now on, note in window.sawOpenReasoning whether a streaming answer showed its reasoning open."""
+    page.evaluate("""() => {
+        window.sawOpenReasoning = false;
+        new MutationObserver(() => {
+            if (document.querySelector('.message.assistant.streaming details.reasoning[open]')) {
+                window.sawOpenReasoning = true;
+            }
+        }).observe(document.getElementById('messages'), {subtree: true, childList: true, attributes: true});
+    }""")
+
+
 def send_message(page, text: str) -> None:
     """Send, and wait until the page has taken it (it counts its turns in body[data-turns])."""
     turns = int(page.get_attribute("body", "data-turns") or 0)

@@ -13,6 +13,7 @@ from .pages import (
     csrf_header,
     chat_settings,
     conversation_id,
+    record_open_reasoning,
     record_streamed_lengths,
     send_message,
     store_conversation,
@@ -146,9 +147,11 @@ def test_stop_cancels_the_generation_on_the_server(page_of, web_server):
 def test_reasoning_is_a_collapsible_block(page_of, web_server):
     page = page_of("alice")
     chat_settings(page, temperature=0, max_tokens=24, thinking="on")
+    record_open_reasoning(page)
     send_message(page, "Think first.")
-    page.wait_for_selector(".message.assistant.streaming details.reasoning[open]")
     wait_for_answer(page)
+    # A MutationObserver, not polling: a fast stream can be over before a poll sees it.
+    assert page.evaluate("() => window.sawOpenReasoning")
     reasoning = page.locator(".message.assistant details.reasoning")
     assert reasoning.get_attribute("open") is None  # collapsed once the answer is done
     page.click(".message.assistant details.reasoning summary")

@@ -197,7 +197,7 @@ function fillAnswer(node, message, live = false) {
   if (message.reasoning_content) {
     if (!reasoning) {
       reasoning = el("details", { className: "reasoning" }, el("summary"), el("div", { className: "text" }));
-      reasoning.open = live && !message.content;
+      reasoning.open = live;  // shown while streaming, even when the answer began in the same frame
       node.prepend(reasoning);
     }
     reasoning.querySelector("summary").textContent = live && !message.content ? "Thinking…" : "Reasoning";
