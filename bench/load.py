@@ -63,6 +63,20 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
+def _tokens_in(chunk) -> int:
+    """Tokens a streamed chunk brings: its `token_ids` where the server sends them (ours with
+    `return_token_ids`: a chunk per token, also one whose text is held back until its character is
+    whole), else 1 for a chunk with text. Inter-token latency is per token, as guidellm and
+    `vllm bench serve` count it, not per visible piece of text."""
+    if not chunk.choices:
+        return 0
+    choice = chunk.choices[0]
+    token_ids = getattr(choice, "token_ids", None)
+    if token_ids is not None:
+        return len(token_ids)
+    return 1 if choice.text else 0
+
+
 async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, extra: dict) -> RequestResult:
     result = RequestResult()
     started = time.perf_counter()
@@ -75,12 +89,13 @@ async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: i
         )
         async for chunk in stream:
             now = time.perf_counter()
-            if chunk.choices and chunk.choices[0].text:
+            arrived = _tokens_in(chunk)
+            if arrived:
                 chunks += 1
                 if result.ttft is None:
                     result.ttft = now - started
                 else:
-                    result.itls.append(now - last)
+                    result.itls.extend([(now - last) / arrived] * arrived)
                 last = now
             if getattr(chunk, "usage", None):
                 result.tokens = chunk.usage.completion_tokens

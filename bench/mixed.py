@@ -26,6 +26,9 @@ from .models import ensure_model, prepare_cache, prompt_ids
 from .servers import OurServer, PeerServer
 
 ROOT = Path(__file__).resolve().parent.parent
+# return_token_ids (as vLLM): a chunk for every token, so inter-token latency is per token.
+# The peer is sent no extra fields (it refuses keys it does not know).
+OURS_EXTRA = {"ignore_eos": True, "return_token_ids": True}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -121,8 +124,8 @@ def main(argv: list[str]) -> None:
         name = f"ours (prefill chunk {chunk})" if chunk else "ours"
         server = OurServer(cache, work / f"ours-{chunk}", **({"INFERENCE_PREFILL_CHUNK": chunk} if chunk else {}))
         try:
-            asyncio.run(arrivals(server.base_url, args.model, requests[:2], {"ignore_eos": True}))  # loads it
-            results["runs"][name] = summarize(asyncio.run(arrivals(server.base_url, args.model, requests, {"ignore_eos": True})))
+            asyncio.run(arrivals(server.base_url, args.model, requests[:2], OURS_EXTRA))  # loads it
+            results["runs"][name] = summarize(asyncio.run(arrivals(server.base_url, args.model, requests, OURS_EXTRA)))
         finally:
             server.stop()
         print(f"{name}: {results['runs'][name]}", flush=True)

@@ -242,10 +242,12 @@ INFERENCE = {
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
     # Continuous batching: sequences decoded together, requests that may wait beyond them
-    # (more get 503 + Retry-After at once), and prompt tokens prefilled per engine step.
+    # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
+    # streams are running, a step's prefill time as a multiple of its decode time (workers/prefill_pacing.py).
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
     "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
+    "PREFILL_SHARE": env_float("INFERENCE_PREFILL_SHARE", 0.5),
     # Structured outputs: a grammar compiling longer than this is a 400 (the engine never waits on
     # it), compiled grammars kept per worker, and the size/nesting a JSON schema may have.
     "GRAMMAR_TIMEOUT": env_float("INFERENCE_GRAMMAR_TIMEOUT", 10.0),

@@ -29,10 +29,23 @@ def prefill(model, ids: list[int]) -> tuple[DynamicCache, int]:
     return cache, int(logits[0, -1].argmax())
 
 
-def test_joins_leaves_and_moves_match_generate(reference):
+def nan_filled(allocate):
+    """torch.empty as it may behave: what the memory held before, here NaN everywhere."""
+    def allocate_nan(*args, **kwargs):
+        return allocate(*args, **kwargs).fill_(float("nan"))
+    return allocate_nan
+
+
+@pytest.mark.parametrize("row_slots,fresh_is_nan", [(4, False), (2, True), (32, True)])
+def test_joins_leaves_and_moves_match_generate(reference, monkeypatch, row_slots, fresh_is_nan):
+    """Also when fresh buffers hold NaN: every column a decode step reads was written first
+    (2 row slots: rows regrow; 32: reserved at once, as on CPU)."""
+    if fresh_is_nan:
+        monkeypatch.setattr(torch, "empty", nan_filled(torch.empty))
+        monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
     model = reference.model
     prompts = [reference.encode(p) for p in PROMPTS]
-    slab = SlabKV(model.config, torch.device("cpu"))
+    slab = SlabKV(model.config, torch.device("cpu"), row_slots)
     rows: list[int] = []  # prompt index of each batch row
     outputs: dict[int, list[int]] = {}
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""The prefill budget per engine step: about one decode step's time while streams run, everything otherwise."""
+"""The prefill budget per engine step: a share of one decode step's time while streams run, everything otherwise."""
 from __future__ import annotations
 
 from workers.prefill_pacing import LEAST_TOKENS, PrefillPacer
@@ -12,13 +12,17 @@ def test_with_nothing_to_decode_or_nothing_measured_a_step_takes_the_whole_chunk
     assert pacer.budget(decoding=False) == 512
 
 
-def test_while_streams_run_a_step_prefills_what_fits_in_one_decode_step():
-    pacer = PrefillPacer(512)
-    pacer.decoded(0.040)
+def test_while_streams_run_a_step_prefills_what_fits_in_its_share_of_a_decode_step():
+    pacer = PrefillPacer(512, decode_share=1.0)
+    pacer.decoded(0.100)
     pacer.prefilled(400, 0.200)  # 0.5 ms a token
-    assert pacer.budget(decoding=True) == 80
-    pacer.decoded(0.040 + 5 * 0.040)  # a slower decode step lets more in, through the moving average
-    assert pacer.budget(decoding=True) == 160
+    assert pacer.budget(decoding=True) == 200
+    pacer.decoded(0.100 + 5 * 0.100)  # a slower decode step lets more in, through the moving average
+    assert pacer.budget(decoding=True) == 400
+    half = PrefillPacer(512)  # the default: half a decode step
+    half.decoded(0.100)
+    half.prefilled(400, 0.200)
+    assert half.budget(decoding=True) == 100
     assert PrefillPacer(512, decode_share=0.5).budget(decoding=False) == 512
 
 

@@ -40,6 +40,7 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_queue: int = 256
     prefill_chunk: int = 512
+    prefill_share: float = 0.5  # prefill time per step while streams run, as a multiple of a decode step
     model_timeout: float = 300.0  # idle seconds before a model is unloaded
     memory_budget_bytes: int | None = None  # None: no budget
     grammar_timeout: float = 10.0  # seconds a structured-output grammar may take to compile
@@ -55,7 +56,8 @@ class EngineConfig:
         return cls(
             device=inference["DEVICE"], dtype=inference["DTYPE"], torch_threads=inference["TORCH_THREADS"],
             max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
-            prefill_chunk=inference["PREFILL_CHUNK"], model_timeout=inference["MODEL_TIMEOUT"],
+            prefill_chunk=inference["PREFILL_CHUNK"], prefill_share=inference["PREFILL_SHARE"],
+            model_timeout=inference["MODEL_TIMEOUT"],
             memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
             grammar_timeout=inference["GRAMMAR_TIMEOUT"], grammar_cache_size=inference["GRAMMAR_CACHE_SIZE"],
             kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,

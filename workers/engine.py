@@ -57,7 +57,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
                                     config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event),
-                                    prefix_cache_bytes=config.prefix_cache_bytes)
+                                    prefix_cache_bytes=config.prefix_cache_bytes, max_rows=config.max_num_seqs)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self.loader = Loader(self.manager, self._wake)
@@ -75,7 +75,7 @@ class Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
-        self.pacer = PrefillPacer(config.prefill_chunk)
+        self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
 
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
@@ -107,7 +107,7 @@ class Engine:
         totals = {"torch_threads": self.threads.threads if self.threads else 0,
                   "running_sequences": sum(runner.running for runner in runners),
                   "waiting_sequences": len(self.waiting),
-                  "kv_cache_bytes": sum(runner.batch.allocated_bytes() for runner in runners),
+                  "kv_cache_bytes": sum(runner.batch.used_bytes() for runner in runners),
                   "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
                   "prefix_cache_blocks": 0, "prefix_cache_bytes": 0}
         for runner in runners:

@@ -8,8 +8,17 @@ so every row ends at `end`. A decode step writes each row's new token at column
 `end` in place; a newcomer's prefilled cache is copied into a free row slot; a
 finished row's slot is refilled from the last row; trimming moves `start`. The
 buffers are only reallocated (one copy of the window) when the columns run out
-(growing by half the window, so amortised O(1) per token) or a prompt longer than
-`end` joins.
+(growing by half the window, so amortised O(1) per token), a prompt longer than
+`end` joins, or the row slots run out.
+
+Buffers are allocated empty, not zeroed: zero-filling gigabytes of spare rows
+and columns stalled every stream for seconds when a long prompt joined. Only
+columns inside the window are ever read, and each is written before it is read:
+a row's own tokens, decode steps' columns, and zeros written for a row's left
+padding. Keys/values there must be finite, as attention weighs padding by 0 and
+0 × NaN is NaN. On CPU the row slots are taken at once for the most rows the
+engine runs (`row_slots`): untouched pages cost no memory, and rows never have to
+be regrown by copying the whole cache.
 """
 from __future__ import annotations
 
@@ -41,9 +50,10 @@ class SlabLayer(DynamicLayer):
 
 
 class SlabKV:
-    def __init__(self, config, device: torch.device) -> None:
+    def __init__(self, config, device: torch.device, row_slots: int = 4) -> None:
         self.config = config
         self.device = device
+        self.first_row_slots = max(1, row_slots)
         self.keys: list[torch.Tensor] = []  # per layer [row slots, kv heads, columns, head dim]
         self.values: list[torch.Tensor] = []
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)  # [row slots, columns]: 1 = real token
@@ -59,8 +69,9 @@ class SlabKV:
     def length(self) -> int:
         return self.end - self.start
 
-    def allocated_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+    def used_bytes(self) -> int:
+        """Keys/values of the live rows' window (untouched spare slots and columns cost no memory on CPU)."""
+        return sum(t[:self.rows, :, self.start:self.end].numel() * t.element_size() for t in self.keys + self.values)
 
     # --- layout --------------------------------------------------------------
     def _reallocate(self, row_slots: int, left_room: int, columns: int) -> None:
@@ -69,8 +80,8 @@ class SlabKV:
         heads, dim, dtype = self.keys[0].shape[1], self.keys[0].shape[3], self.keys[0].dtype
         moved_keys, moved_values = [], []
         for old_keys, old_values in zip(self.keys, self.values):
-            new_keys = torch.zeros((row_slots, heads, columns, dim), dtype=dtype, device=self.device)
-            new_values = torch.zeros_like(new_keys)
+            new_keys = torch.empty((row_slots, heads, columns, dim), dtype=dtype, device=self.device)
+            new_values = torch.empty_like(new_keys)
             new_keys[:self.rows, :, left_room:left_room + window] = old_keys[:self.rows, :, self.start:self.end]
             new_values[:self.rows, :, left_room:left_room + window] = old_values[:self.rows, :, self.start:self.end]
             moved_keys.append(new_keys)
@@ -108,25 +119,34 @@ class SlabKV:
         self._ensure(self.rows + len(prefilled), max(new_lengths), 1)
         new_start = min(self.start, self.end - max(new_lengths))
         if new_start < self.start:  # older rows have nothing in the columns the window gains
-            self.mask[:self.rows, new_start:self.start] = 0
+            self._pad(slice(0, self.rows), new_start, self.start)
             self.start = new_start
         for row_tensors, length in zip(tensors, new_lengths):
             row = self.rows
+            self._pad(slice(row, row + 1), self.start, self.end - length)
             for index, (keys, values) in enumerate(row_tensors):
                 self.keys[index][row, :, self.end - length:self.end] = keys[0]
                 self.values[index][row, :, self.end - length:self.end] = values[0]
-            self.mask[row, self.start:self.end] = 0
             self.mask[row, self.end - length:self.end] = 1
             self.lengths.append(length)
         self._view()
 
+    def _pad(self, rows: slice, begin: int, end: int) -> None:
+        """Columns [begin, end) of these rows are left padding: masked out, and finite."""
+        if begin >= end:
+            return
+        self.mask[rows, begin:end] = 0
+        for keys, values in zip(self.keys, self.values):
+            keys[rows, :, begin:end] = 0
+            values[rows, :, begin:end] = 0
+
     def _first_allocation(self, layers: list[tuple[torch.Tensor, torch.Tensor]], rows: int, longest: int) -> None:
         columns = longest + 64 + longest // 2
-        slots = max(rows, 4)
+        slots = max(rows, self.first_row_slots)
         for keys, _ in layers:
             shape = (slots, keys.shape[1], columns, keys.shape[3])
-            self.keys.append(torch.zeros(shape, dtype=keys.dtype, device=self.device))
-            self.values.append(torch.zeros(shape, dtype=keys.dtype, device=self.device))
+            self.keys.append(torch.empty(shape, dtype=keys.dtype, device=self.device))
+            self.values.append(torch.empty(shape, dtype=keys.dtype, device=self.device))
         self.mask = torch.zeros((slots, columns), dtype=torch.long, device=self.device)
 
     def remove(self, dead: list[int]) -> list[int]:

@@ -44,8 +44,10 @@ class LoadPlan:
 
 class ModelManager:
     def __init__(self, device: str, dtype: str, prefill_chunk: int, default_timeout: float,
-                 budget_bytes: int | None, on_event: OnEvent | None = None, prefix_cache_bytes: int = 0) -> None:
+                 budget_bytes: int | None, on_event: OnEvent | None = None, prefix_cache_bytes: int = 0,
+                 max_rows: int = 32) -> None:
         self.device = device
+        self.max_rows = max_rows
         self.dtype = dtype
         self.prefill_chunk = prefill_chunk
         self.prefix_cache_bytes = prefix_cache_bytes
@@ -124,7 +126,7 @@ class ModelManager:
         # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
         # stream); after freezing, only what is new.
         gc.freeze()
-        self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes)
+        self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()

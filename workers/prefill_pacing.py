@@ -11,14 +11,14 @@ stays near twice the usual one; with nothing to decode, a step takes the whole
 from __future__ import annotations
 
 SMOOTHING = 0.2  # weight of the newest measurement in the moving averages
-LEAST_TOKENS = 32  # below this, per-forward overhead dominates and long prompts crawl
+LEAST_TOKENS = 64  # a forward of fewer costs about as much (weights are read once per forward): long prompts would crawl
 
 
 class PrefillPacer:
-    def __init__(self, most_tokens: int, decode_share: float = 1.0) -> None:
+    def __init__(self, most_tokens: int, decode_share: float = 0.5) -> None:
         self.most = max(1, most_tokens)
         self.least = min(LEAST_TOKENS, self.most)
-        self.share = decode_share  # prefill time per step, as a multiple of one decode step
+        self.share = max(0.0, decode_share)  # prefill time per step, as a multiple of one decode step
         self.decode_seconds: float | None = None
         self.seconds_per_token: float | None = None
 

@@ -18,11 +18,14 @@ from .sequences import Sequence
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256, prefix_cache_bytes: int = 0) -> None:
+    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256, prefix_cache_bytes: int = 0,
+                 max_rows: int = 32) -> None:
         self.loaded = loaded
         self.prefill_chunk = max(1, prefill_chunk)
         self.prefix_cache = PrefixCache(loaded.model.config, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self.batch = SlabKV(loaded.model.config, loaded.device)
+        # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
+        row_slots = max_rows if loaded.device.type == "cpu" else 4
+        self.batch = SlabKV(loaded.model.config, loaded.device, row_slots)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
         self.batchable = supports_batching(DynamicCache(config=loaded.model.config))

@@ -26,7 +26,7 @@ MODEL_KEYS: dict[str, Any] = {
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
     "chat_template_kwargs": dict, "reasoning": str, "model_timeout": NUMBER, "log_level": str,
-    "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int},
+    "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int, "prefill_share": NUMBER},
     "models": [MODEL_KEYS],
 }
 CLIENT_KEYS: dict[str, Any] = {
