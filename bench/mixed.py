@@ -4,15 +4,17 @@ Requests arrive at `--rate` per second (exponential gaps, as `vllm bench serve`
 and guidellm do), prompts of 32–2,048 tokens and outputs of 16–512 drawn
 uniformly from a seeded generator, each a streaming completion from the OpenAI
 SDK's async client. The same request list goes to ours (once per
-`--prefill-chunks` value, a fresh server each) and to `transformers serve
+`--prefill-chunks` × `--prefill-shares` value, a fresh server each) and to `transformers serve
 --continuous-batching`; raw `generate` applies only as `--raw`: the same requests
 one after another in-process (no arrivals, no batching), for throughput alone.
-Reports throughput (output tokens / wall), TTFT and inter-token latency p50/p99.
+Reports throughput (output tokens / wall), TTFT and inter-token latency p50/p99 (per token, as
+`bench/load.py` counts it).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import tempfile
@@ -40,6 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", default="32,2048", help="min,max prompt length")
     parser.add_argument("--output-tokens", default="16,512", help="min,max output length")
     parser.add_argument("--prefill-chunks", default="", help="INFERENCE_PREFILL_CHUNK values to run ours with, e.g. 128,512")
+    parser.add_argument("--prefill-shares", default="", help="INFERENCE_PREFILL_SHARE values to run ours with, e.g. 0.5,1.0")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--raw", action="store_true", help="also the same requests one by one with model.generate")
@@ -120,9 +123,13 @@ def main(argv: list[str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-mixed-"))
     results: dict = {"scenario": "mixed", "model": args.model, "rate": args.rate, "requests": args.requests,
                      "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens, "runs": {}}
-    for chunk in [c for c in args.prefill_chunks.split(",") if c] or [None]:
-        name = f"ours (prefill chunk {chunk})" if chunk else "ours"
-        server = OurServer(cache, work / f"ours-{chunk}", **({"INFERENCE_PREFILL_CHUNK": chunk} if chunk else {}))
+    chunks = [c for c in args.prefill_chunks.split(",") if c] or [None]
+    shares = [s for s in args.prefill_shares.split(",") if s] or [None]
+    for chunk, share in itertools.product(chunks, shares):
+        settings = {"INFERENCE_PREFILL_CHUNK": chunk, "INFERENCE_PREFILL_SHARE": share}
+        settings = {key: value for key, value in settings.items() if value}
+        name = "ours" + "".join(f" ({key[10:].lower().replace('_', ' ')} {value})" for key, value in settings.items())
+        server = OurServer(cache, work / f"ours-{chunk}-{share}", **settings)
         try:
             asyncio.run(arrivals(server.base_url, args.model, requests[:2], OURS_EXTRA))  # loads it
             results["runs"][name] = summarize(asyncio.run(arrivals(server.base_url, args.model, requests, OURS_EXTRA)))
