@@ -9,6 +9,8 @@ decode one token for every running sequence in one batched forward, publish one
 message per request, then prefill newcomers within a token budget and publish
 their first tokens at once (they decode with the batch from the next step).
 A transcription (workers.transcription) advances by one audio window per step.
+Which sequences run and the step's forwards are workers/scheduler.py's; this
+module owns jobs, models, control messages and publishing.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -24,16 +25,15 @@ import torch
 from . import protocol
 from .beam_search import BeamRunner
 from .config import EngineConfig
-from .constraints import sample_rows
 from .cpu_share import ThreadGovernor
 from .errors import JobError, ModelBusyError, ModelLoadError
 from .grammars import GrammarCompiler, PendingGrammars
 from .loading import LOAD_FINISHED, Listener, Loader, PendingLoad
 from .metrics import EngineMetrics
 from .model_manager import ModelManager
-from .prefill_pacing import PrefillPacer
 from .protocol import ModelRef
-from .sequences import Request, Sequence
+from .scheduler import Scheduler
+from .sequences import Request
 from .transcription import Transcription, is_audio_prompt
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ class Engine:
         self.name = name
         self.config = config
         self.max_num_seqs = config.max_num_seqs
-        self.prefill_chunk = config.prefill_chunk
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
                                     config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event),
@@ -66,8 +65,7 @@ class Engine:
                                         lambda: self._inbox.put(WAKE))
         self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Sequence] = deque()
-        self.prefilling: list[Sequence] = []
+        self.scheduler = Scheduler(self.runners, self.metrics, config)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled: dict[str, float] = {}
         self._outstanding = 0  # jobs submitted and not yet finished, for admission control
@@ -75,7 +73,6 @@ class Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
-        self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
 
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
@@ -106,7 +103,7 @@ class Engine:
         runners = list(self.runners.values())
         totals = {"torch_threads": self.threads.threads if self.threads else 0,
                   "running_sequences": sum(runner.running for runner in runners),
-                  "waiting_sequences": len(self.waiting),
+                  "waiting_sequences": len(self.scheduler.waiting),
                   "kv_cache_bytes": sum(runner.batch.used_bytes() for runner in runners),
                   "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
                   "prefix_cache_blocks": 0, "prefix_cache_bytes": 0}
@@ -161,7 +158,7 @@ class Engine:
                     # Hand the GIL over once per step so the event loop (HTTP, channel layer)
                     # is never starved by a fast model's Python-bound steps.
                     time.sleep(0)
-                self.metrics.queues(self.requests.values(), self.waiting)
+                self.metrics.queues(self.requests.values(), self.scheduler.waiting)
 
     def _drain_inbox(self, block: bool) -> None:
         messages = []
@@ -300,7 +297,7 @@ class Engine:
             self.beams.submit(request)  # beside the batch, in a thread of its own
             return
         self.requests[request.request_id] = request
-        self.waiting.extend(seq for seq in request.sequences if not seq.finished)
+        self.scheduler.waiting.extend(seq for seq in request.sequences if not seq.finished)
         self._publish(request)
 
     def _check_compiles(self) -> None:
@@ -341,19 +338,7 @@ class Engine:
         Newcomers' first tokens go out as soon as their prefill ends (time to first token is
         the prefill, not prefill + a decode step); they join the batch from the next step.
         """
-        for runner in self.runners.values():
-            runner.drop_finished()
-        self._let_waiting_in()
-        decoded = []
-        started = time.perf_counter()
-        for runner in self.runners.values():
-            pairs = runner.decode()
-            sample_rows(pairs)
-            decoded.extend(seq for seq, _ in pairs)
-        self.metrics.step(len(decoded))
-        self.metrics.tokens(decoded)
-        if decoded:
-            self.pacer.decoded(time.perf_counter() - started)
+        decoded = self.scheduler.decode()
         for request in list(self.requests.values()):
             if isinstance(request, Transcription):
                 try:
@@ -362,103 +347,12 @@ class Engine:
                     logger.exception("transcription %s failed", request.request_id)
                     self._fail(request)
         self._publish_all()
-        if self._prefill(self.pacer.budget(bool(decoded))):
+        if self.scheduler.prefill(bool(decoded)):
             self._publish_all()
 
     def _publish_all(self) -> None:
         for request in list(self.requests.values()):
             self._publish(request)
-
-    def _let_waiting_in(self) -> None:
-        """In arrival order, while a sequence slot is free and its KV reservation fits the budget."""
-        self.prefilling = [seq for seq in self.prefilling if not seq.finished]
-        running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
-        budget = self.config.kv_budget_bytes
-        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self._in_flight())
-        while self.waiting and running < self.max_num_seqs:
-            seq = self.waiting[0]
-            if seq.finished:
-                self.waiting.popleft()
-                continue
-            needed = 0 if budget is None else self._kv_reservation(seq)
-            if budget is not None and running and reserved + needed > budget:
-                break  # it waits for running sequences to finish (alone, it always runs)
-            self.waiting.popleft()
-            self.prefilling.append(seq)
-            self.metrics.scheduled(seq.request)
-            running += 1
-            reserved += needed
-
-    def _in_flight(self) -> list[Sequence]:
-        return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
-
-    def _kv_reservation(self, seq: Sequence) -> int:
-        """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
-        runner = self.runners.get(seq.request.model_name)
-        return 0 if runner is None else (len(seq.prompt_ids) + seq.max_tokens) * runner.kv_bytes_per_token
-
-    def _prefill(self, budget: int) -> bool:
-        """Spend at most `budget` prompt tokens this step; whether any prompt finished its prefill.
-
-        Short prompts are prefilled together in one padded forward; a long prompt
-        (or one whose every position must be scored) goes alone, in chunks.
-        Choices of one prompt share its prefill.
-        """
-        began, planned = time.perf_counter(), budget
-        started = [s for s in self.prefilling if s.state is not None and not s.finished]
-        fresh: list[Sequence] = []
-        for seq in self.prefilling:
-            if seq.state is None and not seq.finished and not any(
-                    f.request is seq.request and f.prompt_index == seq.prompt_index for f in fresh):
-                fresh.append(seq)
-        done: list[tuple[Sequence, torch.Tensor]] = []
-        for seq in started:  # a long prompt already under way continues first
-            used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
-            budget -= used
-            if logits is not None:
-                done.append((seq, logits))
-        together: dict[str, list[Sequence]] = {}
-        for seq in fresh:
-            if budget <= 0:
-                break
-            runner = self.runners[seq.request.model_name]
-            cached = runner.attach_prefix(seq)
-            if cached is not None:
-                self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
-            if cached or seq.wants_prompt_logprobs or seq.media_inputs is not None or len(seq.prompt_ids) > budget:
-                used, logits = runner.prefill(seq, budget)
-                budget -= used
-                if logits is not None:
-                    done.append((seq, logits))
-            else:
-                together.setdefault(seq.request.model_name, []).append(seq)
-                budget -= len(seq.prompt_ids)
-        for name, sequences in together.items():
-            done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
-        self.pacer.prefilled(planned - budget, time.perf_counter() - began)
-        self._start_decoding(done)
-        return bool(done)
-
-    def _start_decoding(self, done: list[tuple[Sequence, torch.Tensor]]) -> None:
-        """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""
-        first: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
-        for seq, logits in done:
-            runner = self.runners[seq.request.model_name]
-            runner.remember_prefix(seq)
-            group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
-                             and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
-            for sibling in group[1:]:
-                runner.share_prefill(seq, sibling)
-            for member in group:
-                if member.max_tokens == 0:  # the prompt was only scored
-                    member.finish("length")
-            first.setdefault(seq.request.model_name, []).extend(
-                (member, logits) for member in group if not member.finished)
-            self.prefilling = [s for s in self.prefilling if s not in group]
-        for name, pairs in first.items():
-            sample_rows(pairs)
-            self.metrics.tokens([member for member, _ in pairs])
-            self.runners[name].join([member for member, _ in pairs if not member.finished])
 
     def _fail(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
