@@ -88,7 +88,11 @@ def test_a_killed_worker_fails_fast_and_its_waiting_jobs_move(catalog_cache, tmp
             assert stream.events[-1][1] == "[DONE]"
         assert [usage_of(s)["completion_tokens"] for s in waiting] == [40] * 3
         assert other.log().count(f"loaded {TINY_MODEL}@main on") == 1  # the survivor took the moved jobs
-        assert "did not confirm it" in other.log()
+        # The late job went to the survivor, which passed it to the dead holder, saw no confirmation and
+        # ran it; or the dying worker's pending pop took it from Redis as it died, and the web sent it again.
+        late_id = late.json()["id"].split("~")[0]
+        assert "did not confirm it" in other.log() or f"the worker of {late_id} went silent" in web.log(), \
+            (other.log()[-3000:], web.log()[-3000:])
     finally:
         for worker in workers:
             worker.stop()
