@@ -20,7 +20,7 @@ def configured(hf_cache, reference, tmp_path_factory):
     prompt = reference.encode("Once upon a time")
     free = reference.decode(reference.greedy(prompt, 24))
     stop = free[len(free) // 2: len(free) // 2 + 3]
-    config = {"port": 1, "auth": False, "batching": {"max-num-seqs": 4},
+    config = {"port": 1, "auth": False, "batching": {"max-num-seqs": 4, "prefill-share": 0.75},
               "models": [{"name": TINY_MODEL, "preload": True, "stop": [stop],
                           "generation-defaults": {"temperature": 0}}]}
     (work / "server.yaml").write_text(yaml.safe_dump(config))

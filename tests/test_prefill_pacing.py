@@ -35,3 +35,11 @@ def test_the_budget_stays_between_the_floor_and_the_chunk():
     pacer.decoded(100.0)
     assert pacer.budget(decoding=True) == 512
     assert PrefillPacer(8).budget(decoding=True) == 8
+
+
+def test_the_share_setting_reaches_the_engines_pacer(settings):
+    from workers.config import EngineConfig
+    from workers.engine import Engine
+
+    config = EngineConfig.from_settings({**settings.INFERENCE, "PREFILL_SHARE": 0.25})
+    assert Engine(lambda channel, message: None, config).scheduler.pacer.share == 0.25
