@@ -20,7 +20,7 @@ def ensure_model(model: str, size: str, cache: Path) -> None:
 
     if cache.is_dir() and any(repo.repo_id == model for repo in scan_cache_dir(cache).repos):
         return
-    from workers.tiny_models import build_tiny_model
+    from workers.tiny.builders import build_tiny_model
 
     print(f"building {model} ({size}) into {cache}")
     build_tiny_model(model, size=size, cache_dir=cache)

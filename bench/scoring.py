@@ -82,7 +82,7 @@ def main(argv: list[str]) -> None:
         for index in range(args.repeats):
             forward = raw.seconds()
             # The baseline just kept both cores busy from another process, and the server gives up
-            # torch threads to such work (workers/cpu_share.py): let it see the quiet machine first.
+            # torch threads to such work (workers/engine/cpu_share.py): let it see the quiet machine first.
             time.sleep(SETTLE_SECONDS)
             ours = score_seconds(client, args.model, ids, args.logprobs)
             rounds.append({"forward_s": round(forward, 3), "ours_s": round(ours, 3), "ratio": round(ours / forward, 2)})

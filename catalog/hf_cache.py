@@ -13,7 +13,7 @@ from pathlib import Path
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
-from workers.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind
+from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind
 
 SCAN_TTL_SECONDS = 2.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-# The sampling defaults a worker takes from generation_config.json (workers.sampling.MODEL_DEFAULT_KEYS,
+# The sampling defaults a worker takes from generation_config.json (workers.engine.sampling.MODEL_DEFAULT_KEYS,
 # repeated here so the web side never imports torch).
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty", "stop")
 

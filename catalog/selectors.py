@@ -7,8 +7,8 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from workers.hub import hub_reachable
-from workers.protocol import ModelRef
+from protocol.hub import hub_reachable
+from protocol import ModelRef
 
 from .errors import ModelDisabled, ModelNotFound
 from .hf_cache import CacheEntry, cached_served_models
@@ -58,7 +58,7 @@ def canonical_repo_id(name: str) -> str:
 
 
 def model_settings_map() -> dict[str, dict]:
-    """Per-model settings as workers take them (workers.protocol ModelSettings)."""
+    """Per-model settings as workers take them (protocol ModelSettings)."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults")
     return {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
             for row in CachedModel.objects.filter(gone=False).values(*fields)}

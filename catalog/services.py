@@ -1,7 +1,7 @@
 """Everything that changes the catalog: scans, admin decisions, and what workers report.
 
 Admin actions, commands and views call these; decisions that a worker must act on
-go out as `workers.protocol` control messages over the channel layer.
+go out as `protocol` control messages over the channel layer.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from django.utils import timezone
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
-from workers import protocol
+import protocol
 
 from . import hf_cache, selectors
 from .errors import ModelNotFound, NoWorker

@@ -46,7 +46,7 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter  # noqa: E402
 
 from inference_site.guard import RequestGuard  # noqa: E402
 
-from workers.consumers import InferenceConsumer  # noqa: E402
+from workers.adapter.consumers import InferenceConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

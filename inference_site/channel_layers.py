@@ -13,14 +13,8 @@ from copy import deepcopy
 
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
-from redis import exceptions as redis_exceptions
 
 CLEAN_INTERVAL_SECONDS = 1.0
-
-# What a channel layer raises while its server is unreachable (channels-redis: redis-py's errors).
-LAYER_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, redis_exceptions.BusyLoadingError,
-)
 
 
 class HandoverInMemoryChannelLayer(InMemoryChannelLayer):

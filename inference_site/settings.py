@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "openai_api",
     "workers",
     "webui",
+    "inference_site",  # the composition root's commands: serve, client
 ]
 
 MIDDLEWARE = [
@@ -243,7 +244,7 @@ INFERENCE = {
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
     # Continuous batching: sequences decoded together, requests that may wait beyond them
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
-    # streams are running, a step's prefill time as a multiple of its decode time (workers/prefill_pacing.py).
+    # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/prefill_pacing.py).
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
     "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from rest_framework.response import Response
 
-from workers.protocol import ChoiceDelta, Logprobs, Started
+from protocol import ChoiceDelta, Logprobs, Started
 
 from .base import GenerationView, sse_response
 from .completions import usage_body

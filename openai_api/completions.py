@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from rest_framework.response import Response
 
-from workers.protocol import ChoiceDelta, Usage
+from protocol import ChoiceDelta, Usage
 
 from .base import GenerationView, sse_response
 from .generation import Collected, GenerationStream

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from catalog.errors import CatalogError
 from teams.metering import LimitExceeded
-from inference_site.channel_layers import LAYER_ERRORS
+from protocol.layer_errors import LAYER_ERRORS
 
 logger = logging.getLogger(__name__)
 

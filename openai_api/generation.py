@@ -1,7 +1,7 @@
 """The web side of the request path: a job goes out on the channel layer, events come back.
 
 Views use `open_generation(...)` and iterate the returned stream; they never see
-torch or the engine, only the plain messages of `workers.protocol`. A stream opened with a
+torch or the engine, only the plain messages of `protocol`. A stream opened with a
 team meter (`teams.metering.RequestMeter`) is admitted before its job goes out, reserves its
 tokens once the worker has counted the prompt, and settles and writes its ledger row when it
 closes: `cancel()` ends every request, whichever way it went.
@@ -19,7 +19,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from teams.metering import LimitExceeded, RequestMeter
-from workers import protocol
+import protocol
 
 from .errors import APIError
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 
-from workers import protocol
+import protocol
 
 from .errors import SERVICE_RETRY_AFTER, error_body
 

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from catalog import services
 from catalog.errors import ModelNotFound, NoWorker
 from catalog.selectors import live_workers
-from workers import protocol
+import protocol
 
 from .base import OpenAIView, resolve_model, sse_frame
 from .errors import APIError

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from rest_framework.response import Response
 
-from workers.protocol import ChoiceDelta, Usage
+from protocol import ChoiceDelta, Usage
 
 from .base import GenerationView, sse_response
 from .chat import parser_for

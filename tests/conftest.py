@@ -8,7 +8,7 @@ import openai
 from openai import AsyncOpenAI, OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.tiny_models import build_tiny_model
+from workers.tiny.builders import build_tiny_model
 
 from .live_server import LiveServer, base_env
 
@@ -97,7 +97,7 @@ THINKING_GENERATION_PROMPT = """{%- if add_generation_prompt %}
 
 @pytest.fixture(scope="session")
 def thinking_template(tmp_path_factory) -> Path:
-    from workers.tiny_models import CHAT_TEMPLATE_PATH
+    from workers.tiny.builders import CHAT_TEMPLATE_PATH
 
     base = CHAT_TEMPLATE_PATH.read_text()
     path = tmp_path_factory.mktemp("templates") / "thinking.jinja"
@@ -123,7 +123,7 @@ TINY_AUDIO_LM = "local/tiny-audio-lm"
 @pytest.fixture(scope="session")
 def media_cache(tmp_path_factory) -> Path:
     """A cache with the text model, the vision-language model, the audio-language model and the Whisper."""
-    from workers.tiny_multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
+    from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 
     cache = tmp_path_factory.mktemp("hf-media-cache")
     build_tiny_model(TINY_MODEL, size="tiny", cache_dir=cache)

@@ -15,8 +15,8 @@ from catalog import hf_cache, selectors, services
 from catalog.errors import ModelDisabled
 from catalog.models import CachedModel, LoadEvent, ModelLoad, Worker
 from openai_api.errors import catalog_error
-from workers import protocol
-from workers.tiny_models import build_non_causal_model, build_tiny_model
+import protocol
+from workers.tiny.builders import build_non_causal_model, build_tiny_model
 
 pytestmark = pytest.mark.django_db
 CHANGELIST = "/admin/catalog/cachedmodel/"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from workers.tiny_models import build_non_causal_model, build_tiny_model
+from workers.tiny.builders import build_non_causal_model, build_tiny_model
 
 from .live_server import ROOT, LiveServer, base_env
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from workers.cpu_share import ThreadGovernor
+from workers.engine.cpu_share import ThreadGovernor
 
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from workers.tiny_models import build_tiny_model
+from workers.tiny.builders import build_tiny_model
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env

@@ -5,7 +5,7 @@ import json
 
 import httpx
 
-from workers.tiny_models import build_tiny_model
+from workers.tiny.builders import build_tiny_model
 
 from .conftest import Reference
 from .live_server import LiveServer, base_env

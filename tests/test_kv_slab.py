@@ -10,10 +10,10 @@ import torch
 from huggingface_hub import constants
 from transformers import DynamicCache
 
-from workers import protocol
-from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.kv_slab import SlabKV
+import protocol
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.engine.kv.slab import SlabKV
 
 from .conftest import TINY_MODEL
 

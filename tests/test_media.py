@@ -1,11 +1,11 @@
-"""workers.media without a server: data URLs, decoding, frame sampling (files generated here)."""
+"""workers.media.decoding without a server: data URLs, decoding, frame sampling (files generated here)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from workers.config import MediaSettings
-from workers.media import MediaError, decode_audio, decode_image, decode_video, frame_indices, read_url
+from workers.media.limits import MediaSettings
+from workers.media.decoding import MediaError, decode_audio, decode_image, decode_video, frame_indices, read_url
 
 from . import media_files
 

@@ -7,10 +7,10 @@ import pytest
 from huggingface_hub import constants
 from prometheus_client import REGISTRY
 
-from workers import protocol
-from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.prefix_cache import BLOCK_TOKENS
+import protocol
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.engine.kv.prefix_cache import BLOCK_TOKENS
 
 from .conftest import TINY_MODEL
 from .test_engine import Outbox, finished

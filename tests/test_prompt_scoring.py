@@ -8,11 +8,11 @@ import pytest
 import torch
 from huggingface_hub import constants
 
-from workers import protocol
-from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.prompt_scoring import PrefixOffsets
-from workers.token_text import TokenText, settled_length
+import protocol
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.engine.prompt_scoring import PrefixOffsets
+from workers.engine.token_text import TokenText, settled_length
 
 from .conftest import TINY_MODEL
 from .test_engine import Outbox, finished

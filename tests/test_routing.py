@@ -1,7 +1,7 @@
-"""Where a job goes (workers.routing, pure): the holder of its model, never a worker left out."""
+"""Where a job goes (workers.adapter.routing, pure): the holder of its model, never a worker left out."""
 from __future__ import annotations
 
-from workers.routing import choose_worker, without_worker
+from workers.adapter.routing import choose_worker, without_worker
 
 TABLE = {"loaded": {"local/tiny-llama": ["dead", "alive"]}, "free": {"here": 100.0, "dead": 50.0, "alive": 10.0}}
 

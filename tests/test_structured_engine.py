@@ -16,9 +16,9 @@ import pytest
 import torch
 from huggingface_hub import constants
 
-from workers import protocol
-from workers.config import EngineConfig
-from workers.engine import Engine
+import protocol
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
 
 from .conftest import TINY_MODEL
 from .test_engine import Outbox, finished

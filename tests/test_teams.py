@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from workers.tiny_models import build_tiny_model
+from workers.tiny.builders import build_tiny_model
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env

@@ -1,4 +1,4 @@
-"""Tests for the offline tiny-model builder (workers/tiny_models.py).
+"""Tests for the offline tiny-model builder (workers/tiny/builders.py).
 
 No Django needed: run with ``python -m pytest -q tests/test_tiny_models.py -p no:django``.
 """
@@ -17,7 +17,7 @@ import pytest
 import torch
 from huggingface_hub import scan_cache_dir
 
-from workers.tiny_models import build_non_causal_model, build_tiny_model
+from workers.tiny.builders import build_non_causal_model, build_tiny_model
 
 REPO = "local/tiny-llama"
 PROMPTS = [

@@ -10,7 +10,7 @@ import math
 from django.http import QueryDict
 from rest_framework import serializers
 
-from workers.protocol import AudioPrompt, JobParams, to_job_params
+from protocol import AudioPrompt, JobParams, to_job_params
 
 from .content import invalid
 from .fields import RejectUnknownFieldsMixin

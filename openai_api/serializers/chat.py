@@ -9,7 +9,7 @@ import json
 
 from rest_framework import serializers
 
-from workers.protocol import Conversation, JobParams, to_job_params
+from protocol import Conversation, JobParams, to_job_params
 
 from .content import invalid, message_content
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
@@ -190,7 +190,7 @@ class ConversationSerializer(serializers.Serializer):
                 raise invalid("continue_final_message", "continue_final_message needs a final assistant message.")
 
     def conversation(self, extra_kwargs: dict | None = None) -> Conversation:
-        """The job prompt (see workers.protocol) for these messages."""
+        """The job prompt (see protocol) for these messages."""
         data = self.validated_data
         return {
             "messages": data["messages"],

@@ -2,7 +2,7 @@
 
 Text parts join into a string (as vLLM) unless the message holds media; then the content
 stays a list of `{"type": "text", "text"}` and media parts `{"type": "image" | "video" |
-"audio", "url", "format"?}` (workers.protocol.MediaPart). URLs are only checked for their
+"audio", "url", "format"?}` (protocol.MediaPart). URLs are only checked for their
 shape here: the worker reads them (data: decoded, http(s) fetched within limits), decodes
 them and answers 400/413 for what it cannot use.
 """

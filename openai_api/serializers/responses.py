@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from workers.protocol import Conversation, JobParams, to_job_params
+from protocol import Conversation, JobParams, to_job_params
 
 from .chat import TemplateKwargsField, clean_message, clean_tool, invalid
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField

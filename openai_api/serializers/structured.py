@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from rest_framework import serializers
 
-from workers.protocol import JobParams, Structured
+from protocol import JobParams, Structured
 
 TOOL_CALL_TAG = "<tool_call>"
 STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from workers.protocol import Conversation, JobParams, TextPrompt, TokenIdsPrompt
+from protocol import Conversation, JobParams, TextPrompt, TokenIdsPrompt
 
 from .chat import ConversationSerializer, MessagesField, invalid
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField

@@ -9,7 +9,7 @@ from django.core.management.base import CommandError
 from catalog import services
 from catalog.errors import CatalogError, NoWorker
 from catalog.selectors import resolve_model_id
-from workers import protocol
+import protocol
 
 
 def resolve(name: str) -> str:

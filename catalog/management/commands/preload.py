@@ -2,7 +2,7 @@ import asyncio
 
 from django.core.management.base import BaseCommand, CommandError
 
-from workers import protocol
+import protocol
 
 from ._control import control, resolve
 

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
-from workers.tiny_models import build_tiny_model
-from workers.tiny_multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
+from workers.tiny.builders import build_tiny_model
+from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 
 
 class Command(BaseCommand):

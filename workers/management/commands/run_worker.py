@@ -4,7 +4,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from workers.runtime import run_worker
+from workers.adapter.runtime import run_worker
 
 
 class Command(BaseCommand):

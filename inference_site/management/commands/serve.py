@@ -1,0 +1,182 @@
+"""`manage.py serve`: the embedded default — Daphne, SQLite, in-process channel layer, one worker beside it."""
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import daphne.server  # noqa: F401  (installs the asyncio Twisted reactor before anything imports one)
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from catalog.hf_cache import cached_served_models
+from inference_site import http_limits
+
+from ..config_files import SERVER_KEYS, load_config, merged_options
+
+# Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
+ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
+                   ("max_num_seqs", "MAX_NUM_SEQS"), ("max_queue", "MAX_QUEUE"), ("prefill_chunk", "PREFILL_CHUNK"),
+                   ("prefill_share", "PREFILL_SHARE"))
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Serve the OpenAI-compatible API with a generation worker in the same process."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
+        parser.add_argument("--host", help="default 127.0.0.1")
+        parser.add_argument("--port", type=int, help="default 8000")
+        parser.add_argument("--device", help="auto, cpu, cuda, cuda:1…")
+        parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"))
+        parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
+        parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
+        parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
+        parser.add_argument("--chat-template-kwargs", metavar="JSON", help='default template kwargs, e.g. \'{"enable_thinking": false}\'')
+        parser.add_argument("--model-timeout", type=float, metavar="SECONDS",
+                            help="unload a model idle this long (default 300; -1: never)")
+        parser.add_argument("--reasoning", choices=("auto", "on", "off"), help="on/off set enable_thinking in the template")
+
+    def handle(self, *args, no_worker: bool, **options):
+        config = load_config(options["config"], SERVER_KEYS) if options.get("config") else {}
+        options = merged_options(options, {**config, **config.get("batching", {})}, {"host": "127.0.0.1", "port": 8000})
+        host, port = options["host"], options["port"]
+        no_auth = options["no_auth"] or config.get("auth") is False
+        kwargs = options.get("chat_template_kwargs")
+        self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
+                             options.get("reasoning"))
+        for key, setting in ENGINE_SETTINGS:  # settings, and env for workers started from here
+            if options.get(key) is not None:
+                settings.INFERENCE[setting] = options[key]
+                os.environ[f"INFERENCE_{setting}"] = str(options[key])
+        call_command("migrate", interactive=False, verbosity=0)
+        if not no_worker:
+            self._ensure_a_model()
+        from catalog.services import scan_cache
+
+        self.stdout.write(f"Model catalog: {scan_cache()}")
+        if config.get("models"):
+            self._configure_models(config["models"])
+        self._announce_auth(port, no_auth)
+        self._allow_host(host)
+        http_limits.install()
+        from inference_site.asgi import application
+
+        def start_worker() -> None:
+            from catalog.periodic import maintain_catalog
+
+            asyncio.get_event_loop().create_task(maintain_catalog())
+            if not no_worker:
+                from workers.adapter.runtime import run_worker
+
+                asyncio.get_event_loop().create_task(run_worker())
+            self.stdout.write(f"Serving on http://{host}:{port}/v1  (health: http://{host}:{port}/health)")
+            self.stdout.flush()
+
+        server = Server(
+            application=application,
+            endpoints=[f"{endpoint}:backlog={settings.INFERENCE['LISTEN_BACKLOG']}"
+                       for endpoint in build_endpoint_description_strings(host=host, port=port)],
+            http_timeout=None,
+            ready_callable=start_worker,
+            verbosity=0,
+            application_close_timeout=10,
+        )
+        server.run()
+        if not no_worker:  # a clean shutdown says so: nothing is routed to this process's channel again
+            from workers.adapter.runtime import mark_stopped
+
+            mark_stopped()
+
+    def _configure_chat(self, template: str | None, kwargs: str | None, reasoning: str | None) -> None:
+        """Chat flags become settings (and env, for workers started from here); bad values stop the start."""
+        values = {}
+        if template:
+            path = Path(template).expanduser().resolve()
+            if not path.is_file():
+                raise CommandError(f"--chat-template: no such file: {path}")
+            values["CHAT_TEMPLATE"] = str(path)
+        if kwargs:
+            try:
+                parsed = json.loads(kwargs)
+            except ValueError as exc:
+                raise CommandError(f"--chat-template-kwargs is not JSON: {exc}") from exc
+            if not isinstance(parsed, dict):
+                raise CommandError("--chat-template-kwargs must be a JSON object.")
+            values["CHAT_TEMPLATE_KWARGS"] = kwargs
+        if reasoning:
+            values["REASONING"] = reasoning
+        for key, value in values.items():
+            settings.INFERENCE[key] = value
+            os.environ[f"INFERENCE_{key}"] = value
+
+    def _allow_host(self, host: str) -> None:
+        """The address served on is a valid Host (unless DJANGO_ALLOWED_HOSTS says exactly which are)."""
+        if os.environ.get("DJANGO_ALLOWED_HOSTS"):
+            return
+        if host in ("0.0.0.0", "::"):
+            import socket
+
+            names = {socket.gethostname(), socket.getfqdn()}
+            self.stderr.write(self.style.WARNING(
+                f"Serving on every interface: requests must name this host ({', '.join(sorted(names))}) or "
+                "localhost; set DJANGO_ALLOWED_HOSTS to the names clients use."))
+        else:
+            names = {f"[{host}]" if ":" in host else host}
+        settings.ALLOWED_HOSTS.extend(sorted(names - set(settings.ALLOWED_HOSTS)))
+
+    def _configure_models(self, entries: list[dict]) -> None:
+        """The config file's per-model settings go into the catalog (chat templates are read from their files)."""
+        from django.core.exceptions import ValidationError
+
+        from catalog.errors import ModelNotFound
+        from catalog.services import configure_models
+
+        for entry in entries:
+            if entry.get("chat_template"):
+                path = Path(entry["chat_template"]).expanduser()
+                if not path.is_file():
+                    raise CommandError(f"models[{entry['name']}].chat_template: no such file: {path}")
+                entry["chat_template"] = path.read_text()
+        try:
+            configured = configure_models(entries)
+        except ModelNotFound as exc:
+            raise CommandError(f"--config: models: {exc.message} (not in the Hugging Face cache)") from exc
+        except ValidationError as exc:
+            raise CommandError(f"--config: models: {'; '.join(exc.messages)}") from exc
+        self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
+
+    def _ensure_a_model(self) -> None:
+        if cached_served_models():
+            return
+        name = settings.INFERENCE["DEFAULT_MODEL"]
+        self.stdout.write(f"No model to serve in the Hugging Face cache: building {name} offline (random weights)…")
+        call_command("create_tiny_model", name)
+
+    def _announce_auth(self, port: int, no_auth: bool) -> None:
+        if no_auth:
+            settings.INFERENCE["AUTH_ENABLED"] = False
+        if not settings.INFERENCE["AUTH_ENABLED"]:
+            self.stderr.write(self.style.WARNING(
+                "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
+            ))
+            return
+        from teams.services import ensure_local_key
+
+        raw_key, path, created = ensure_local_key(port)
+        if created and sys.stdout.isatty():
+            # Once, to the terminal only: a redirected stdout is a log file, and keys never go into logs.
+            self.stdout.write(f"Created an API key for local use: {raw_key}")
+        elif created:
+            self.stdout.write(f"Created an API key for local use in {path}")
+        else:
+            self.stdout.write(f"Using the API key in {path}")
+        self.stdout.write(f"API key file (mode 0600): {path}")
+        self.stdout.write(f'Send it as "Authorization: Bearer <key>", e.g. export OPENAI_API_KEY=$(cat {path})')
+        sys.stdout.flush()

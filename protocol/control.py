@@ -1,0 +1,112 @@
+"""Model control and health on the wire: loads, unloads, settings, progress, ping."""
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+MODEL_LOAD = "model.load"
+MODEL_UNLOAD = "model.unload"
+MODEL_SETTINGS = "model.settings"
+MODEL_ACCEPTED = "model.accepted"
+MODEL_PROGRESS = "model.progress"
+# ModelChange types: what a worker's model manager did, for the catalog.
+MODEL_LOADING = "model.loading"
+MODEL_LOADED = "model.loaded"
+MODEL_LOAD_FAILED = "model.load_failed"
+MODEL_UNLOADED = "model.unloaded"
+PING = "worker.ping"
+PONG = "worker.pong"
+LOAD_STAGES = ("processor", "config", "download", "weights")
+
+
+class ModelSettings(TypedDict):
+    """One model's catalog settings as workers take them (the whole map replaces the last one)."""
+
+    enabled: bool
+    idle_timeout: int | None
+    preload: bool
+    dtype: str
+    device: str
+    chat_template: str
+    generation_defaults: dict[str, Any]
+
+
+class ControlMessage(TypedDict):
+    type: Literal["model.load", "model.unload"]
+    model: str  # ModelRef.key
+    reply_channel: str | None
+    requested_by: str
+
+
+class SettingsMessage(TypedDict):
+    type: Literal["model.settings"]
+    settings: dict[str, ModelSettings]  # by repo id
+
+
+class ControlAccepted(TypedDict):
+    type: Literal["model.accepted"]
+    worker: str
+
+
+class ModelEvent(TypedDict):
+    """One step of a load or unload, exactly /load_model's SSE payload.
+
+    {"status": "loading", "model", "stage", "progress"?} then {"status": "ready", "model", "cached"}
+    or {"status": "error", "model", "message", "code"}; an unload ends "unloaded" or "not_loaded".
+    """
+
+    status: Literal["loading", "ready", "error", "unloaded", "not_loaded"]
+    model: str
+    stage: NotRequired[str]
+    progress: NotRequired[dict[str, int]]
+    cached: NotRequired[bool]
+    message: NotRequired[str]
+    code: NotRequired[str]
+
+
+class ProgressMessage(TypedDict):
+    type: Literal["model.progress"]
+    worker: str
+    event: ModelEvent
+
+
+class ModelChange(TypedDict):
+    """A load or unload a worker's model manager did, for the catalog's records."""
+
+    type: Literal["model.loading", "model.loaded", "model.load_failed", "model.unloaded"]
+    model: str
+    requested_by: str
+    duration_s: NotRequired[float]
+    error: NotRequired[str]
+    memory_bytes: NotRequired[int]
+
+
+def control_message(kind: str, model: str, reply_channel: str | None = None, requested_by: str = "") -> ControlMessage:
+    """A model.load / model.unload request."""
+    if kind not in (MODEL_LOAD, MODEL_UNLOAD):
+        raise ValueError(f"not a model control message: {kind}")
+    return {"type": kind, "model": model, "reply_channel": reply_channel, "requested_by": requested_by}
+
+
+def progress_message(worker: str, event: ModelEvent) -> ProgressMessage:
+    return {"type": MODEL_PROGRESS, "worker": worker, "event": event}
+
+
+def is_terminal(event: ModelEvent) -> bool:
+    """Whether a model.progress event ends its stream."""
+    return event.get("status") in ("ready", "error", "unloaded")
+
+
+class PingMessage(TypedDict):
+    """/health asks every worker; any answer shows one is reachable over the channel layer."""
+
+    type: Literal["worker.ping"]
+    reply_channel: str
+
+
+class PongMessage(TypedDict):
+    type: Literal["worker.pong"]
+    worker: str
+
+
+def ping_message(reply_channel: str) -> PingMessage:
+    return {"type": PING, "reply_channel": reply_channel}

@@ -1,0 +1,188 @@
+"""A generation job on the wire: what the web side submits and what the worker streams back."""
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+from protocol.params import JobParams
+
+SUBMIT = "generation.submit"
+CANCEL = "generation.cancel"
+ACCEPTED = "generation.accepted"
+STARTED = "generation.started"
+ERROR = "generation.error"
+DELTA = "generation.delta"
+DONE = "generation.done"
+ALIVE = "generation.alive"
+ROUTE_ACK = "generation.route_ack"
+
+
+class MediaPart(TypedDict):
+    """An image, video or audio part of a user message's content list (the others: {"type": "text", "text"}).
+
+    The worker reads `url` (data: or http(s)) into `data` bytes before its engine sees the job
+    (workers.engine.media_prompts); a video part is then also told how many `frames` to become.
+    """
+
+    type: Literal["image", "video", "audio"]
+    url: str
+    format: NotRequired[Literal["wav", "mp3"]]  # audio
+
+
+class Conversation(TypedDict):
+    """A chat prompt, rendered by the worker's chat template (workers.engine.chat_templates), or by the
+    model's processor when a message holds MediaParts (workers.engine.media_prompts)."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    chat_template_kwargs: dict[str, Any]
+    add_generation_prompt: bool
+    continue_final_message: bool
+
+
+class TextPrompt(TypedDict):
+    """Raw text with tokenizer options (/tokenize)."""
+
+    text: str
+    add_special_tokens: bool
+
+
+class TokenIdsPrompt(TypedDict):
+    """Token ids whose echo keeps special tokens (/detokenize)."""
+
+    token_ids: list[int]
+
+
+class AudioPrompt(TypedDict):
+    """Audio for a speech-to-text model (/v1/audio/transcriptions and /translations; workers.engine.transcription).
+
+    Each ChoiceDelta of such a job is the text of one window of `window_seconds` (Started), in order.
+    """
+
+    audio: bytes  # the uploaded file as sent (wav, mp3, … anything FFmpeg reads)
+    task: Literal["transcribe", "translate"]
+    language: str | None  # ISO-639-1; None: the model detects it
+    prompt: str | None
+    word_timestamps: NotRequired[bool]  # each window's ChoiceDelta carries its `words`
+
+
+Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
+
+
+class SubmitMessage(TypedDict):
+    type: Literal["generation.submit"]
+    request_id: str
+    reply_channel: str
+    model: str
+    prompts: list[Prompt]
+    params: dict[str, Any]  # JobParams.to_wire()
+    routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
+    route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
+    accept_by: NotRequired[float]  # wall-clock time after which the web side no longer waits: drop it
+
+
+class RouteAckMessage(TypedDict):
+    """A routed job arrived; without this within ROUTE_ACK_TIMEOUT the passing worker runs it itself."""
+
+    type: Literal["generation.route_ack"]
+    request_id: str
+
+
+class AliveMessage(TypedDict):
+    """The worker still holds the job: sent on a reply channel that has heard nothing for a while
+    (a job queued, or waiting for its model), so a silent reply channel means a dead worker."""
+
+    type: Literal["generation.alive"]
+
+
+class CancelMessage(TypedDict):
+    type: Literal["generation.cancel"]
+    request_id: str
+
+
+class AcceptedMessage(TypedDict):
+    type: Literal["generation.accepted"]
+    worker: str
+
+
+class Started(TypedDict):
+    type: Literal["generation.started"]
+    model: str
+    prompt_tokens: list[int]  # per prompt
+    prompt_token_ids: list[list[int]]
+    max_model_len: int
+    open_blocks: list[str]  # per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""
+    audio_seconds: NotRequired[float]  # an AudioPrompt's length
+    window_seconds: NotRequired[int]  # an AudioPrompt is transcribed in windows this long
+    language: NotRequired[str]  # an AudioPrompt's language, named ("english"): asked for or detected
+
+
+class ErrorMessage(TypedDict):
+    type: Literal["generation.error"]
+    status: int
+    message: str
+    param: str | None
+    code: str | None
+    retry_after: int | None
+
+
+class Logprobs(TypedDict):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class Word(TypedDict):
+    """A transcribed word and when it is said, in seconds from the start of the audio."""
+
+    word: str
+    start: float
+    end: float
+
+
+class ChoiceDelta(TypedDict):
+    """What one choice produced in one step."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: Logprobs | None
+    finish_reason: str | None
+    words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class DeltaMessage(TypedDict):
+    type: Literal["generation.delta"]
+    choices: list[ChoiceDelta]
+
+
+class DoneMessage(TypedDict):
+    type: Literal["generation.done"]
+    choices: list[ChoiceDelta]
+    usage: Usage
+
+
+def submit_message(request_id: str, reply_channel: str, model: str, prompts: list[Prompt],
+                   params: JobParams) -> SubmitMessage:
+    return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model,
+            "prompts": prompts, "params": params.to_wire()}
+
+
+def is_stale(job: SubmitMessage, now: float) -> bool:
+    """A job its web side gave up on (it answered 503 no_worker): nobody reads its reply channel."""
+    return now > job.get("accept_by", now)
+
+
+def cancel_message(request_id: str) -> CancelMessage:
+    return {"type": CANCEL, "request_id": request_id}
+
+
+def error_message(status: int, message: str, param: str | None = None, code: str | None = None,
+                  retry_after: int | None = None) -> ErrorMessage:
+    return {"type": ERROR, "status": status, "message": message, "param": param, "code": code,
+            "retry_after": retry_after}

@@ -1,0 +1,34 @@
+"""What a model takes as input and which job it serves, read from its config.json alone.
+
+Plain Python (no torch): the catalog lists models and `/v1/models` reports their modalities
+from the same answer the worker uses to pick the model class and refuse what it cannot take.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+Kind = Literal["causal", "image_text", "audio_text", "speech"]
+TEXT, IMAGE, AUDIO, VIDEO = "text", "image", "audio", "video"
+CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def model_kind(config: dict) -> Kind | None:
+    """`causal` (text generation), `image_text` (a vision-language model whose processor takes images),
+    `audio_text` (an audio-language chat model such as Qwen2-Audio: an audio encoder beside a text model),
+    `speech` (a speech-to-text encoder-decoder such as Whisper), or None (nothing this server serves)."""
+    if config.get("is_encoder_decoder") and "num_mel_bins" in config:
+        return "speech"
+    if isinstance(config.get("vision_config"), dict) and isinstance(config.get("text_config"), dict):
+        return "image_text"
+    if isinstance(config.get("audio_config"), dict) and isinstance(config.get("text_config"), dict):
+        return "audio_text"
+    architectures = [a for a in config.get("architectures") or () if isinstance(a, str)]
+    if any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in architectures):
+        return "causal"
+    return None
+
+
+def input_modalities(kind: Kind | None) -> tuple[str, ...]:
+    """A vision-language model takes video as frames sampled into images (see workers.media.decoding)."""
+    return {"causal": (TEXT,), "image_text": (TEXT, IMAGE, VIDEO), "audio_text": (TEXT, AUDIO),
+            "speech": (AUDIO,)}.get(kind, ())

@@ -1,0 +1,88 @@
+"""A job's sampling and output parameters: every default of the request path, declared once."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Mapping, NotRequired, TypedDict
+
+
+class Structured(TypedDict):
+    """A grammar a job's output must match; `type` says which one key holds it.
+
+    json_schema: `schema` (json_object is {"type": "object"}); regex: `pattern`; choice: `choices`;
+    grammar: `grammar` (Lark or GBNF); tool_call: `tools` [{"name", "parameters"}] (one call of one).
+    """
+
+    type: Literal["json_schema", "regex", "choice", "grammar", "tool_call"]
+    schema: NotRequired[dict[str, Any]]
+    pattern: NotRequired[str]
+    choices: NotRequired[list[str]]
+    grammar: NotRequired[str]
+    tools: NotRequired[list[dict[str, Any]]]
+
+
+@dataclass
+class JobParams:
+    """Sampling and output parameters of one job: every default of the request path, once.
+
+    None for the six sampling knobs in NEUTRAL_SAMPLING means "the model's
+    generation_config.json, else the neutral value" (resolved on the worker).
+    """
+
+    max_tokens: int | None = None  # None: the rest of the context after the prompt
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+    typical_p: float | None = None
+    bad_words: list[str] = field(default_factory=list)  # strings never generated
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences never generated
+    min_length: int = 0  # Hugging Face's: prompt + completion tokens before EOS may come
+    num_beams: int = 1  # > 1: beam search (Hugging Face's generate), beside the continuous batch
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never", as Hugging Face's
+    structured: Structured | None = None  # a grammar the output must match (workers.engine.grammars)
+    logit_bias: dict[str, float] | None = None  # {token id (str): bias}
+    seed: int | None = None
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None, or 0..20 top alternatives per token
+    echo: bool = False
+    suffix: str | None = None
+
+    @classmethod
+    def from_wire(cls, params: Mapping[str, Any]) -> JobParams:
+        unknown = set(params) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown job parameters: {sorted(unknown)}")
+        return cls(**params)
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Where neither the request nor generation_config.json sets a knob (transformers' own defaults).
+NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repetition_penalty": 1.0,
+}
+# Request fields every generation endpoint shares, named as in JobParams.
+SHARED_REQUEST_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "no_repeat_ngram_size", "logit_bias", "seed", "n", "stop", "ignore_eos", "min_tokens",
+    "typical_p", "bad_words", "bad_words_ids", "min_length", "num_beams", "length_penalty", "early_stopping",
+)
+
+
+def to_job_params(request: Mapping[str, Any], **endpoint: Any) -> JobParams:
+    """A validated request as job parameters (as vLLM's `to_sampling_params`).
+
+    The shared sampling fields are read by name (absent or null: JobParams' default); the
+    endpoint passes the fields it names its own way (`max_tokens`, `logprobs`, `echo`, `suffix`).
+    """
+    shared = {name: request[name] for name in SHARED_REQUEST_FIELDS if request.get(name) is not None}
+    return JobParams(**shared, **endpoint)

@@ -1,0 +1,170 @@
+"""The hand-over between the engine's thread and the worker's event loop.
+
+The engine emits from its own thread; the bridge carries each message onto the channel
+layer in order, one loop wake-up per step. It also admits jobs (a full worker says so at
+once; a job's media are read first, off the loop) and relays the engine's model changes to
+whoever records them. While it holds a job it
+keeps the job's reply channel from going silent (`generation.alive`), so the web side can tell
+a dead worker by silence within seconds; a job whose reply channel cannot be reached (Redis
+down) is cancelled rather than generated for nobody.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+import protocol
+from workers.engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+RecordChange = Callable[[protocol.ModelChange], Awaitable[None]]
+
+
+class EngineBridge:
+    """Owns one engine and carries its messages back onto the channel layer in order."""
+
+    def __init__(self, layer, name: str, config: EngineConfig, model_settings: dict[str, protocol.ModelSettings],
+                 record_change: RecordChange, keepalive_seconds: float = 1.0) -> None:
+        from workers.engine.engine import Engine  # torch is imported only once a worker really starts
+
+        self.layer = layer
+        self.name = name
+        self.loop = asyncio.get_running_loop()
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self._pending: list[tuple[str, dict]] = []  # emitted by the engine thread, not yet in the outbox
+        self._pending_lock = threading.Lock()
+        self._changes: asyncio.Queue = asyncio.Queue()
+        self._record_change = record_change
+        self.keepalive_seconds = keepalive_seconds
+        self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
+        self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name)
+        self.media = config.media
+        self._media_reads: set[asyncio.Task] = set()
+        if model_settings:
+            self.engine.control({"type": protocol.MODEL_SETTINGS, "settings": model_settings})
+        self.sender = self.loop.create_task(self._send_forever())
+        self.recorder = self.loop.create_task(self._record_forever())
+        self.keeper = self.loop.create_task(self._keep_alive_forever())
+        self.engine.start()
+
+    # --- from the event loop -----------------------------------------------------
+    def submit(self, job: protocol.SubmitMessage, acknowledged: bool = False) -> None:
+        """Admit a job, or refuse it at once when the worker is full (bounded admission)."""
+        if not self.engine.has_room():
+            self.send(job["reply_channel"], protocol.error_message(
+                503, "The server is at capacity: too many requests are queued. Retry shortly.",
+                None, "queue_full", retry_after=1))
+            return
+        if not acknowledged:
+            self.send(job["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.name})
+        self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
+        from workers.engine.media_prompts import job_has_media
+
+        if job_has_media(job):  # read on a thread of its own: the loop keeps carrying messages meanwhile
+            task = self.loop.create_task(self._read_media_then_submit(job))
+            self._media_reads.add(task)
+            task.add_done_callback(self._media_reads.discard)
+        else:
+            self.engine.submit(job)
+
+    async def _read_media_then_submit(self, job: protocol.SubmitMessage) -> None:
+        from workers.media.decoding import MediaError
+        from workers.engine.media_prompts import read_job_media
+
+        try:
+            await asyncio.to_thread(read_job_media, job, self.media)
+        except MediaError as exc:
+            self.send(job["reply_channel"], protocol.error_message(exc.status, exc.message, exc.param, exc.code))
+            return
+        self.engine.submit(job)
+
+    def cancel(self, request_id: str) -> None:
+        self._held = {channel: held for channel, held in self._held.items() if held[0] != request_id}
+        self.engine.cancel(request_id)
+
+    def control(self, message: protocol.ControlMessage, acknowledged: bool = False) -> None:
+        """A load or unload for the engine; a load with a reply channel is acknowledged first."""
+        if message["type"] == protocol.MODEL_LOAD and message.get("reply_channel") and not acknowledged:
+            self.send(message["reply_channel"], {"type": protocol.MODEL_ACCEPTED, "worker": self.name})
+        self.engine.control(message)
+
+    def send(self, channel: str, message: dict) -> None:
+        """Shares the outbox with the engine's messages, so a reply channel sees them in order."""
+        self.outbox.put_nowait((channel, message))
+
+    async def _send_forever(self) -> None:
+        """Everything queued goes out together: one round trip per step over Redis (`send_many`)."""
+        send_many = getattr(self.layer, "send_many", None)
+        while True:
+            items = [await self.outbox.get()]
+            while not self.outbox.empty():
+                items.append(self.outbox.get_nowait())
+            if send_many is not None and len(items) > 1:
+                try:
+                    outcomes = await send_many(items)
+                except Exception as exc:  # the layer went away: every item failed alike
+                    outcomes = [exc] * len(items)
+            else:
+                outcomes = [await self._send_one(channel, message) for channel, message in items]
+            for (channel, message), error in zip(items, outcomes):
+                self._sent(channel, message, error)
+
+    async def _send_one(self, channel: str, message: dict) -> Exception | None:
+        try:
+            await self.layer.send(channel, message)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _sent(self, channel: str, message: dict, error: BaseException | None) -> None:
+        if error is not None:  # a full or vanished reply channel must not stop the worker
+            logger.warning("could not deliver %s to %s: %s", message.get("type"), channel, error)
+            held = self._held.pop(channel, None)
+            if held is not None:  # nobody can hear this job any more: free its slot
+                self.engine.cancel(held[0])
+            return
+        held = self._held.get(channel)
+        if held is not None:
+            if message.get("type") in (protocol.DONE, protocol.ERROR):
+                del self._held[channel]
+            else:
+                self._held[channel] = (held[0], time.monotonic())
+
+    async def _keep_alive_forever(self) -> None:
+        """Every held job's reply channel hears from this worker at least every `keepalive_seconds`."""
+        while True:
+            await asyncio.sleep(self.keepalive_seconds / 2)
+            now = time.monotonic()
+            for channel, (request_id, last_sent) in list(self._held.items()):
+                if now - last_sent >= self.keepalive_seconds:
+                    self._held[channel] = (request_id, now)
+                    self.send(channel, {"type": protocol.ALIVE})
+
+    async def _record_forever(self) -> None:
+        while True:
+            await self._record_change(await self._changes.get())
+
+    # --- from the engine thread --------------------------------------------------
+    def _on_model_change(self, change: protocol.ModelChange) -> None:
+        self.loop.call_soon_threadsafe(self._changes.put_nowait, change)
+
+    def _emit(self, channel: str, message: dict) -> None:
+        """One loop wake-up carries all of a step's messages.
+
+        The pending list is non-empty exactly while a hand-over is scheduled and not yet run.
+        """
+        with self._pending_lock:
+            self._pending.append((channel, message))
+            if len(self._pending) > 1:
+                return
+        self.loop.call_soon_threadsafe(self._take_pending)
+
+    def _take_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            self.outbox.put_nowait(item)

@@ -1,0 +1,76 @@
+"""A worker's rows in the catalog: registration, settings and preloads, heartbeats, model changes.
+
+The only worker code that imports the catalog. The catalog is bookkeeping: a failure is logged
+and generation goes on without it. Every call goes through database_sync_to_async, never from
+the engine thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from channels.db import database_sync_to_async
+
+from catalog import selectors, services
+
+import protocol
+from workers.adapter.routing import RoutingTable
+
+logger = logging.getLogger(__name__)
+MIB = 1024 * 1024
+db = database_sync_to_async
+
+
+@dataclass
+class Welcome:
+    """What a worker takes from the catalog when it joins."""
+
+    settings: dict[str, protocol.ModelSettings]
+    preload: list[str]
+
+
+async def join(name: str, channel_name: str, device: str, memory_budget_mb: float | None) -> Welcome | None:
+    """Register (marking what this worker held before as unloaded); the settings map and the models to preload."""
+    try:
+        await db(services.register_worker)(name, socket.gethostname(), os.getpid(), channel_name, device,
+                                           memory_budget_mb or _system_memory_mb())
+        return Welcome(await db(selectors.model_settings_map)(), await db(selectors.preload_models)())
+    except Exception as exc:  # the database is down or not migrated yet: the caller retries
+        logger.warning("worker %s could not register in the catalog: %s", name, exc)
+        return None
+
+
+async def beat(name: str, loaded: dict[str, dict]) -> RoutingTable | None:
+    """The worker is alive and holds `loaded`; returns the routing table as it stands now."""
+    try:
+        await db(services.heartbeat)(name, loaded)
+        return await db(selectors.routing_table)()
+    except Exception:
+        logger.warning("heartbeat of %s failed", name, exc_info=True)
+        return None
+
+
+async def record_change(name: str, change: protocol.ModelChange) -> None:
+    try:
+        await db(services.record_model_event)(name, change)
+    except Exception:
+        logger.warning("could not record %s", change, exc_info=True)
+
+
+async def say_stopped(name: str) -> None:
+    """Best effort on a clean shutdown (a killed worker is found lost by its silence instead)."""
+    try:
+        await asyncio.wait_for(db(services.stop_worker)(name), 5)
+    except BaseException:  # shutting down: never let bookkeeping block or raise
+        logger.debug("could not mark %s stopped", name, exc_info=True)
+
+
+def _system_memory_mb() -> float | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().total / MIB

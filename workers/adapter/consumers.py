@@ -1,0 +1,225 @@
+"""The worker's Channels consumer: a thin adapter between the channel layer and the engine.
+
+Bound to the shared worker channel (one job goes to one worker), to the group of all
+workers (cancellations, unloads and catalog settings reach every worker) and to its own
+channel (control messages for this worker). Each handler is a few lines: where a job runs
+is `routing`, the engine hand-over is `bridge`, the catalog's rows are `catalog_sync`.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import logging
+import os
+import socket
+import time
+
+from channels.consumer import AsyncConsumer, get_handler_name
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
+from django.conf import settings
+
+from protocol.layer_errors import LAYER_ERRORS
+
+from workers.adapter import catalog_sync
+
+import protocol
+from workers.adapter.bridge import EngineBridge
+from workers.engine.config import EngineConfig
+from workers.adapter.resilience import retrying
+from workers.adapter.routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, choose_worker, without_worker
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceConsumer(AsyncConsumer):
+    worker_name = f"{socket.gethostname()}:{os.getpid()}"
+
+    async def __call__(self, scope, receive, send):
+        # As AsyncConsumer.__call__, plus joining the group and keeping the catalog's rows.
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.channel_name = await self.channel_layer.new_channel()
+        self.channel_receive = retrying(functools.partial(self.channel_layer.receive, self.channel_name),
+                                        "worker's own channel", reconnect=self._join_group)
+        self.config = settings.INFERENCE
+        self.catalog_settings: dict[str, protocol.ModelSettings] = {}
+        self.routing: RoutingTable = EMPTY_TABLE
+        self.claims = JobClaims(self.channel_layer)
+        self.passed = PassedJobs()
+        self.unconfirmed: dict[str, float] = {}  # worker channel -> until when it is not passed jobs
+        self._tasks: set[asyncio.Task] = set()
+        self._bridge: EngineBridge | None = None
+        self._engine_import: asyncio.Future | None = None
+        await self._join_group()
+        upkeep = asyncio.ensure_future(self._keep_catalog())
+        try:
+            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+        finally:
+            upkeep.cancel()
+            await catalog_sync.say_stopped(self.worker_name)
+
+    async def _join_group(self) -> None:
+        """Group membership lives in the layer: joined at start and again after a Redis restart."""
+        await self.channel_layer.group_add(self.config["WORKER_GROUP"], self.channel_name)
+
+    async def dispatch(self, message: dict) -> None:
+        # As AsyncConsumer.dispatch without closing old DB connections first: handlers never
+        # touch the database themselves (catalog_sync does, in its own threads).
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            logger.warning("ignored a message of unknown type %r", message.get("type"))
+            return
+        try:
+            await handler(message)
+        except LAYER_ERRORS:  # the layer went away mid-message: the web side times out and answers 503
+            logger.warning("channel layer unreachable while handling %s", message.get("type"), exc_info=True)
+        except Exception:  # one bad message never stops the worker
+            logger.exception("handling %s failed", message.get("type"))
+
+    @property
+    def bridge(self) -> EngineBridge:
+        # Created on the first job: an idle worker has not even imported torch.
+        if self._bridge is None:
+            self._bridge = EngineBridge(self.channel_layer, self.worker_name, EngineConfig.from_settings(self.config),
+                                        self.catalog_settings,
+                                        functools.partial(catalog_sync.record_change, self.worker_name),
+                                        self.config["WORKER_KEEPALIVE_SECONDS"])
+        return self._bridge
+
+    async def _started_bridge(self) -> EngineBridge:
+        """The bridge, torch imported in a thread first (once) so the loop keeps answering meanwhile."""
+        if self._bridge is None:
+            if self._engine_import is None:
+                self._engine_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "workers.engine.engine"))
+            await asyncio.shield(self._engine_import)
+        return self.bridge
+
+    async def _keep_catalog(self) -> None:
+        """Join the catalog, take its settings, preload flagged models, then beat until stopped.
+
+        Joining is retried every beat: a worker may start before the web side has migrated the
+        database, or while the database is down.
+        """
+        while (welcome := await catalog_sync.join(self.worker_name, self.channel_name, self.config["DEVICE"],
+                                                  self.config["WORKER_MEMORY_BUDGET_MB"] or None)) is None:
+            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+        self.catalog_settings = welcome.settings
+        if welcome.preload:
+            await self._started_bridge()
+        for name in welcome.preload:
+            self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
+        while True:  # the first beat at once: a restarted worker routes its first jobs to the live holders
+            loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
+            self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
+            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+
+    async def model_settings(self, message: protocol.SettingsMessage) -> None:
+        self.catalog_settings = message.get("settings") or {}
+        if self._bridge is not None:
+            self._bridge.engine.control(message)
+
+    async def model_load(self, message: protocol.ControlMessage) -> None:
+        if self._bridge is None:  # acknowledged at once; starting the engine takes a while
+            if message.get("reply_channel"):
+                await self.channel_layer.send(message["reply_channel"],
+                                              {"type": protocol.MODEL_ACCEPTED, "worker": self.worker_name})
+            self._in_background(self._control_when_started(message))
+            return
+        self.bridge.control(message)
+
+    async def _control_when_started(self, message: protocol.ControlMessage) -> None:
+        (await self._started_bridge()).control(message, acknowledged=True)
+
+    async def model_unload(self, message: protocol.ControlMessage) -> None:
+        if self._bridge is not None:
+            self._bridge.control(message)
+        elif message.get("reply_channel"):  # nothing loaded here: say so at once
+            await self.channel_layer.send(message["reply_channel"], protocol.progress_message(
+                self.worker_name, {"status": "not_loaded", "model": message["model"]}))
+
+    async def generation_submit(self, message: protocol.SubmitMessage) -> None:
+        if protocol.is_stale(message, time.time()):
+            logger.info("dropped %s: its client stopped waiting before a worker took it", message["request_id"])
+            return
+        if message.get("route_ack"):  # passed here by another worker: confirm at once
+            await self.channel_layer.send(message["route_ack"], {"type": protocol.ROUTE_ACK,
+                                                                 "request_id": message["request_id"]})
+        # The in-process layer reaches no other worker (a channel in the catalog from an earlier
+        # process is dead), so only a layer shared between processes routes.
+        if (self.config["ROUTE_JOBS"] and not message.get("routed")
+                and getattr(self.channel_layer, "connection", None) is not None):
+            await self._pass_or_take(message)
+            return
+        await self._take(message)
+
+    async def _pass_or_take(self, message: protocol.SubmitMessage) -> None:
+        held = self._bridge.engine.models if self._bridge is not None else {}
+        table, now = self.routing, time.monotonic()
+        for channel, until in list(self.unconfirmed.items()):
+            if until < now:
+                del self.unconfirmed[channel]
+            else:
+                table = without_worker(table, channel)
+        target = choose_worker(message["model"], self.channel_name, held, table)
+        if target is None:
+            await self._take(message)
+            return
+        # One hop at most: the receiver takes it whatever its table says.
+        await self.channel_layer.send(target, {**message, "routed": True, "route_ack": self.channel_name})
+        self._in_background(self._take_unless_confirmed(message, target))
+
+    async def generation_route_ack(self, message: protocol.RouteAckMessage) -> None:
+        self.passed.confirm(message["request_id"])
+
+    async def _take_unless_confirmed(self, message: protocol.SubmitMessage, target: str) -> None:
+        """A receiver that does not confirm died since the last heartbeat: it is left out of this worker's
+        choices until the catalog would call it lost, and the job goes to another holder (or is run here)."""
+        if not await self.passed.confirmed(message["request_id"], self.config["ROUTE_ACK_TIMEOUT"]):
+            logger.warning("the worker %s was passed to did not confirm it; passing it on again or running it here",
+                           message["request_id"])
+            self.unconfirmed[target] = time.monotonic() + self.config["WORKER_LOST_AFTER"]
+            await self._pass_or_take(message)
+
+    async def _take(self, message: protocol.SubmitMessage) -> None:
+        if not await self.claims.first_time(message["request_id"]):
+            logger.info("dropped a second copy of %s", message["request_id"])
+            return
+        if self._bridge is None:  # acknowledged at once; starting the engine takes a while
+            await self.channel_layer.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
+            self._in_background(self._submit_when_started(message))
+            return
+        self.bridge.submit(message)
+
+    async def _submit_when_started(self, message: protocol.SubmitMessage) -> None:
+        """While the engine starts, the job's reply channel hears that this worker is alive."""
+        ticker = asyncio.ensure_future(self._say_alive(message["reply_channel"]))
+        try:
+            bridge = await self._started_bridge()
+        finally:
+            ticker.cancel()
+        bridge.submit(message, acknowledged=True)
+
+    async def _say_alive(self, reply_channel: str) -> None:
+        while True:
+            await asyncio.sleep(self.config["WORKER_KEEPALIVE_SECONDS"])
+            await self.channel_layer.send(reply_channel, {"type": protocol.ALIVE})
+
+    def _in_background(self, work) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background work failed", exc_info=task.exception())
+
+    async def worker_ping(self, message: protocol.PingMessage) -> None:
+        """/health asks: answered from the event loop, so a busy engine still counts as reachable."""
+        await self.channel_layer.send(message["reply_channel"], {"type": protocol.PONG, "worker": self.worker_name})
+
+    async def generation_cancel(self, message: protocol.CancelMessage) -> None:
+        if self._bridge is not None:
+            self._bridge.cancel(message["request_id"])

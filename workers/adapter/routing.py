@@ -1,0 +1,101 @@
+"""Which worker runs a job: a pure choice from the catalog's routing table, claims so it runs once,
+and confirmations so a job passed to a dead worker comes back."""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import OrderedDict
+from collections.abc import Container
+from typing import TypedDict
+
+from protocol import ModelRef
+
+SEEN_JOBS = 10_000
+CLAIM_SECONDS = 300
+
+
+class RoutingTable(TypedDict):
+    """As of the last heartbeat (catalog.selectors.routing_table)."""
+
+    loaded: dict[str, list[str]]  # repo id -> channels of the live workers holding it
+    free: dict[str, float]  # worker channel -> free MiB
+
+
+EMPTY_TABLE: RoutingTable = {"loaded": {}, "free": {}}
+
+
+def without_worker(table: RoutingTable, channel: str) -> RoutingTable:
+    """The table less a worker that did not confirm a job passed to it (dead since the last heartbeat)."""
+    return {"loaded": {repo: [c for c in channels if c != channel] for repo, channels in table["loaded"].items()},
+            "free": {c: free for c, free in table["free"].items() if c != channel}}
+
+
+def choose_worker(model: str, here: str, held: Container[str], table: RoutingTable) -> str | None:
+    """Another worker's channel for a job this worker (channel `here`, holding `held`) should not take, else None.
+
+    A worker that holds the model takes it; otherwise a live worker that holds it, else the
+    one with the most free memory (ties stay here).
+    """
+    ref = ModelRef.parse(model)
+    if ref.key in held:
+        return None
+    holders = [channel for channel in table["loaded"].get(ref.repo_id, ()) if channel != here]
+    if holders:
+        return random.choice(holders)
+    free = table["free"]
+    if here not in free:
+        return None
+    best = max(free, key=free.get)
+    return best if free[best] > free[here] else None
+
+
+class JobClaims:
+    """Whether this worker may run a job.
+
+    channels_redis can hand one message of a shared channel to two readers
+    (django/channels_redis#163), so over Redis a worker first claims the request id (SET NX);
+    a forwarded copy of a job this worker already took is dropped the same way.
+    """
+
+    def __init__(self, layer) -> None:
+        self.layer = layer
+        self.taken: OrderedDict[str, None] = OrderedDict()
+
+    async def first_time(self, request_id: str) -> bool:
+        if request_id in self.taken:
+            return False
+        self.taken[request_id] = None
+        if len(self.taken) > SEEN_JOBS:
+            self.taken.popitem(last=False)
+        connection = getattr(self.layer, "connection", None)
+        if connection is None:  # the in-process layer delivers each message once
+            return True
+        key = f"{self.layer.prefix}claim:{request_id}"
+        return bool(await connection(self.layer.consistent_hash(key)).set(key, 1, nx=True, ex=CLAIM_SECONDS))
+
+
+class PassedJobs:
+    """Jobs this worker passed on, until their receiver confirms them.
+
+    The routing table is as old as the last heartbeat, so the chosen worker may have died
+    since; a job it does not confirm within the timeout is run by the worker that passed it.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future] = {}
+
+    async def confirmed(self, request_id: str, timeout: float) -> bool:
+        future = self._waiting[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def confirm(self, request_id: str) -> None:
+        future = self._waiting.get(request_id)
+        if future is not None and not future.done():
+            future.set_result(None)

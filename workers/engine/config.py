@@ -1,0 +1,59 @@
+"""What an engine is told when it starts: device, batching limits, chat-template choices, media limits.
+
+Plain Python. The worker's adapter builds one EngineConfig from Django's settings and
+passes it down; nothing below the adapter reads settings or the environment.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.media.limits import MIB, MediaSettings
+
+@dataclass(frozen=True)
+class TemplateSettings:
+    """Server-wide chat-template choices: `serve --chat-template FILE`, its kwargs (JSON), `--reasoning`."""
+
+    path: str = ""
+    kwargs_json: str = ""
+    reasoning: str = "auto"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "auto"
+    dtype: str = "auto"
+    torch_threads: int = 0  # 0: follow the cores other processes leave free (workers/engine/cpu_share.py)
+    max_num_seqs: int = 32
+    max_queue: int = 256
+    prefill_chunk: int = 512
+    prefill_share: float = 0.5  # prefill time per step while streams run, as a multiple of a decode step
+    model_timeout: float = 300.0  # idle seconds before a model is unloaded
+    memory_budget_bytes: int | None = None  # None: no budget
+    grammar_timeout: float = 10.0  # seconds a structured-output grammar may take to compile
+    grammar_cache_size: int = 64  # compiled grammars kept (LRU)
+    kv_budget_bytes: int | None = None  # KV cache the running sequences may reserve; None: no budget
+    prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
+    templates: TemplateSettings = field(default_factory=TemplateSettings)
+    media: MediaSettings = field(default_factory=MediaSettings)
+
+    @classmethod
+    def from_settings(cls, inference: Mapping[str, Any]) -> EngineConfig:
+        """From `settings.INFERENCE` (inference_site/settings.py owns every default)."""
+        return cls(
+            device=inference["DEVICE"], dtype=inference["DTYPE"], torch_threads=inference["TORCH_THREADS"],
+            max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
+            prefill_chunk=inference["PREFILL_CHUNK"], prefill_share=inference["PREFILL_SHARE"],
+            model_timeout=inference["MODEL_TIMEOUT"],
+            memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
+            grammar_timeout=inference["GRAMMAR_TIMEOUT"], grammar_cache_size=inference["GRAMMAR_CACHE_SIZE"],
+            kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
+            prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
+            templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
+                                       kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
+                                       reasoning=inference.get("REASONING") or "auto"),
+            media=MediaSettings(max_bytes=inference["MEDIA_MAX_BYTES"], fetch_timeout=inference["MEDIA_FETCH_TIMEOUT"],
+                                allow_hosts=frozenset(inference["MEDIA_ALLOW_HOSTS"]),
+                                video_frames=inference["VIDEO_FRAMES"]),
+        )

@@ -1,0 +1,389 @@
+"""The generation engine: a thread running a continuous-batching loop over every admitted sequence.
+
+Plain Python + torch + transformers. It knows nothing of HTTP, Django or the
+channel layer: jobs come in as `protocol` dicts, and every outgoing
+message goes through the `emit(reply_channel, message)` callable it was given.
+
+Each step: drop finished rows, let waiting sequences in (up to `max_num_seqs`),
+decode one token for every running sequence in one batched forward, publish one
+message per request, then prefill newcomers within a token budget and publish
+their first tokens at once (they decode with the batch from the next step).
+A transcription (workers.engine.transcription) advances by one audio window per step.
+Which sequences run and the step's forwards are workers/engine/scheduler.py's; this
+module owns jobs, models, control messages and publishing.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+import protocol
+from workers.engine.beam_search import BeamRunner
+from workers.engine.config import EngineConfig
+from workers.engine.cpu_share import ThreadGovernor
+from workers.engine.errors import JobError, ModelBusyError, ModelLoadError
+from workers.engine.grammars import GrammarCompiler, PendingGrammars
+from workers.engine.loading import LOAD_FINISHED, Listener, Loader, PendingLoad
+from workers.engine.metrics import EngineMetrics
+from workers.engine.model_manager import ModelManager
+from protocol import ModelRef
+from workers.engine.scheduler import Scheduler
+from workers.engine.sequences import Request
+from workers.engine.transcription import Transcription, is_audio_prompt
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[str, dict], None]
+CANCEL_MEMORY_SECONDS = 300.0
+IDLE_CHECK_SECONDS = 0.5
+CONTROL_TYPES = (protocol.MODEL_LOAD, protocol.MODEL_UNLOAD, protocol.MODEL_SETTINGS)
+WAKE = {"type": "engine.wake"}  # a grammar compiled, or a beam search ended: look again
+BEAM_DONE = "engine.beam_done"
+
+
+class Engine:
+    def __init__(self, emit: Emit, config: EngineConfig = EngineConfig(),
+                 on_model_event: Callable[[protocol.ModelChange], None] | None = None, name: str = "") -> None:
+        self.emit = emit
+        self.name = name
+        self.config = config
+        self.max_num_seqs = config.max_num_seqs
+        self.metrics = EngineMetrics()
+        self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
+                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event),
+                                    prefix_cache_bytes=config.prefix_cache_bytes, max_rows=config.max_num_seqs)
+        self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
+        self.runners = self.manager.runners
+        self.loader = Loader(self.manager, self._wake)
+        self._idle_checked = 0.0
+        self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
+                                        lambda: self._inbox.put(WAKE))
+        self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
+        self.requests: dict[str, Request] = {}
+        self.scheduler = Scheduler(self.runners, self.metrics, config)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancelled: dict[str, float] = {}
+        self._outstanding = 0  # jobs submitted and not yet finished, for admission control
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
+
+    # --- thread-safe API -------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="inference-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._inbox.put(None)
+        self.loader.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.grammars.compiler.shutdown()
+        self.beams.shutdown()
+
+    @property
+    def outstanding(self) -> int:
+        """Jobs submitted and not yet finished, cancelled or refused."""
+        return self._outstanding
+
+    def has_room(self) -> bool:
+        """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
+        return self._outstanding < self.max_num_seqs + self.config.max_queue
+
+    def stats(self) -> dict[str, int]:
+        """Counters for monitoring, safe to read from any thread (a snapshot, not a transaction)."""
+        runners = list(self.runners.values())
+        totals = {"torch_threads": self.threads.threads if self.threads else 0,
+                  "running_sequences": sum(runner.running for runner in runners),
+                  "waiting_sequences": len(self.scheduler.waiting),
+                  "kv_cache_bytes": sum(runner.batch.used_bytes() for runner in runners),
+                  "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
+                  "prefix_cache_blocks": 0, "prefix_cache_bytes": 0}
+        for runner in runners:
+            if runner.prefix_cache is not None:
+                for key, value in runner.prefix_cache.stats().items():
+                    totals[key] += value
+        return totals
+
+    def submit(self, job: protocol.SubmitMessage) -> None:
+        with self._lock:
+            self._outstanding += 1
+        self._inbox.put(job)
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(protocol.cancel_message(request_id))
+
+    def control(self, message: protocol.ControlMessage | protocol.SettingsMessage) -> None:
+        """A model.load / model.unload / model.settings message; handled in order with jobs."""
+        self._inbox.put(message)
+
+    def _wake(self, message: dict) -> None:
+        """The loader thread's word that a load finished."""
+        self._inbox.put(message)
+
+    # --- engine thread ---------------------------------------------------
+    def _job_done(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+
+    def _run(self) -> None:
+        self.threads = ThreadGovernor(self.config.torch_threads)
+        with torch.inference_mode():
+            while not self._stopping.is_set():
+                self._drain_inbox(block=not self.requests)
+                if self.grammars:
+                    self._check_compiles()
+                self.threads.adjust()
+                if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
+                    self._idle_checked = time.monotonic()
+                    try:
+                        self.manager.unload_idle(self._busy())
+                    except Exception:
+                        logger.exception("idle unloading failed")
+                if self.requests:
+                    try:
+                        self._step()
+                    except Exception:
+                        logger.exception("engine step failed; failing the running requests")
+                        for request in list(self.requests.values()):
+                            self._fail(request)
+                    # Hand the GIL over once per step so the event loop (HTTP, channel layer)
+                    # is never starved by a fast model's Python-bound steps.
+                    time.sleep(0)
+                self.metrics.queues(self.requests.values(), self.scheduler.waiting)
+
+    def _drain_inbox(self, block: bool) -> None:
+        messages = []
+        try:
+            messages.append(self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait())
+            while True:
+                messages.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        messages = [m for m in messages if m is not None]
+        for message in messages:
+            if message["type"] == protocol.CANCEL:
+                self._cancel(message["request_id"])
+        for message in messages:
+            if message["type"] == protocol.SUBMIT:
+                self._admit(message)
+            elif message["type"] == BEAM_DONE:
+                self._beam_done(message["request_id"])
+            elif message["type"] in CONTROL_TYPES:
+                self._control(message)
+            elif message["type"] == LOAD_FINISHED:
+                self._load_finished(message["model"])
+
+    def _cancel(self, request_id: str) -> None:
+        now = time.monotonic()
+        self._cancelled = {rid: t for rid, t in self._cancelled.items() if now - t < CANCEL_MEMORY_SECONDS}
+        self._cancelled[request_id] = now
+        if self.grammars.cancel(request_id) or self.beams.cancel(request_id):
+            self._job_done()
+            return
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            for seq in request.sequences:
+                seq.abort()
+            self._job_done()
+            self.metrics.forget(request)
+            generated = sum(len(seq.completion_ids) for seq in request.sequences)
+            logger.info("cancelled %s after %d tokens", request_id, generated)
+
+    def _busy(self) -> set[str]:
+        return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
+
+    def _load(self, name: str, requested_by: str, listener: Listener | None = None) -> PendingLoad:
+        """Start loading `name` off this thread (or join the load under way); may raise ModelLoadError."""
+        return self.loader.start(name, self._busy(), requested_by, listener)
+
+    def _load_finished(self, name: str) -> None:
+        """Admit the jobs that waited for the model, answer the load requests; or refuse them all."""
+        pending, loaded, error = self.loader.finish(name)
+        for listener in pending.listeners:
+            if error is None:
+                listener({"status": "ready", "model": name, "cached": False})
+            else:
+                listener({"status": "error", "model": name, "message": str(error),
+                          "code": getattr(error, "code", "internal_error")})
+        for job in pending.jobs:
+            if error is None:
+                self._admit(job)
+            else:
+                self._refuse_load(job, error)
+
+    def _refuse_load(self, job: dict, error: Exception) -> None:
+        if job["request_id"] in self._cancelled:
+            self._job_done()
+        elif isinstance(error, ModelLoadError):
+            self._refuse(job["reply_channel"], protocol.error_message(error.status, str(error), "model", error.code))
+        else:
+            logger.error("loading %s failed", job["model"], exc_info=error)
+            self._refuse(job["reply_channel"], protocol.error_message(
+                500, "The worker failed to load the model.", None, "internal_error"))
+
+    def _control(self, message: dict) -> None:
+        """Load, unload or reconfigure models; progress goes to the message's reply channel, if any."""
+        kind = message["type"]
+        if kind == protocol.MODEL_SETTINGS:
+            self.manager.configure(message.get("settings") or {})
+            return
+        name = ModelRef.parse(message["model"]).key
+        reply = message.get("reply_channel")
+
+        def send(event: protocol.ModelEvent) -> None:
+            if reply:
+                self.emit(reply, protocol.progress_message(self.name, event))
+
+        requested_by = message.get("requested_by") or "control"
+        try:
+            if kind == protocol.MODEL_LOAD and name in self.models:
+                self.manager.use(name)
+                send({"status": "ready", "model": name, "cached": True})
+            elif kind == protocol.MODEL_LOAD:
+                self._load(name, requested_by, send)
+            else:
+                unloaded = self.manager.unload(name, self._busy(), requested_by)
+                send({"status": "unloaded" if unloaded else "not_loaded", "model": name})
+        except (ModelBusyError, ModelLoadError) as exc:
+            send({"status": "error", "model": name, "message": str(exc), "code": exc.code})
+        except Exception as exc:
+            logger.exception("model control %s %s failed", kind, name)
+            send({"status": "error", "model": name, "message": f"The worker failed: {exc}", "code": "internal_error"})
+
+    def _admit(self, job: protocol.SubmitMessage) -> None:
+        request_id, reply = job["request_id"], job["reply_channel"]
+        if request_id in self._cancelled:
+            self._job_done()
+            return
+        name = ModelRef.parse(job["model"]).key
+        try:
+            if name not in self.models:  # admitted once the model is in; other streams go on meanwhile
+                self._load(name, "request").jobs.append(job)
+                return
+            model = self.manager.use(name)
+            if is_audio_prompt(job["prompts"][0]):
+                request = Transcription(job, model)
+            else:
+                request = Request(job, model, self.config.templates)
+            request.model_name = name
+            self._finish_empty_sequences(request)
+        except JobError as exc:
+            self._refuse(reply, exc.message_dict())
+            return
+        except ModelLoadError as exc:
+            self._refuse(reply, protocol.error_message(exc.status, str(exc), "model", exc.code))
+            return
+        except Exception:
+            logger.exception("could not admit %s", request_id)
+            self._refuse(reply, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
+            return
+        if request.structured:
+            self.grammars.add(request)  # admitted once its grammar is compiled (_check_compiles)
+            return
+        self._start(request)
+
+    def _start(self, request: Request) -> None:
+        self.emit(request.reply_channel, request.started_message())
+        if request.beam is not None:
+            self.beams.submit(request)  # beside the batch, in a thread of its own
+            return
+        self.requests[request.request_id] = request
+        self.scheduler.waiting.extend(seq for seq in request.sequences if not seq.finished)
+        self._publish(request)
+
+    def _check_compiles(self) -> None:
+        """Admit requests whose grammar is ready; refuse those whose grammar failed or took too long."""
+        for request, matcher, error in self.grammars.resolved():
+            if error is not None:
+                self._refuse(request.reply_channel, error)
+                continue
+            request.constrain(matcher)
+            self._start(request)
+
+    def _beam_done(self, request_id: str) -> None:
+        finished = self.beams.take(request_id)
+        if finished is None:  # cancelled meanwhile
+            return
+        request, error = finished
+        self.requests[request_id] = request
+        if error is not None:
+            logger.error("beam search failed for %s", request_id, exc_info=error)
+            self._fail(request)
+            return
+        self._publish(request)
+
+    def _refuse(self, reply: str, message: dict) -> None:
+        self._job_done()
+        self.emit(reply, message)
+
+    def _finish_empty_sequences(self, request: Request) -> None:
+        """max_tokens = 0: nothing to generate; echo + logprobs still prefills (in chunks) to score the prompt."""
+        for seq in request.sequences:
+            if seq.max_tokens == 0 and not seq.wants_prompt_logprobs:
+                seq.finish("length")
+
+    # --- one step --------------------------------------------------------
+    def _step(self) -> None:
+        """Decode the running batch and publish, then prefill newcomers and publish their first tokens.
+
+        Newcomers' first tokens go out as soon as their prefill ends (time to first token is
+        the prefill, not prefill + a decode step); they join the batch from the next step.
+        """
+        decoded = self.scheduler.decode()
+        for request in list(self.requests.values()):
+            if isinstance(request, Transcription):
+                try:
+                    request.advance()  # one audio window per step, between the batch's decode steps
+                except Exception:  # this job fails alone; the batch goes on
+                    logger.exception("transcription %s failed", request.request_id)
+                    self._fail(request)
+        self._publish_all()
+        if self.scheduler.prefill(bool(decoded)):
+            self._publish_all()
+
+    def _publish_all(self) -> None:
+        for request in list(self.requests.values()):
+            self._publish(request)
+
+    def _fail(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        for seq in request.sequences:
+            seq.abort()
+        self._job_done()
+        self.metrics.forget(request)
+        self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
+
+    def _publish(self, request: Request) -> None:
+        """One message per request per step: its new deltas, and the usage when it is done."""
+        if request.request_id not in self.requests:
+            return
+        deltas = request.take_deltas()
+        if request.finished:
+            self.requests.pop(request.request_id, None)
+            self._job_done()
+            self.manager.touch(request.model_name)  # idle time counts from the last request's end
+            usage = request.usage()
+            self.metrics.finished(request, usage)
+            self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": usage})
+            logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
+                        usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
+        elif deltas:
+            self.emit(request.reply_channel, {"type": protocol.DELTA, "choices": deltas})
+
+
+def _also(first: Callable[[dict], None], then: Callable[[dict], None] | None) -> Callable[[dict], None]:
+    """One callback that calls both (the second may be None)."""
+    def both(event: dict) -> None:
+        first(event)
+        if then is not None:
+            then(event)
+    return both

@@ -1,0 +1,1 @@
+"""Key/value caches: the running batch's slab (`slab.py`), row surgery (`batch.py`), the prefix cache."""

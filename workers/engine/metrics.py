@@ -1,0 +1,127 @@
+"""The engine's Prometheus metrics, under vLLM's names so existing Grafana dashboards work.
+
+Plain prometheus-client, no Django. The engine thread calls these hooks; `/metrics` on the web
+side exposes them (embedded mode: the same process; several processes on a host: set
+PROMETHEUS_MULTIPROC_DIR for all of them and one scrape of any web process sees every worker).
+Times are per request as vLLM defines them: queue time from arrival to the start of its
+prefill, time to first token from arrival, inter-token latency between a choice's tokens,
+end-to-end latency from arrival to its last token.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+
+from prometheus_client import Counter, Gauge, Histogram
+
+import protocol
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+MODEL = ["model_name"]
+RUNNING = Gauge("vllm:num_requests_running", "Requests with a choice being prefilled or decoded.", MODEL,
+                multiprocess_mode="livesum")
+WAITING = Gauge("vllm:num_requests_waiting", "Requests admitted and waiting for a batch slot.", MODEL,
+                multiprocess_mode="livesum")
+TTFT = Histogram("vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token.", MODEL,
+                 buckets=LATENCY_BUCKETS)
+ITL = Histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one choice.", MODEL,
+                buckets=LATENCY_BUCKETS)
+E2E = Histogram("vllm:e2e_request_latency_seconds", "Time from a request's arrival to its end.", MODEL,
+                buckets=LATENCY_BUCKETS)
+QUEUE = Histogram("vllm:request_queue_time_seconds", "Time a request waited before its prefill began.", MODEL,
+                  buckets=LATENCY_BUCKETS)
+PROMPT_TOKENS = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", MODEL)
+GENERATION_TOKENS = Counter("vllm:generation_tokens", "Generated tokens of finished requests.", MODEL)
+SUCCESS = Counter("vllm:request_success", "Requests that finished (not cancelled or failed).",
+                  [*MODEL, "finished_reason"])
+PREFIX_CACHE_QUERIES = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", MODEL)
+PREFIX_CACHE_HITS = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (hit rate: hits / queries).",
+                            MODEL)
+BATCH_SIZE = Histogram("inference_batch_size", "Sequences decoded together in one engine step.", buckets=BATCH_BUCKETS)
+MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on a worker.", MODEL,
+                       buckets=LOAD_BUCKETS)
+
+
+def label(model: str) -> str:
+    """A model's label: its name as clients send it (`repo`, or `repo@revision` off the default branch)."""
+    return model.removesuffix(f"@{protocol.DEFAULT_REVISION}")
+
+
+class EngineMetrics:
+    """Per-request timing state the hooks need, kept beside the engine rather than in its requests."""
+
+    def __init__(self) -> None:
+        self._first_token: set[str] = set()  # request ids that produced a token
+        self._scheduled: set[str] = set()  # request ids whose prefill began
+        self._last_token: dict[int, float] = {}  # id(sequence) -> when its last token came
+        self._gauges: dict[str, tuple[int, int]] = {}  # model -> (running, waiting) last set
+
+    def scheduled(self, request) -> None:
+        """A choice of `request` leaves the waiting queue for prefill."""
+        if request.request_id not in self._scheduled:
+            self._scheduled.add(request.request_id)
+            QUEUE.labels(label(request.model_name)).observe(time.monotonic() - request.arrived)
+
+    def tokens(self, sequences, now: float | None = None) -> None:
+        """Each of `sequences` just took one token."""
+        now = time.monotonic() if now is None else now
+        for seq in sequences:
+            request = seq.request
+            if request.request_id not in self._first_token:
+                self._first_token.add(request.request_id)
+                TTFT.labels(label(request.model_name)).observe(now - request.arrived)
+            last = self._last_token.get(id(seq))
+            if last is not None:
+                ITL.labels(label(request.model_name)).observe(now - last)
+            self._last_token[id(seq)] = now
+
+    def step(self, batch_size: int) -> None:
+        if batch_size:
+            BATCH_SIZE.observe(batch_size)
+
+    def finished(self, request, usage: dict) -> None:
+        model = label(request.model_name)
+        E2E.labels(model).observe(time.monotonic() - request.arrived)
+        PROMPT_TOKENS.labels(model).inc(usage["prompt_tokens"])
+        GENERATION_TOKENS.labels(model).inc(usage["completion_tokens"])
+        reason = request.sequences[0].finish_reason if request.sequences else None  # a transcription has none
+        SUCCESS.labels(model, reason or "stop").inc()
+        self.forget(request)
+
+    def forget(self, request) -> None:
+        """A request that ended (finished, cancelled or failed) leaves no state behind."""
+        self._first_token.discard(request.request_id)
+        self._scheduled.discard(request.request_id)
+        for seq in request.sequences:
+            self._last_token.pop(id(seq), None)
+
+    def queues(self, requests, waiting) -> None:
+        """Running and waiting request counts per model, after a step (or when idle); gauges move on change."""
+        waiting_seqs = {id(seq) for seq in waiting}
+        running, queued = Tally(), Tally()
+        for request in requests:
+            let_in = not request.sequences or any(id(seq) not in waiting_seqs and not seq.finished
+                                                  for seq in request.sequences)  # a transcription runs at once
+            (running if let_in else queued)[label(request.model_name)] += 1
+        counts = {model: (running[model], queued[model]) for model in set(self._gauges) | set(running) | set(queued)}
+        for model, (now_running, now_waiting) in counts.items():
+            if self._gauges.get(model) != (now_running, now_waiting):
+                RUNNING.labels(model).set(now_running)
+                WAITING.labels(model).set(now_waiting)
+        self._gauges = counts
+
+    @staticmethod
+    def prefix_lookup(model: str, queried: int, hit: int) -> None:
+        PREFIX_CACHE_QUERIES.labels(label(model)).inc(queried)
+        if hit:
+            PREFIX_CACHE_HITS.labels(label(model)).inc(hit)
+
+    @staticmethod
+    def model_loaded(event: dict) -> None:
+        """An on_model_event callback: a finished load's duration."""
+        if event.get("type") == protocol.MODEL_LOADED and event.get("duration_s") is not None:
+            MODEL_LOAD.labels(label(event["model"])).observe(event["duration_s"])

@@ -1,0 +1,260 @@
+"""Loading a model and its tokenizer (and processor, for media) from the Hugging Face cache (or the hub, online).
+
+The class follows `protocol.modalities.model_kind`: a causal LM, a vision-language model
+(`AutoModelForImageTextToText` + its `AutoProcessor`), an audio-language model
+(`AutoModelForMultimodalLM` + its `AutoProcessor`), or a speech-to-text model
+(`AutoModelForSpeechSeq2Seq` + its processor, for /v1/audio).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import snapshot_download, try_to_load_from_cache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import cached_file
+
+from workers.engine.errors import ModelLoadError
+from protocol.hub import hub_reachable
+from protocol.modalities import Kind, input_modalities, model_kind
+from protocol import ModelRef
+from workers.engine.sampling import MODEL_DEFAULT_KEYS
+
+logger = logging.getLogger(__name__)
+
+# progress(stage, {"current", "total"} | None): the load stages of /load_model, in order.
+Progress = Callable[[str, "dict | None"], None]
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _model_class(kind: Kind):
+    """Imported on first use: the media classes cost seconds of import a text-only worker never needs."""
+    if kind == "image_text":
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    if kind == "audio_text":
+        from transformers import AutoModelForMultimodalLM
+
+        return AutoModelForMultimodalLM
+    if kind == "speech":
+        from transformers import AutoModelForSpeechSeq2Seq
+
+        return AutoModelForSpeechSeq2Seq
+    return AutoModelForCausalLM
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    revision: str
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    max_model_len: int
+    eos_token_ids: list[int]
+    generation_defaults: dict = field(default_factory=dict)
+    default_stop: list[str] = field(default_factory=list)  # the catalog's, where a request sends no `stop`
+    last_used: float = field(default_factory=time.monotonic)
+    memory_bytes: int = 0
+    kind: Kind = "causal"
+    processor: Any = None  # the AutoProcessor of a model that takes media; None for text-only models
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return input_modalities(self.kind)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested and requested != "auto":
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU."""
+    names = {
+        "float32": torch.float32, "fp32": torch.float32,
+        "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    }
+    if requested and requested != "auto":
+        if requested not in names:
+            raise ValueError(f"unknown dtype {requested!r}; one of auto, {', '.join(names)}")
+        return names[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
+    """Sampling defaults and EOS ids the model's generation_config.json declares, verbatim."""
+    path = cached_file(repo_id, "generation_config.json", revision=revision, local_files_only=True,
+                       _raise_exceptions_for_missing_entries=False)
+    if not path:
+        return {}, []
+    try:
+        raw = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return {}, []
+    eos = raw.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
+    return {key: raw[key] for key in MODEL_DEFAULT_KEYS if raw.get(key) is not None}, eos_ids
+
+
+def _max_model_len(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> int:
+    config = model.config
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's parameters and buffers hold, wherever they live."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def estimate_bytes(name: str) -> int | None:
+    """Weight bytes on disk for a cached model (what loading it will roughly take); None if not cached."""
+    ref = ModelRef.parse(name)
+    repo_id, revision = ref.repo_id, ref.branch
+    config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if not isinstance(config, str):
+        return None
+    snapshot = Path(config).parent
+    return sum(f.stat().st_size for f in snapshot.rglob("*") if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
+
+
+_progress_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _weights_progress(progress: Progress) -> Iterator[None]:
+    """Report transformers' per-tensor loading loop as `weights` progress.
+
+    transformers drives that loop through its own tqdm; while this thread loads, that name
+    points at a wrapper that counts items (other threads still get the real tqdm).
+    """
+    try:
+        from transformers import core_model_loading as loading
+    except ImportError:  # another transformers layout: start and end only
+        yield
+        return
+    with _progress_lock:
+        original = getattr(loading, "tqdm", None)
+        if original is None:
+            yield
+            return
+        owner = threading.current_thread()
+
+        def counting_tqdm(iterable=None, *args, **kwargs):
+            if threading.current_thread() is not owner or iterable is None:
+                return original(iterable, *args, **kwargs)
+            return _count(iterable, progress)
+
+        loading.tqdm = counting_tqdm
+        try:
+            yield
+        finally:
+            loading.tqdm = original
+
+
+def _count(iterable, progress: Progress) -> Iterator:
+    items = list(iterable)
+    total = len(items)
+    every = max(1, total // 10)  # about ten events per load, always the first and the last
+    for index, item in enumerate(items, 1):
+        yield item
+        if index == 1 or index == total or index % every == 0:
+            progress("weights", {"current": index, "total": total})
+
+
+def _local_first(loader, repo_id: str, **kwargs):
+    try:  # what the cache holds loads without touching the network
+        return loader(repo_id, local_files_only=True, **kwargs)
+    except OSError:
+        if not hub_reachable():  # never into huggingface_hub's minute of retries
+            raise OSError(f"`{repo_id}` is not in the cache and the hub is not reachable") from None
+        return loader(repo_id, **kwargs)
+
+
+def _download(repo_id: str, revision: str, progress: Progress) -> None:
+    progress("download", {"current": 0, "total": None})
+    folder = Path(snapshot_download(repo_id, revision=revision))
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    progress("download", {"current": size, "total": size})
+
+
+def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
+    """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
+    report: Progress = progress or (lambda stage, value=None: None)
+    ref = ModelRef.parse(name)
+    repo_id, revision = ref.repo_id, ref.branch
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    started = time.monotonic()
+    try:
+        report("processor", None)
+        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)  # says which processor
+        kind = model_kind(config.to_dict()) or "causal"
+        processor = None
+        if kind == "causal":
+            tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
+        else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
+            from transformers import AutoProcessor
+
+            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil")
+            tokenizer = processor.tokenizer
+        report("config", None)
+        kwargs = dict(revision=revision, config=config, dtype=torch_dtype)
+        model_class = _model_class(kind)
+        try:
+            with _weights_progress(report):
+                model = model_class.from_pretrained(repo_id, local_files_only=True, **kwargs)
+        except OSError:
+            _download(repo_id, revision, report)
+            with _weights_progress(report):
+                model = model_class.from_pretrained(repo_id, **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(f"The model `{name}` does not exist or could not be read: {exc}", not_found=True) from exc
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"The model `{name}` could not be loaded: {exc}") from exc
+    model.to(torch_device)
+    model.eval()
+    defaults, eos_ids = _generation_defaults(repo_id, revision)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    logger.info("loaded %s on %s as %s in %.1fs", name, torch_device, torch_dtype, time.monotonic() - started)
+    return LoadedModel(
+        model_id=repo_id,
+        revision=revision,
+        model=model,
+        tokenizer=tokenizer,
+        device=torch_device,
+        max_model_len=_max_model_len(model, tokenizer),
+        eos_token_ids=eos_ids,
+        generation_defaults=defaults,
+        memory_bytes=model_bytes(model),
+        kind=kind,
+        processor=processor,
+    )

@@ -1,0 +1,203 @@
+"""Which models a worker holds: loading, per-model settings, idle unloading, a memory budget.
+
+Plain Python + torch, called only from the engine thread (but `snapshot()`, which any
+thread may read). Every load and unload is reported through `on_event(dict)` so the
+worker's consumer can record it; nothing here knows of Django or the channel layer.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+import protocol
+from workers.engine.errors import MemoryBudgetError, ModelBusyError, ModelLoadError
+from workers.engine.model_loader import LoadedModel, Progress, estimate_bytes, load_model
+from protocol import ModelRef
+from workers.engine.runner import ModelRunner
+from workers.engine.sampling import MODEL_DEFAULT_KEYS
+
+logger = logging.getLogger(__name__)
+
+OnEvent = Callable[[protocol.ModelChange], None]
+MIB = 1024 * 1024
+
+
+@dataclass
+class LoadPlan:
+    """One load under way: decided on the engine thread, run on the loader thread."""
+
+    name: str
+    device: str
+    dtype: str
+    requested_by: str
+    started: float = field(default_factory=time.monotonic)
+
+    def load(self, progress: Progress | None = None) -> LoadedModel:
+        return load_model(self.name, self.device, self.dtype, progress)
+
+
+class ModelManager:
+    def __init__(self, device: str, dtype: str, prefill_chunk: int, default_timeout: float,
+                 budget_bytes: int | None, on_event: OnEvent | None = None, prefix_cache_bytes: int = 0,
+                 max_rows: int = 32) -> None:
+        self.device = device
+        self.max_rows = max_rows
+        self.dtype = dtype
+        self.prefill_chunk = prefill_chunk
+        self.prefix_cache_bytes = prefix_cache_bytes
+        self.default_timeout = default_timeout
+        self.budget_bytes = budget_bytes if budget_bytes and budget_bytes > 0 else None
+        self.on_event = on_event or (lambda event: None)
+        self.models: dict[str, LoadedModel] = {}
+        self.runners: dict[str, ModelRunner] = {}
+        self.settings: dict[str, dict] = {}  # by repo id, from the catalog
+        self._file_defaults: dict[str, tuple[dict, str | None]] = {}
+        self._snapshot: dict[str, dict] = {}
+
+    # --- read from any thread ----------------------------------------------
+    def snapshot(self) -> dict[str, dict]:
+        """{name: {"memory_bytes", "last_used" (epoch seconds)}}, replaced whole on every change."""
+        return self._snapshot
+
+    def _publish(self) -> None:
+        offset = time.time() - time.monotonic()
+        self._snapshot = {name: {"memory_bytes": m.memory_bytes, "last_used": m.last_used + offset}
+                          for name, m in self.models.items()}
+
+    # --- settings --------------------------------------------------------------
+    def _settings(self, name: str) -> dict:
+        return self.settings.get(ModelRef.parse(name).repo_id, {})
+
+    def configure(self, settings: dict[str, dict]) -> None:
+        """Replace every model's settings; loaded models take new defaults and templates at once."""
+        self.settings = dict(settings)
+        for name, loaded in self.models.items():
+            self._apply(name, loaded)
+
+    def _apply(self, name: str, loaded: LoadedModel) -> None:
+        file_defaults, file_template = self._file_defaults.setdefault(
+            name, (dict(loaded.generation_defaults), getattr(loaded.tokenizer, "chat_template", None)))
+        own = self._settings(name)
+        extra = {k: v for k, v in (own.get("generation_defaults") or {}).items() if k in MODEL_DEFAULT_KEYS}
+        loaded.generation_defaults = {**file_defaults, **extra}
+        loaded.default_stop = list((own.get("generation_defaults") or {}).get("stop") or [])
+        loaded.tokenizer.chat_template = own.get("chat_template") or file_template
+
+    def idle_timeout(self, name: str) -> float:
+        value = self._settings(name).get("idle_timeout")
+        return self.default_timeout if value is None else float(value)
+
+    def pinned(self, name: str) -> bool:
+        return bool(self._settings(name).get("preload"))
+
+    # --- load / unload -------------------------------------------------------
+    def use(self, name: str) -> LoadedModel:
+        """A loaded model, marked used now."""
+        loaded = self.models[name]
+        loaded.last_used = time.monotonic()
+        self._publish()
+        return loaded
+
+    def begin_load(self, name: str, busy: set[str], requested_by: str) -> LoadPlan:
+        """What loading `name` takes, decided on the engine thread: room made (idle models evicted
+        if the budget needs it), the load announced. The load itself is `plan.load(progress)`."""
+        name = ModelRef.parse(name).key
+        own = self._settings(name)
+        dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
+        plan = LoadPlan(name, own.get("device") or self.device, dtype, requested_by)
+        self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
+        try:
+            self._make_room(name, busy)
+        except ModelLoadError as exc:
+            self.fail_load(plan, exc)
+            raise
+        return plan
+
+    def finish_load(self, plan: LoadPlan, loaded: LoadedModel) -> LoadedModel:
+        """Install a model loaded off the engine thread (called on the engine thread)."""
+        self.models[plan.name] = loaded
+        # Everything alive now (the libraries, this model's modules) leaves the collector's sight:
+        # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
+        # stream); after freezing, only what is new.
+        gc.freeze()
+        self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
+        self._apply(plan.name, loaded)
+        loaded.last_used = time.monotonic()
+        self._publish()
+        self.on_event({"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
+                       "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes})
+        return loaded
+
+    def fail_load(self, plan: LoadPlan, exc: Exception) -> None:
+        self.on_event({"type": protocol.MODEL_LOAD_FAILED, "model": plan.name, "requested_by": plan.requested_by,
+                       "duration_s": time.monotonic() - plan.started, "error": str(exc)})
+
+    def touch(self, name: str) -> None:
+        loaded = self.models.get(name)
+        if loaded is not None:
+            loaded.last_used = time.monotonic()
+
+    def used_bytes(self) -> int:
+        return sum(m.memory_bytes for m in self.models.values())
+
+    def _make_room(self, name: str, busy: set[str]) -> None:
+        """Unload least recently used idle models until `name` fits the budget; else refuse."""
+        if self.budget_bytes is None:
+            return
+        need = estimate_bytes(name) or 0
+        if need > self.budget_bytes:
+            raise MemoryBudgetError(
+                f"The model `{name}` needs about {need / MIB:.1f} MiB, more than this worker's memory budget "
+                f"of {self.budget_bytes / MIB:.1f} MiB.")
+        while self.used_bytes() + need > self.budget_bytes:
+            idle = [n for n in self.models if n not in busy and not self.pinned(n)]
+            if not idle:
+                held = ", ".join(sorted(self.models)) or "none"
+                raise MemoryBudgetError(
+                    f"Not enough memory to load `{name}` (about {need / MIB:.1f} MiB): this worker's budget of "
+                    f"{self.budget_bytes / MIB:.1f} MiB is held by models in use or preloaded ({held}). "
+                    "Retry when they are idle, or unload one.")
+            victim = min(idle, key=lambda n: self.models[n].last_used)
+            self.unload(victim, busy, requested_by=f"evict:{name}")
+
+    def unload(self, name: str, busy: set[str], requested_by: str) -> bool:
+        """Unload now; refuses (ModelBusyError) while sequences of the model run or wait. False if not loaded."""
+        name = ModelRef.parse(name).key
+        if name not in self.models:
+            return False
+        if name in busy:
+            raise ModelBusyError(f"The model `{name}` is generating; unload it when its requests finish.")
+        started = time.monotonic()
+        loaded = self.models.pop(name)
+        self.runners.pop(name, None)
+        self._file_defaults.pop(name, None)
+        device = loaded.device
+        model = weakref.ref(loaded.model)
+        del loaded
+        if model() is not None:  # kept by a reference cycle: only a full collection frees its weights
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._publish()
+        logger.info("unloaded %s (%s)", name, requested_by)
+        self.on_event({"type": protocol.MODEL_UNLOADED, "model": name, "requested_by": requested_by,
+                       "duration_s": time.monotonic() - started})
+        return True
+
+    def unload_idle(self, busy: set[str]) -> None:
+        """Models idle past their timeout go (never preloaded ones, never with timeout -1)."""
+        now = time.monotonic()
+        for name in list(self.models):
+            timeout = self.idle_timeout(name)
+            if name in busy or self.pinned(name) or timeout < 0:
+                continue
+            if now - self.models[name].last_used >= timeout:
+                self.unload(name, busy, requested_by="idle")

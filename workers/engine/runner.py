@@ -1,0 +1,160 @@
+"""The model's forward passes for the engine: prefill newcomers, then one batched decode step.
+
+A newcomer is prefilled alone, in chunks of at most `prefill_chunk` tokens per
+engine step so running streams never stall for long; its cache then joins the
+left-padded batch, and every running sequence advances by one token per step.
+Models whose cache cannot be re-padded (sliding windows) decode row by row.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from workers.engine.kv.batch import clone_cache, slice_rows, supports_batching
+from workers.engine.kv.slab import SlabKV
+from workers.engine.model_loader import LoadedModel
+from workers.engine.kv.prefix_cache import PrefixCache
+from workers.engine.sequences import Sequence
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256, prefix_cache_bytes: int = 0,
+                 max_rows: int = 32) -> None:
+        self.loaded = loaded
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.prefix_cache = PrefixCache(loaded.model.config, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
+        row_slots = max_rows if loaded.device.type == "cpu" else 4
+        self.batch = SlabKV(loaded.model.config, loaded.device, row_slots)
+        self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
+        self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
+        self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys + values of one token over every layer."""
+        config = self.loaded.model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        element = torch.finfo(self.loaded.model.dtype).bits // 8
+        return 2 * config.num_hidden_layers * heads * head_dim * element
+
+    @property
+    def running(self) -> int:
+        return len(self.batch_rows) + len(self.solo_rows)
+
+    @property
+    def rows(self) -> list[Sequence]:
+        return [*self.batch_rows, *self.solo_rows]
+
+    # --- prefill -----------------------------------------------------------
+    def attach_prefix(self, seq: Sequence) -> int | None:
+        """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
+        cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
+        if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable
+                or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
+            return None
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids)
+        return seq.prefilled
+
+    def remember_prefix(self, seq: Sequence) -> None:
+        """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
+        if self.prefix_cache is not None and seq.state is not None and self.batchable and seq.media_inputs is None:
+            self.prefix_cache.remember(seq.prompt_ids, seq.state)
+
+    def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
+        """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
+        if seq.state is None:
+            seq.state = DynamicCache(config=self.loaded.model.config)
+            seq.prefilled = 0
+        remaining = len(seq.prompt_ids) - seq.prefilled
+        # Media features need their placeholder tokens in the same forward: one chunk.
+        take = remaining if seq.media_inputs is not None else min(remaining, budget, self.prefill_chunk)
+        if take <= 0:
+            return 0, None
+        chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
+        output = self.loaded.model(
+            input_ids=torch.tensor([chunk], device=self.loaded.device),
+            past_key_values=seq.state,
+            use_cache=True,
+            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
+            **self._media_tensors(seq),
+        )
+        seq.state = output.past_key_values
+        seq.prefilled += take
+        done = seq.prefilled == len(seq.prompt_ids)
+        if seq.wants_prompt_logprobs:
+            seq.record_prompt_chunk(output.logits[0], last=done)
+        return take, output.logits[0, -1] if done else None
+
+    def _media_tensors(self, seq: Sequence) -> dict:
+        """The processor's tensors for the model's forward, floating ones in the model's dtype."""
+        if seq.media_inputs is None:
+            return {}
+        dtype = self.loaded.model.dtype
+        return {key: value.to(self.loaded.device, dtype=dtype if value.is_floating_point() else value.dtype)
+                for key, value in seq.media_inputs.items()}
+
+    def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
+        """Whole prompts of several newcomers in one left-padded forward; each keeps its own cache rows."""
+        if len(sequences) == 1:
+            return [self.prefill(sequences[0], len(sequences[0].prompt_ids))[1]]
+        device = self.loaded.device
+        lengths = [len(seq.prompt_ids) for seq in sequences]
+        width = max(lengths)
+        pad = self.loaded.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([[pad] * (width - n) + seq.prompt_ids for seq, n in zip(sequences, lengths)], device=device)
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
+        output = self.loaded.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=DynamicCache(config=self.loaded.model.config), use_cache=True, logits_to_keep=1,
+        )
+        for row, (seq, length) in enumerate(zip(sequences, lengths)):
+            seq.state = slice_rows(self.loaded.model.config, output.past_key_values, row, length)
+            seq.prefilled = length
+        return list(output.logits[:, -1])
+
+    def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
+        """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
+        if sibling.max_tokens > 0:
+            sibling.state = clone_cache(self.loaded.model.config, source.state)
+        sibling.prefilled = len(sibling.prompt_ids)
+        if sibling.wants_prompt_logprobs and source.pending_logprobs is not None:
+            sibling.copy_prompt_logprobs(source)
+
+    def join(self, sequences: list[Sequence]) -> None:
+        """Prefilled sequences start decoding with the running batch from the next forward."""
+        if not sequences:
+            return
+        if not self.batchable:
+            self.solo_rows.extend(sequences)
+            return
+        self.batch.add([seq.state for seq in sequences])
+        for seq in sequences:
+            seq.state = None  # its keys/values now live in the batch
+        self.batch_rows.extend(sequences)
+
+    # --- decode ------------------------------------------------------------
+    def drop_finished(self) -> None:
+        dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
+        if dead:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
+        self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
+
+    def decode(self) -> list[tuple[Sequence, torch.Tensor]]:
+        """One token for every running sequence."""
+        results: list[tuple[Sequence, torch.Tensor]] = []
+        if self.batch_rows:
+            inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
+            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
+            self.batch.advance()
+            logits = output.logits[:, -1, :]
+            results.extend(zip(self.batch_rows, logits))
+        for seq in self.solo_rows:
+            output = self.loaded.model(
+                input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
+                past_key_values=seq.state, use_cache=True, logits_to_keep=1,
+            )
+            seq.state = output.past_key_values
+            results.append((seq, output.logits[0, -1]))
+        return results

@@ -1,0 +1,141 @@
+"""Where each sequence is and what one engine step computes for it: waiting, prefilling, decoding.
+
+Sequences wait in arrival order until a slot is free and their KV reservation
+fits; the step decodes one token for every running row of every model's batch,
+then prefills newcomers within the pacer's token budget (workers/engine/prefill_pacing.py).
+Plain Python + torch: the engine owns requests and publishing, this owns the batch.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from workers.engine.config import EngineConfig
+from workers.engine.constraints import sample_rows
+from workers.engine.metrics import EngineMetrics
+from workers.engine.prefill_pacing import PrefillPacer
+from workers.engine.runner import ModelRunner
+from workers.engine.sequences import Sequence
+
+
+class Scheduler:
+    def __init__(self, runners: dict[str, ModelRunner], metrics: EngineMetrics, config: EngineConfig) -> None:
+        self.runners = runners  # by model key, shared with (and filled by) the model manager
+        self.metrics = metrics
+        self.max_num_seqs = config.max_num_seqs
+        self.kv_budget_bytes = config.kv_budget_bytes
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
+        self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
+
+    def decode(self) -> list[Sequence]:
+        """Drop finished rows, let waiting sequences in, and give every running sequence its next token."""
+        for runner in self.runners.values():
+            runner.drop_finished()
+        self._let_waiting_in()
+        decoded: list[Sequence] = []
+        started = time.perf_counter()
+        for runner in self.runners.values():
+            pairs = runner.decode()
+            sample_rows(pairs)
+            decoded.extend(seq for seq, _ in pairs)
+        self.metrics.step(len(decoded))
+        self.metrics.tokens(decoded)
+        if decoded:
+            self.pacer.decoded(time.perf_counter() - started)
+        return decoded
+
+    def _let_waiting_in(self) -> None:
+        """In arrival order, while a sequence slot is free and its KV reservation fits the budget."""
+        self.prefilling = [seq for seq in self.prefilling if not seq.finished]
+        running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
+        budget = self.kv_budget_bytes
+        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self._in_flight())
+        while self.waiting and running < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.finished:
+                self.waiting.popleft()
+                continue
+            needed = 0 if budget is None else self._kv_reservation(seq)
+            if budget is not None and running and reserved + needed > budget:
+                break  # it waits for running sequences to finish (alone, it always runs)
+            self.waiting.popleft()
+            self.prefilling.append(seq)
+            self.metrics.scheduled(seq.request)
+            running += 1
+            reserved += needed
+
+    def _in_flight(self) -> list[Sequence]:
+        return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
+
+    def _kv_reservation(self, seq: Sequence) -> int:
+        """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
+        runner = self.runners.get(seq.request.model_name)
+        return 0 if runner is None else (len(seq.prompt_ids) + seq.max_tokens) * runner.kv_bytes_per_token
+
+    def prefill(self, decoding: bool) -> bool:
+        """Spend this step's prompt-token budget (`decoding`: streams wait on this step's tokens);
+        whether any prompt finished its prefill.
+
+        Short prompts are prefilled together in one padded forward; a long prompt
+        (or one whose every position must be scored) goes alone, in chunks.
+        Choices of one prompt share its prefill.
+        """
+        budget = self.pacer.budget(decoding)
+        began, planned = time.perf_counter(), budget
+        started = [s for s in self.prefilling if s.state is not None and not s.finished]
+        fresh: list[Sequence] = []
+        for seq in self.prefilling:
+            if seq.state is None and not seq.finished and not any(
+                    f.request is seq.request and f.prompt_index == seq.prompt_index for f in fresh):
+                fresh.append(seq)
+        done: list[tuple[Sequence, torch.Tensor]] = []
+        for seq in started:  # a long prompt already under way continues first
+            used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
+            budget -= used
+            if logits is not None:
+                done.append((seq, logits))
+        together: dict[str, list[Sequence]] = {}
+        for seq in fresh:
+            if budget <= 0:
+                break
+            runner = self.runners[seq.request.model_name]
+            cached = runner.attach_prefix(seq)
+            if cached is not None:
+                self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
+            if cached or seq.wants_prompt_logprobs or seq.media_inputs is not None or len(seq.prompt_ids) > budget:
+                used, logits = runner.prefill(seq, budget)
+                budget -= used
+                if logits is not None:
+                    done.append((seq, logits))
+            else:
+                together.setdefault(seq.request.model_name, []).append(seq)
+                budget -= len(seq.prompt_ids)
+        for name, sequences in together.items():
+            done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
+        self.pacer.prefilled(planned - budget, time.perf_counter() - began)
+        self._start_decoding(done)
+        return bool(done)
+
+    def _start_decoding(self, done: list[tuple[Sequence, torch.Tensor]]) -> None:
+        """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""
+        first: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
+        for seq, logits in done:
+            runner = self.runners[seq.request.model_name]
+            runner.remember_prefix(seq)
+            group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
+                             and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
+            for sibling in group[1:]:
+                runner.share_prefill(seq, sibling)
+            for member in group:
+                if member.max_tokens == 0:  # the prompt was only scored
+                    member.finish("length")
+            first.setdefault(seq.request.model_name, []).extend(
+                (member, logits) for member in group if not member.finished)
+            self.prefilling = [s for s in self.prefilling if s not in group]
+        for name, pairs in first.items():
+            sample_rows(pairs)
+            self.metrics.tokens([member for member, _ in pairs])
+            self.runners[name].join([member for member, _ in pairs if not member.finished])

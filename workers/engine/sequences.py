@@ -1,0 +1,309 @@
+"""A job as the engine holds it: one Request with a Sequence per returned choice."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import protocol
+from protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, Structured, SubmitMessage, Usage
+from workers.engine.chat_templates import render_prompt
+from workers.engine.config import TemplateSettings
+from workers.engine.constraints import Constraint
+from workers.engine.detokenizer import IncrementalText
+from workers.engine.errors import JobError
+from workers.engine.model_loader import LoadedModel
+from workers.engine.prompt_scoring import PromptScorer
+from workers.engine.sampling import Sampler, SamplingParams, TokenChoice
+from workers.engine.token_text import TokenText, settled_length
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingLogprobs:
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+
+    def add(self, token: str, logprob: float | None, top: dict[str, float] | None, offset: int) -> None:
+        self.tokens.append(token)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(top)
+        self.text_offset.append(offset)
+
+    def as_dict(self) -> Logprobs:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+
+class Sequence:
+    """One choice being generated: its tokens, its sampler, its text, its model state."""
+
+    def __init__(self, request: "Request", index: int, prompt_index: int, prompt_ids: list[int], echo_text: str,
+                 sampler: Sampler, max_tokens: int, stop: list[str], suffix: str | None) -> None:
+        self.request = request
+        self.index = index
+        self.prompt_index = prompt_index  # choices of one prompt share its prefill
+        self.prefilled = 0
+        self.prompt_ids = prompt_ids
+        self.sampler = sampler
+        self.max_tokens = max_tokens
+        self.suffix = suffix
+        self.text = IncrementalText(request.model.tokenizer, stop)
+        self.completion_ids: list[int] = []
+        self.state = None  # the runner's per-sequence model state (KV cache)
+        self.media_inputs: dict | None = None  # processor tensors the prompt's prefill takes (pixel_values, …)
+        self.finish_reason: str | None = None
+        self.echo_length = len(echo_text)
+        self.pending_text = echo_text
+        self.pending_ids: list[int] = []
+        self.pending_logprobs: PendingLogprobs | None = PendingLogprobs() if sampler.params.logprobs is not None else None
+        self.wants_prompt_logprobs = request.echo and self.pending_logprobs is not None
+        self.prompt_logprobs = PendingLogprobs()  # scored prompt tokens, held until the prefill ends
+        self.prompt_scorer = PromptScorer(request.model.tokenizer, request.token_text, prompt_ids, self.echo_length,
+                                          sampler.params.logprobs or 0) if self.wants_prompt_logprobs else None
+        self.sent_final = False
+        self.constraint: Constraint | None = None  # set once the request's grammar is compiled
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def _token_text(self, token_id: int) -> str:
+        return self.request.token_text(token_id)
+
+    def _top(self, choice: TokenChoice) -> dict[str, float]:
+        top = {self._token_text(t): lp for t, lp in choice.top}
+        top.setdefault(self._token_text(choice.token_id), choice.logprob)
+        return top
+
+    def record_prompt_chunk(self, chunk_logits: torch.Tensor, last: bool) -> None:
+        """Echo + logprobs: score the prompt tokens this prefill chunk settles; all go out with the first token."""
+        self.prompt_scorer.score_chunk(chunk_logits, self.prompt_logprobs.add)
+        if last:
+            merged = self.prompt_logprobs
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(merged, name).extend(getattr(self.pending_logprobs, name))
+            self.pending_logprobs, self.prompt_logprobs = merged, PendingLogprobs()
+
+    def copy_prompt_logprobs(self, source: "Sequence") -> None:
+        theirs = source.pending_logprobs
+        self.pending_logprobs = PendingLogprobs(list(theirs.tokens), list(theirs.token_logprobs),
+                                                list(theirs.top_logprobs), list(theirs.text_offset))
+
+    def abort(self) -> None:
+        """The client is gone: stop without producing anything more."""
+        self.finish_reason = "cancelled"
+        self.state = None
+
+    def dead_end(self, reason: str) -> None:
+        """The grammar admits no token: end this choice as complete ("stop"), not the request."""
+        logger.warning("%s choice %d: grammar dead end after %d tokens (%s); finishing it", self.request.request_id,
+                       self.index, len(self.completion_ids), reason)
+        self.finish("stop")
+
+    def accept(self, choice: TokenChoice | None) -> None:
+        """Take the sampled token: extend the text, decide whether the sequence ends."""
+        if choice is None:
+            self.dead_end("no token allowed")
+            return
+        offset_before = self.echo_length + settled_length(self.text.text)
+        self.completion_ids.append(choice.token_id)
+        self.pending_ids.append(choice.token_id)
+        if self.pending_logprobs is not None:
+            self.pending_logprobs.add(self._token_text(choice.token_id), choice.logprob, self._top(choice), offset_before)
+        params = self.sampler.params
+        hit_eos = choice.token_id in self.sampler.eos_token_ids and not params.ignore_eos
+        delta, stopped = self.text.update(self.completion_ids)
+        self.pending_text += delta
+        if self.constraint is not None and not hit_eos and not self.constraint.consume(choice.token_id):
+            self.dead_end(self.constraint.error or "token refused")
+        elif stopped:
+            self.finish("stop", flush=False)
+        elif hit_eos or (self.constraint is not None and self.constraint.complete):
+            self.finish("stop")
+        elif len(self.completion_ids) >= self.max_tokens:
+            self.finish("length")
+
+    def finish(self, reason: str, flush: bool = True) -> None:
+        """End the sequence; `flush=False` when a stop string ended it (nothing after it is returned)."""
+        if self.finished:
+            return
+        if flush:
+            self.pending_text += self.text.flush()
+        if self.suffix:
+            self.pending_text += self.suffix
+        self.finish_reason = reason
+        self.state = None
+
+    def take_delta(self) -> ChoiceDelta | None:
+        """What the client has not seen yet, as a protocol ChoiceDelta (None when nothing new)."""
+        if self.sent_final:
+            return None
+        has_logprobs = self.pending_logprobs is not None and self.pending_logprobs.tokens
+        if not (self.pending_text or self.pending_ids or has_logprobs or self.finished):
+            return None
+        delta: ChoiceDelta = {
+            "index": self.index,
+            "text": self.pending_text,
+            "token_ids": self.pending_ids,
+            "logprobs": self.pending_logprobs.as_dict() if self.pending_logprobs is not None else None,
+            "finish_reason": self.finish_reason,
+        }
+        self.pending_text, self.pending_ids = "", []
+        if self.pending_logprobs is not None:
+            self.pending_logprobs = PendingLogprobs()
+        self.sent_final = self.finished
+        return delta
+
+
+class Request:
+    """One submitted job: its prompts tokenized and checked, one Sequence per choice."""
+
+    def __init__(self, job: SubmitMessage, model: LoadedModel, templates: TemplateSettings) -> None:
+        self.request_id: str = job["request_id"]
+        self.reply_channel: str = job["reply_channel"]
+        self.model = model
+        self.token_text = TokenText(model.tokenizer)
+        self.arrived = time.monotonic()
+        params = JobParams.from_wire(job["params"])
+        self.echo = params.echo
+        if model.kind == "speech":
+            raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
+                           "/v1/audio/transcriptions.", "model", "unsupported_model")
+        self.media_inputs: list[dict | None] = []  # per prompt
+        self.prompt_ids = [self._tokenize(prompt, templates) for prompt in job["prompts"]]
+        max_tokens = self._max_tokens(params.max_tokens)
+        self._check_limits(max_tokens, params)
+        sampling = SamplingParams.from_job(params, model.generation_defaults)
+        sampling.bad_words_ids += self._bad_words_ids(params.bad_words)
+        self.structured: Structured | None = params.structured
+        num_beams = params.num_beams
+        self.beam: dict | None = None  # beam search settings; None for the continuous batch
+        if num_beams > 1:
+            self._check_beam_request(num_beams, params)
+            self.beam = {"num_beams": num_beams, "length_penalty": float(params.length_penalty),
+                         "early_stopping": params.early_stopping}
+        n = params.n
+        self.sequences: list[Sequence] = []
+        for prompt_index, (prompt, ids) in enumerate(zip(job["prompts"], self.prompt_ids)):
+            echo_text = self._echo_text(prompt, ids) if self.echo else ""
+            # min_length counts the prompt too, as in Hugging Face's generate (and forgather).
+            min_tokens = max(sampling.min_tokens, params.min_length - len(ids))
+            prompt_sampling = dataclasses.replace(sampling, min_tokens=min_tokens)
+            for sample in range(n):
+                sampler = Sampler(prompt_sampling, model.eos_token_ids, model.device, seed_offset=sample)
+                seq = Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler, max_tokens,
+                               params.stop or model.default_stop, params.suffix)
+                seq.media_inputs = self.media_inputs[prompt_index]
+                self.sequences.append(seq)
+
+    # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
+    open_blocks: tuple[str, ...] = ()
+
+    def _tokenize(self, prompt: Prompt, templates: TemplateSettings) -> list[int]:
+        if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
+            from workers.engine.media_prompts import has_media, render_media_conversation
+
+            if has_media(prompt):
+                rendered = render_media_conversation(self.model, prompt, templates)
+            else:
+                rendered = render_prompt(self.model.tokenizer, prompt, templates)
+            self.open_blocks = (*self.open_blocks, rendered.open_block)
+            self.media_inputs.append(rendered.media_inputs)
+            return rendered.ids
+        self.media_inputs.append(None)
+        if isinstance(prompt, str):
+            return list(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        vocab = self.model.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise JobError(400, f"Token ids in the prompt must be in [0, {vocab}).", "prompt", "invalid_token_id")
+        return list(prompt)
+
+    def _check_beam_request(self, num_beams: int, params: JobParams) -> None:
+        unsupported = [name for name, on in (("logprobs", params.logprobs is not None),
+                                              ("structured outputs", bool(params.structured))) if on]
+        if unsupported:
+            raise JobError(400, f"Beam search (num_beams > 1) does not support {unsupported[0]}.", "num_beams",
+                           "unsupported_parameter")
+        if params.n > num_beams:
+            raise JobError(400, f"n ({params.n}) must not exceed num_beams ({num_beams}).", "n", "invalid_value")
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each banned string as tokens, alone and after a space (how it appears mid-text)."""
+        banned: list[list[int]] = []
+        for word in words:
+            for text in (word, " " + word.lstrip()):
+                ids = list(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+                if ids and ids not in banned:
+                    banned.append(ids)
+        return banned
+
+    def constrain(self, template) -> None:
+        """Give every choice its own copy of the compiled grammar (an llguidance matcher)."""
+        for seq in self.sequences:
+            seq.constraint = Constraint(template.deep_copy())
+
+    def _echo_text(self, prompt: Prompt, ids: list[int]) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, dict):
+            if "text" in prompt:
+                return prompt["text"]
+            return self.model.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.model.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _max_tokens(self, requested: int | None) -> int:
+        """None (chat's default, as vLLM): whatever the context leaves after the longest prompt."""
+        if requested is not None:
+            return int(requested)
+        return max(self.model.max_model_len - max(len(ids) for ids in self.prompt_ids), 0)
+
+    def _check_limits(self, max_tokens: int, params: JobParams) -> None:
+        limit = self.model.max_model_len
+        for ids in self.prompt_ids:
+            if len(ids) + max_tokens > limit:
+                raise JobError(
+                    400,
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt; {max_tokens} for the "
+                    "completion). Please reduce your prompt; or completion length.",
+                    "prompt" if len(ids) >= limit else "max_tokens",
+                    "context_length_exceeded",
+                )
+        vocab = self.model.vocab_size
+        bad = [k for k in (params.logit_bias or {}) if not 0 <= int(k) < vocab]
+        if bad:
+            raise JobError(400, f"Invalid token id {bad[0]} in logit_bias: the vocabulary has {vocab} tokens.",
+                           "logit_bias", "invalid_token_id")
+        bounds = (("top_k", params.top_k or 0, vocab, "the vocabulary size"),
+                  ("min_tokens", params.min_tokens, max_tokens, "max_tokens (or the context left)"),
+                  ("no_repeat_ngram_size", params.no_repeat_ngram_size, limit, "the context length"))
+        for name, value, most, what in bounds:
+            if value > most:
+                raise JobError(400, f"{name} must be at most {what}, {most}; got {value}.", name, "invalid_value")
+        bad = [t for ids in params.bad_words_ids for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise JobError(400, f"Invalid token id {bad[0]} in bad_words_ids: the vocabulary has {vocab} tokens.",
+                           "bad_words_ids", "invalid_token_id")
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.finished for seq in self.sequences)
+
+    def started_message(self) -> Started:
+        return {"type": protocol.STARTED, "model": self.model.model_id,
+                "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids,
+                "max_model_len": self.model.max_model_len, "open_blocks": list(self.open_blocks)}
+
+    def usage(self) -> Usage:
+        return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),
+                "completion_tokens": sum(len(seq.completion_ids) for seq in self.sequences)}
+
+    def take_deltas(self) -> list[ChoiceDelta]:
+        return [delta for seq in self.sequences if (delta := seq.take_delta()) is not None]
