@@ -6,6 +6,8 @@ from django.contrib import admin, messages
 from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
 
+import protocol
+
 from . import selectors, services
 from .models import CachedModel, LoadEvent, ModelLoad, Worker
 
@@ -81,13 +83,13 @@ class CachedModelAdmin(admin.ModelAdmin):
     @admin.action(description="Preload now (load on a worker)")
     def preload_now(self, request, queryset) -> None:
         for model in queryset:
-            where = services.request_load(model.repo_id, _who(request))
+            where = services.request_load(protocol.ModelRef(model.repo_id), _who(request))
             self.message_user(request, f"Asked {where} to load {model.repo_id}.")
 
     @admin.action(description="Unload now (from every worker)")
     def unload_now(self, request, queryset) -> None:
         for model in queryset:
-            services.request_unload(model.repo_id, _who(request))
+            services.request_unload(protocol.ModelRef(model.repo_id), _who(request))
         self.message_user(request, f"Asked every worker to unload {queryset.count()} model(s); "
                                    "a worker refuses while the model is generating.")
 

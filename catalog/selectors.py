@@ -134,7 +134,12 @@ def listed_models() -> list[tuple[CacheEntry, dict]]:
 
 
 def resolve_model_id(name: str) -> str:
-    """The name a job carries for a client's model name (an alias becomes its repo id, any revision kept).
+    """`resolve_model`'s answer as the name a response echoes."""
+    return str(resolve_model(name))
+
+
+def resolve_model(name: str) -> ModelRef:
+    """The model a job carries for a client's model name (an alias becomes its repo id, any revision kept).
 
     Raises ModelDisabled, or ModelNotFound when offline (HF_HUB_OFFLINE, or the hub not
     reachable within a moment) and not in the cache (even after a fresh scan); online, unknown
@@ -144,9 +149,10 @@ def resolve_model_id(name: str) -> str:
     repo_id = canonical_repo_id(name)
     if repo_id in catalog_rules()[1]:
         raise ModelDisabled(name)
-    name = str(ModelRef(repo_id, ref.revision))
+    resolved = ModelRef(repo_id, ref.revision)
+    name = str(resolved)
     if find_cached_model(name) is not None or find_cached_model(name, fresh=True) is not None:
-        return name
+        return resolved
     if not hub_reachable():
         raise ModelNotFound(name)
-    return name
+    return resolved

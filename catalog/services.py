@@ -86,7 +86,7 @@ def _group_send(message: dict) -> None:
 def broadcast_settings() -> None:
     """Every worker takes the whole settings map at once (no restart)."""
     selectors.forget_rules()
-    _group_send({"type": protocol.MODEL_SETTINGS, "settings": selectors.model_settings_map()})
+    _group_send(protocol.settings_message(selectors.model_settings_map()))
 
 
 def save_model_settings(model: CachedModel) -> CachedModel:
@@ -126,7 +126,7 @@ def set_enabled(models, enabled: bool) -> int:
     broadcast_settings()
     if not enabled:
         for model in models:
-            request_unload(model.repo_id, "admin:disable")
+            request_unload(protocol.ModelRef(model.repo_id), "admin:disable")
     return count
 
 
@@ -141,18 +141,18 @@ def _load_channel(worker: Worker | None) -> str:
     return worker.channel_name if worker is not None and worker.channel_name else settings.INFERENCE["WORKER_CHANNEL"]
 
 
-def request_load(model_name: str, requested_by: str, worker: Worker | None = None) -> str:
+def request_load(model: protocol.ModelRef, requested_by: str, worker: Worker | None = None) -> str:
     """Ask one worker to load a model without waiting for it; returns where it went."""
-    _send(_load_channel(worker), protocol.control_message(protocol.MODEL_LOAD, model_name, None, requested_by))
+    _send(_load_channel(worker), protocol.control_message(protocol.MODEL_LOAD, model, None, requested_by))
     return worker.name if worker is not None else "any worker"
 
 
-def request_unload(model_name: str, requested_by: str) -> None:
+def request_unload(model: protocol.ModelRef, requested_by: str) -> None:
     """Ask every worker to unload a model; a worker refuses while the model is generating."""
-    _group_send(protocol.control_message(protocol.MODEL_UNLOAD, model_name, None, requested_by))
+    _group_send(protocol.control_message(protocol.MODEL_UNLOAD, model, None, requested_by))
 
 
-async def load_model(model_name: str, requested_by: str, *, ack_timeout: float, event_timeout: float,
+async def load_model(model: protocol.ModelRef, requested_by: str, *, ack_timeout: float, event_timeout: float,
                      worker: Worker | None = None) -> AsyncIterator[protocol.ControlAccepted | protocol.ProgressMessage]:
     """The round trip of a load: the worker's acceptance, then its progress until a terminal event.
 
@@ -161,12 +161,12 @@ async def load_model(model_name: str, requested_by: str, *, ack_timeout: float, 
     """
     layer = get_channel_layer()
     reply = await layer.new_channel("reply.")
-    await layer.send(_load_channel(worker), protocol.control_message(protocol.MODEL_LOAD, model_name, reply, requested_by))
+    await layer.send(_load_channel(worker), protocol.control_message(protocol.MODEL_LOAD, model, reply, requested_by))
     try:
         async with asyncio.timeout(ack_timeout):
             message = await layer.receive(reply)
     except TimeoutError:
-        raise NoWorker(f"No worker accepted the load of {model_name} within {ack_timeout:.0f}s.") from None
+        raise NoWorker(f"No worker accepted the load of {model} within {ack_timeout:.0f}s.") from None
     while True:
         yield message
         if message.get("type") == protocol.MODEL_PROGRESS and protocol.is_terminal(message["event"]):
@@ -176,18 +176,18 @@ async def load_model(model_name: str, requested_by: str, *, ack_timeout: float, 
                 message = await layer.receive(reply)
         except TimeoutError:
             yield protocol.progress_message(message.get("worker", ""), {
-                "status": "error", "model": model_name, "message": "The worker stopped answering.",
+                "status": "error", "model": model.key, "message": "The worker stopped answering.",
                 "code": "worker_timeout"})
             return
 
 
-async def unload_model(model_name: str, requested_by: str, *, timeout: float,
+async def unload_model(model: protocol.ModelRef, requested_by: str, *, timeout: float,
                        answers: int | None = None) -> AsyncIterator[protocol.ProgressMessage]:
     """The round trip of an unload: every worker's answer, until `answers` came (None: all within `timeout`)."""
     layer = get_channel_layer()
     reply = await layer.new_channel("reply.")
     await layer.group_send(settings.INFERENCE["WORKER_GROUP"],
-                           protocol.control_message(protocol.MODEL_UNLOAD, model_name, reply, requested_by))
+                           protocol.control_message(protocol.MODEL_UNLOAD, model, reply, requested_by))
     deadline = asyncio.get_running_loop().time() + timeout
     received = 0
     while answers is None or received < answers:
@@ -202,7 +202,7 @@ async def unload_model(model_name: str, requested_by: str, *, timeout: float,
 
 def delete_from_cache(model: CachedModel, requested_by: str) -> int:
     """Unload everywhere, delete every cached revision from disk, mark the row gone; returns bytes freed."""
-    request_unload(model.repo_id, requested_by)
+    request_unload(protocol.ModelRef(model.repo_id), requested_by)
     freed = 0
     cache = Path(hf_constants.HF_HUB_CACHE)
     if cache.is_dir():

@@ -12,7 +12,8 @@ from django.conf import settings
 from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
 
-from catalog.selectors import resolve_model_id
+from catalog.selectors import resolve_model as resolve_catalog_model
+import protocol
 from teams.metering import RequestMeter
 from teams.response_headers import RateLimitHeadersMixin
 
@@ -103,13 +104,13 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
     return response
 
 
-async def resolve_model(name: str) -> str:
+async def resolve_model(name: str) -> protocol.ModelRef:
     """The name a job carries for a client's model name (catalog errors become 404s in errors.py).
 
     In a worker thread of its own (thread_sensitive=False), so a slow catalog read never
     queues behind another request's.
     """
-    return await database_sync_to_async(resolve_model_id, thread_sensitive=False)(name)
+    return await database_sync_to_async(resolve_catalog_model, thread_sensitive=False)(name)
 
 
 class GenerationView(OpenAIView):
@@ -130,14 +131,15 @@ class GenerationView(OpenAIView):
         serializer = self.serializer_class(data=request.data, context=self.serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        model = await resolve_model(data["model"])
+        resolved = await resolve_model(data["model"])
+        model = str(resolved)
         request_id = self.new_request_id()
         meter = request.meter = RequestMeter(request.auth, request.path, request_id)
         meter.check_model(model, data["model"])
         early = self.answer_without_job(data)
         if early is not None:
             return Response(early)
-        stream = await open_generation(request_id, model, serializer.job_prompts(), serializer.job_params(), meter)
+        stream = await open_generation(request_id, resolved, serializer.job_prompts(), serializer.job_params(), meter)
         return await self.respond(serializer, request_id, model, stream)
 
     def new_request_id(self) -> str:

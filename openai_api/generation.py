@@ -243,7 +243,7 @@ async def send_cancel(layer, request_id: str) -> None:
         logger.exception("could not send cancel for %s", request_id)
 
 
-async def open_generation(request_id: str, model: str, prompts: list[protocol.Prompt],
+async def open_generation(request_id: str, model: protocol.ModelRef, prompts: list[protocol.Prompt],
                           params: protocol.JobParams, meter: RequestMeter | None = None) -> GenerationStream:
     """Submit a job and wait until a worker has validated it and started generating.
 
@@ -277,7 +277,7 @@ async def open_generation(request_id: str, model: str, prompts: list[protocol.Pr
     return stream
 
 
-async def _open(request_id: str, model: str, prompts: list[protocol.Prompt],
+async def _open(request_id: str, model: protocol.ModelRef, prompts: list[protocol.Prompt],
                 params: protocol.JobParams) -> GenerationStream:
     layer = get_channel_layer()
     reply_channel = await layer.new_channel("reply.")

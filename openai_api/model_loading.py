@@ -26,15 +26,15 @@ def requested_by(request) -> str:
     return f"api:{request.auth.label}"
 
 
-async def _resolved(request) -> str:
+async def _resolved(request) -> protocol.ModelRef:
     """The model's canonical name; 404 as for an unknown model when the caller may not use it."""
     serializer = ModelNameSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     asked = serializer.validated_data["model"]
-    name = await resolve_model(asked)
-    if not request.auth.may_use(name):
+    model = await resolve_model(asked)
+    if not request.auth.may_use(str(model)):
         raise ModelNotFound(asked)
-    return protocol.ModelRef.parse(name).key
+    return model
 
 
 def _no_worker() -> APIError:
@@ -79,5 +79,5 @@ class UnloadModelView(OpenAIView):
             raise APIError(409, busy[0].get("message", "The model could not be unloaded."), "model",
                            busy[0].get("code") or "model_busy")
         unloaded_on = [worker for worker, e in events if e.get("status") == "unloaded"]
-        return Response({"status": "unloaded" if unloaded_on else "not_loaded", "model": name,
+        return Response({"status": "unloaded" if unloaded_on else "not_loaded", "model": name.key,
                          "unloaded_on": unloaded_on})

@@ -24,6 +24,7 @@ from __future__ import annotations
 from protocol.model_ref import (  # noqa: F401
     DEFAULT_REVISION,
     ModelRef,
+    ModelRefDict,
 )
 from protocol.params import (  # noqa: F401
     Structured,
@@ -62,6 +63,12 @@ from protocol.jobs import (  # noqa: F401
     DeltaMessage,
     DoneMessage,
     submit_message,
+    accepted_message,
+    alive_message,
+    route_ack_message,
+    delta_message,
+    done_message,
+    routed_job,
     is_stale,
     cancel_message,
     error_message,
@@ -87,9 +94,12 @@ from protocol.control import (  # noqa: F401
     ProgressMessage,
     ModelChange,
     control_message,
+    settings_message,
+    control_accepted,
     progress_message,
     is_terminal,
     PingMessage,
     PongMessage,
     ping_message,
+    pong_message,
 )

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from protocol.model_ref import ModelRef, ModelRefDict
+
 MODEL_LOAD = "model.load"
 MODEL_UNLOAD = "model.unload"
 MODEL_SETTINGS = "model.settings"
@@ -32,7 +34,7 @@ class ModelSettings(TypedDict):
 
 class ControlMessage(TypedDict):
     type: Literal["model.load", "model.unload"]
-    model: str  # ModelRef.key
+    model: ModelRefDict
     reply_channel: str | None
     requested_by: str
 
@@ -80,11 +82,19 @@ class ModelChange(TypedDict):
     memory_bytes: NotRequired[int]
 
 
-def control_message(kind: str, model: str, reply_channel: str | None = None, requested_by: str = "") -> ControlMessage:
+def control_message(kind: str, model: ModelRef, reply_channel: str | None = None, requested_by: str = "") -> ControlMessage:
     """A model.load / model.unload request."""
     if kind not in (MODEL_LOAD, MODEL_UNLOAD):
         raise ValueError(f"not a model control message: {kind}")
-    return {"type": kind, "model": model, "reply_channel": reply_channel, "requested_by": requested_by}
+    return {"type": kind, "model": model.to_wire(), "reply_channel": reply_channel, "requested_by": requested_by}
+
+
+def settings_message(settings: dict[str, ModelSettings]) -> SettingsMessage:
+    return {"type": MODEL_SETTINGS, "settings": settings}
+
+
+def control_accepted(worker: str) -> ControlAccepted:
+    return {"type": MODEL_ACCEPTED, "worker": worker}
 
 
 def progress_message(worker: str, event: ModelEvent) -> ProgressMessage:
@@ -110,3 +120,7 @@ class PongMessage(TypedDict):
 
 def ping_message(reply_channel: str) -> PingMessage:
     return {"type": PING, "reply_channel": reply_channel}
+
+
+def pong_message(worker: str) -> PongMessage:
+    return {"type": PONG, "worker": worker}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from protocol.model_ref import ModelRef, ModelRefDict
 from protocol.params import JobParams
 
 SUBMIT = "generation.submit"
@@ -72,7 +73,7 @@ class SubmitMessage(TypedDict):
     type: Literal["generation.submit"]
     request_id: str
     reply_channel: str
-    model: str
+    model: ModelRefDict  # resolved by the web side (catalog.selectors), never parsed again
     prompts: list[Prompt]
     params: dict[str, Any]  # JobParams.to_wire()
     routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
@@ -167,10 +168,35 @@ class DoneMessage(TypedDict):
     usage: Usage
 
 
-def submit_message(request_id: str, reply_channel: str, model: str, prompts: list[Prompt],
+def submit_message(request_id: str, reply_channel: str, model: ModelRef, prompts: list[Prompt],
                    params: JobParams) -> SubmitMessage:
-    return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model,
+    return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model.to_wire(),
             "prompts": prompts, "params": params.to_wire()}
+
+
+def accepted_message(worker: str) -> AcceptedMessage:
+    return {"type": ACCEPTED, "worker": worker}
+
+
+def alive_message() -> AliveMessage:
+    return {"type": ALIVE}
+
+
+def route_ack_message(request_id: str) -> RouteAckMessage:
+    return {"type": ROUTE_ACK, "request_id": request_id}
+
+
+def delta_message(choices: list[ChoiceDelta]) -> DeltaMessage:
+    return {"type": DELTA, "choices": choices}
+
+
+def done_message(choices: list[ChoiceDelta], usage: Usage) -> DoneMessage:
+    return {"type": DONE, "choices": choices, "usage": usage}
+
+
+def routed_job(job: SubmitMessage, passed_by: str) -> SubmitMessage:
+    """The job as passed on to the worker that holds its model (once: the receiver takes it)."""
+    return {**job, "routed": True, "route_ack": passed_by}
 
 
 def is_stale(job: SubmitMessage, now: float) -> bool:

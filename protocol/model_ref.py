@@ -2,8 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 DEFAULT_REVISION = "main"
+
+
+class ModelRefDict(TypedDict):
+    """A ModelRef on the wire (jobs and control messages carry the model already split)."""
+
+    repo_id: str
+    revision: str | None
 
 
 @dataclass(frozen=True)
@@ -33,3 +41,10 @@ class ModelRef:
 
     def __str__(self) -> str:
         return self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}"
+
+    def to_wire(self) -> ModelRefDict:
+        return {"repo_id": self.repo_id, "revision": self.revision}
+
+    @classmethod
+    def from_wire(cls, value: ModelRefDict) -> ModelRef:
+        return cls(value["repo_id"], value["revision"])

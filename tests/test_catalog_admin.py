@@ -130,11 +130,11 @@ def test_preload_and_unload_actions_send_control_messages(admin_client, admin_us
     alpha = CachedModel.objects.get(repo_id="local/alpha")
     admin_client.post(CHANGELIST, {"action": "preload_now", "_selected_action": [alpha.pk]})
     load = listener(from_worker_channel=True)
-    assert load["type"] == protocol.MODEL_LOAD and load["model"] == "local/alpha"
+    assert load["type"] == protocol.MODEL_LOAD and load["model"] == {"repo_id": "local/alpha", "revision": None}
     assert load["requested_by"] == f"admin:{admin_user.username}"
     admin_client.post(CHANGELIST, {"action": "unload_now", "_selected_action": [alpha.pk]})
     unload = listener()
-    assert unload["type"] == protocol.MODEL_UNLOAD and unload["model"] == "local/alpha"
+    assert unload["type"] == protocol.MODEL_UNLOAD and unload["model"] == {"repo_id": "local/alpha", "revision": None}
 
 
 def test_disable_and_enable(admin_client, cache, listener):

@@ -46,7 +46,7 @@ def engine(hf_cache):
 
 def submit(engine: Engine, prompt: str, **params) -> tuple[str, str]:
     request_id, reply = f"cmpl-{uuid.uuid4().hex}", f"reply.{uuid.uuid4().hex}"
-    engine.submit(protocol.submit_message(request_id, reply, TINY_MODEL, [prompt], protocol.JobParams(temperature=0, **params)))
+    engine.submit(protocol.submit_message(request_id, reply, protocol.ModelRef.parse(TINY_MODEL), [prompt], protocol.JobParams(temperature=0, **params)))
     return request_id, reply
 
 

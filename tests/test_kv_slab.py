@@ -99,7 +99,7 @@ def test_admission_waits_for_kv_budget(hf_cache, reference):
             try:
                 replies = [f"reply.{uuid.uuid4().hex}" for _ in range(replies_count)]
                 for reply in replies:
-                    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, TINY_MODEL, [prompt],
+                    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [prompt],
                                                           protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)))
                 with changed:
                     assert changed.wait_for(lambda: sum(m["type"] == protocol.DONE for _, m in emitted) == replies_count, 60)

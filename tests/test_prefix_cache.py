@@ -30,7 +30,7 @@ def generate_all(hf_cache, prefix_cache_bytes: int) -> tuple[list[list[int]], di
             outputs = []
             for question in QUESTIONS + QUESTIONS[:1]:  # the last one repeats a whole prompt
                 reply = f"reply.{uuid.uuid4().hex}"
-                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, TINY_MODEL, [SYSTEM + question],
+                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [SYSTEM + question],
                                                       protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
                 messages = outbox.wait_for(reply, finished)
                 assert messages[-1]["type"] == protocol.DONE, messages[-1]

@@ -57,7 +57,7 @@ def chunked_engine(hf_cache):
 def run_job(engine_and_outbox, prompt, **params) -> list[dict]:
     engine, outbox = engine_and_outbox
     reply = f"reply.{uuid.uuid4().hex}"
-    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, TINY_MODEL, [prompt],
+    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [prompt],
                                           protocol.JobParams(temperature=0, echo=True, **params)))
     return outbox.wait_for(reply, finished)
 

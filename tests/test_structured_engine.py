@@ -60,7 +60,7 @@ def engine(hf_cache):
 
 def submit(engine: Engine, prompt: str | list[int], **params) -> str:
     reply = f"reply.{uuid.uuid4().hex}"
-    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, TINY_MODEL, [prompt],
+    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [prompt],
                                         protocol.JobParams(**{"max_tokens": 16, **params})))
     return reply
 

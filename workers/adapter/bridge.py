@@ -45,7 +45,7 @@ class EngineBridge:
         self.media = config.media
         self._media_reads: set[asyncio.Task] = set()
         if model_settings:
-            self.engine.control({"type": protocol.MODEL_SETTINGS, "settings": model_settings})
+            self.engine.control(protocol.settings_message(model_settings))
         self.sender = self.loop.create_task(self._send_forever())
         self.recorder = self.loop.create_task(self._record_forever())
         self.keeper = self.loop.create_task(self._keep_alive_forever())
@@ -60,7 +60,7 @@ class EngineBridge:
                 None, "queue_full", retry_after=1))
             return
         if not acknowledged:
-            self.send(job["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.name})
+            self.send(job["reply_channel"], protocol.accepted_message(self.name))
         self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
         from workers.engine.media_prompts import job_has_media
 
@@ -89,7 +89,7 @@ class EngineBridge:
     def control(self, message: protocol.ControlMessage, acknowledged: bool = False) -> None:
         """A load or unload for the engine; a load with a reply channel is acknowledged first."""
         if message["type"] == protocol.MODEL_LOAD and message.get("reply_channel") and not acknowledged:
-            self.send(message["reply_channel"], {"type": protocol.MODEL_ACCEPTED, "worker": self.name})
+            self.send(message["reply_channel"], protocol.control_accepted(self.name))
         self.engine.control(message)
 
     def send(self, channel: str, message: dict) -> None:
@@ -142,7 +142,7 @@ class EngineBridge:
             for channel, (request_id, last_sent) in list(self._held.items()):
                 if now - last_sent >= self.keepalive_seconds:
                     self._held[channel] = (request_id, now)
-                    self.send(channel, {"type": protocol.ALIVE})
+                    self.send(channel, protocol.alive_message())
 
     async def _record_forever(self) -> None:
         while True:

@@ -109,7 +109,7 @@ class InferenceConsumer(AsyncConsumer):
         if welcome.preload:
             await self._started_bridge()
         for name in welcome.preload:
-            self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, name, None, "preload"))
+            self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, protocol.ModelRef(name), None, "preload"))
         while True:  # the first beat at once: a restarted worker routes its first jobs to the live holders
             loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
             self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
@@ -124,7 +124,7 @@ class InferenceConsumer(AsyncConsumer):
         if self._bridge is None:  # acknowledged at once; starting the engine takes a while
             if message.get("reply_channel"):
                 await self.channel_layer.send(message["reply_channel"],
-                                              {"type": protocol.MODEL_ACCEPTED, "worker": self.worker_name})
+                                              protocol.control_accepted(self.worker_name))
             self._in_background(self._control_when_started(message))
             return
         self.bridge.control(message)
@@ -137,15 +137,14 @@ class InferenceConsumer(AsyncConsumer):
             self._bridge.control(message)
         elif message.get("reply_channel"):  # nothing loaded here: say so at once
             await self.channel_layer.send(message["reply_channel"], protocol.progress_message(
-                self.worker_name, {"status": "not_loaded", "model": message["model"]}))
+                self.worker_name, {"status": "not_loaded", "model": protocol.ModelRef.from_wire(message["model"]).key}))
 
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
         if protocol.is_stale(message, time.time()):
             logger.info("dropped %s: its client stopped waiting before a worker took it", message["request_id"])
             return
         if message.get("route_ack"):  # passed here by another worker: confirm at once
-            await self.channel_layer.send(message["route_ack"], {"type": protocol.ROUTE_ACK,
-                                                                 "request_id": message["request_id"]})
+            await self.channel_layer.send(message["route_ack"], protocol.route_ack_message(message["request_id"]))
         # The in-process layer reaches no other worker (a channel in the catalog from an earlier
         # process is dead), so only a layer shared between processes routes.
         if (self.config["ROUTE_JOBS"] and not message.get("routed")
@@ -162,12 +161,12 @@ class InferenceConsumer(AsyncConsumer):
                 del self.unconfirmed[channel]
             else:
                 table = without_worker(table, channel)
-        target = choose_worker(message["model"], self.channel_name, held, table)
+        target = choose_worker(protocol.ModelRef.from_wire(message["model"]), self.channel_name, held, table)
         if target is None:
             await self._take(message)
             return
         # One hop at most: the receiver takes it whatever its table says.
-        await self.channel_layer.send(target, {**message, "routed": True, "route_ack": self.channel_name})
+        await self.channel_layer.send(target, protocol.routed_job(message, self.channel_name))
         self._in_background(self._take_unless_confirmed(message, target))
 
     async def generation_route_ack(self, message: protocol.RouteAckMessage) -> None:
@@ -187,7 +186,7 @@ class InferenceConsumer(AsyncConsumer):
             logger.info("dropped a second copy of %s", message["request_id"])
             return
         if self._bridge is None:  # acknowledged at once; starting the engine takes a while
-            await self.channel_layer.send(message["reply_channel"], {"type": protocol.ACCEPTED, "worker": self.worker_name})
+            await self.channel_layer.send(message["reply_channel"], protocol.accepted_message(self.worker_name))
             self._in_background(self._submit_when_started(message))
             return
         self.bridge.submit(message)
@@ -204,7 +203,7 @@ class InferenceConsumer(AsyncConsumer):
     async def _say_alive(self, reply_channel: str) -> None:
         while True:
             await asyncio.sleep(self.config["WORKER_KEEPALIVE_SECONDS"])
-            await self.channel_layer.send(reply_channel, {"type": protocol.ALIVE})
+            await self.channel_layer.send(reply_channel, protocol.alive_message())
 
     def _in_background(self, work) -> None:
         task = asyncio.ensure_future(work)
@@ -218,7 +217,7 @@ class InferenceConsumer(AsyncConsumer):
 
     async def worker_ping(self, message: protocol.PingMessage) -> None:
         """/health asks: answered from the event loop, so a busy engine still counts as reachable."""
-        await self.channel_layer.send(message["reply_channel"], {"type": protocol.PONG, "worker": self.worker_name})
+        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
         if self._bridge is not None:

@@ -30,13 +30,12 @@ def without_worker(table: RoutingTable, channel: str) -> RoutingTable:
             "free": {c: free for c, free in table["free"].items() if c != channel}}
 
 
-def choose_worker(model: str, here: str, held: Container[str], table: RoutingTable) -> str | None:
+def choose_worker(ref: ModelRef, here: str, held: Container[str], table: RoutingTable) -> str | None:
     """Another worker's channel for a job this worker (channel `here`, holding `held`) should not take, else None.
 
     A worker that holds the model takes it; otherwise a live worker that holds it, else the
     one with the most free memory (ties stay here).
     """
-    ref = ModelRef.parse(model)
     if ref.key in held:
         return None
     holders = [channel for channel in table["loaded"].get(ref.repo_id, ()) if channel != here]

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from typing import TYPE_CHECKING
-
 import llguidance
 import torch
-
-if TYPE_CHECKING:
-    from workers.engine.sequences import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +56,3 @@ def masks_for(constraints: list[Constraint | None], vocab_size: int) -> list[tor
         for position, row in enumerate(rows):
             masks[row] = allowed[position]
     return masks
-
-
-def sample_rows(pairs: list[tuple["Sequence", torch.Tensor]]) -> None:
-    """Each row takes its next token; the constrained rows' grammar masks are filled together first."""
-    if not pairs:
-        return
-    masks = masks_for([seq.constraint for seq, _ in pairs], pairs[0][1].shape[-1])
-    for (seq, logits), allowed in zip(pairs, masks):
-        seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids, allowed))

@@ -201,9 +201,9 @@ class Engine:
     def _busy(self) -> set[str]:
         return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
 
-    def _load(self, name: str, requested_by: str, listener: Listener | None = None) -> PendingLoad:
-        """Start loading `name` off this thread (or join the load under way); may raise ModelLoadError."""
-        return self.loader.start(name, self._busy(), requested_by, listener)
+    def _load(self, ref: ModelRef, requested_by: str, listener: Listener | None = None) -> PendingLoad:
+        """Start loading `ref` off this thread (or join the load under way); may raise ModelLoadError."""
+        return self.loader.start(ref, self._busy(), requested_by, listener)
 
     def _load_finished(self, name: str) -> None:
         """Admit the jobs that waited for the model, answer the load requests; or refuse them all."""
@@ -226,7 +226,7 @@ class Engine:
         elif isinstance(error, ModelLoadError):
             self._refuse(job["reply_channel"], protocol.error_message(error.status, str(error), "model", error.code))
         else:
-            logger.error("loading %s failed", job["model"], exc_info=error)
+            logger.error("loading %s failed", ModelRef.from_wire(job["model"]), exc_info=error)
             self._refuse(job["reply_channel"], protocol.error_message(
                 500, "The worker failed to load the model.", None, "internal_error"))
 
@@ -236,7 +236,8 @@ class Engine:
         if kind == protocol.MODEL_SETTINGS:
             self.manager.configure(message.get("settings") or {})
             return
-        name = ModelRef.parse(message["model"]).key
+        ref = ModelRef.from_wire(message["model"])
+        name = ref.key
         reply = message.get("reply_channel")
 
         def send(event: protocol.ModelEvent) -> None:
@@ -249,7 +250,7 @@ class Engine:
                 self.manager.use(name)
                 send({"status": "ready", "model": name, "cached": True})
             elif kind == protocol.MODEL_LOAD:
-                self._load(name, requested_by, send)
+                self._load(ref, requested_by, send)
             else:
                 unloaded = self.manager.unload(name, self._busy(), requested_by)
                 send({"status": "unloaded" if unloaded else "not_loaded", "model": name})
@@ -264,10 +265,11 @@ class Engine:
         if request_id in self._cancelled:
             self._job_done()
             return
-        name = ModelRef.parse(job["model"]).key
+        ref = ModelRef.from_wire(job["model"])
+        name = ref.key
         try:
             if name not in self.models:  # admitted once the model is in; other streams go on meanwhile
-                self._load(name, "request").jobs.append(job)
+                self._load(ref, "request").jobs.append(job)
                 return
             model = self.manager.use(name)
             if is_audio_prompt(job["prompts"][0]):
@@ -373,11 +375,11 @@ class Engine:
             self.manager.touch(request.model_name)  # idle time counts from the last request's end
             usage = request.usage()
             self.metrics.finished(request, usage)
-            self.emit(request.reply_channel, {"type": protocol.DONE, "choices": deltas, "usage": usage})
+            self.emit(request.reply_channel, protocol.done_message(deltas, usage))
             logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
                         usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
         elif deltas:
-            self.emit(request.reply_channel, {"type": protocol.DELTA, "choices": deltas})
+            self.emit(request.reply_channel, protocol.delta_message(deltas))
 
 
 def _also(first: Callable[[dict], None], then: Callable[[dict], None] | None) -> Callable[[dict], None]:

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import protocol
+from protocol import ModelRef
 from workers.engine.model_loader import LoadedModel
 from workers.engine.model_manager import LoadPlan, ModelManager
 
@@ -54,15 +55,15 @@ class Loader:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-loader",
                                             initializer=_yield_to_decoding)
 
-    def start(self, name: str, busy: set[str], requested_by: str, listener: Listener | None = None) -> PendingLoad:
-        """The load of `name` under way, started now if none is (engine thread; may raise ModelLoadError).
+    def start(self, ref: ModelRef, busy: set[str], requested_by: str, listener: Listener | None = None) -> PendingLoad:
+        """The load of `ref` under way, started now if none is (engine thread; may raise ModelLoadError).
 
         A `listener` hears every stage from the first, then ready or error.
         """
-        pending = self.pending.get(name)
+        pending = self.pending.get(ref.key)
         if pending is None:
-            plan = self.manager.begin_load(name, busy, requested_by)
-            pending = self.pending[name] = PendingLoad(plan, Future())
+            plan = self.manager.begin_load(ref, busy, requested_by)
+            pending = self.pending[ref.key] = PendingLoad(plan, Future())
             if listener is not None:
                 pending.listeners.append(listener)
             self._executor.submit(self._run, pending)

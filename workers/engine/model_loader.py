@@ -134,9 +134,8 @@ def model_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def estimate_bytes(name: str) -> int | None:
+def estimate_bytes(ref: ModelRef) -> int | None:
     """Weight bytes on disk for a cached model (what loading it will roughly take); None if not cached."""
-    ref = ModelRef.parse(name)
     repo_id, revision = ref.repo_id, ref.branch
     config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if not isinstance(config, str):
@@ -205,10 +204,9 @@ def _download(repo_id: str, revision: str, progress: Progress) -> None:
     progress("download", {"current": size, "total": size})
 
 
-def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
+def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
     """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
     report: Progress = progress or (lambda stage, value=None: None)
-    ref = ModelRef.parse(name)
     repo_id, revision = ref.repo_id, ref.branch
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -236,15 +234,15 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", progress: P
             with _weights_progress(report):
                 model = model_class.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
-        raise ModelLoadError(f"The model `{name}` does not exist or could not be read: {exc}", not_found=True) from exc
+        raise ModelLoadError(f"The model `{ref}` does not exist or could not be read: {exc}", not_found=True) from exc
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"The model `{name}` could not be loaded: {exc}") from exc
+        raise ModelLoadError(f"The model `{ref}` could not be loaded: {exc}") from exc
     model.to(torch_device)
     model.eval()
     defaults, eos_ids = _generation_defaults(repo_id, revision)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
-    logger.info("loaded %s on %s as %s in %.1fs", name, torch_device, torch_dtype, time.monotonic() - started)
+    logger.info("loaded %s on %s as %s in %.1fs", ref, torch_device, torch_dtype, time.monotonic() - started)
     return LoadedModel(
         model_id=repo_id,
         revision=revision,

@@ -32,14 +32,19 @@ MIB = 1024 * 1024
 class LoadPlan:
     """One load under way: decided on the engine thread, run on the loader thread."""
 
-    name: str
+    ref: ModelRef
     device: str
     dtype: str
     requested_by: str
     started: float = field(default_factory=time.monotonic)
 
     def load(self, progress: Progress | None = None) -> LoadedModel:
-        return load_model(self.name, self.device, self.dtype, progress)
+        return load_model(self.ref, self.device, self.dtype, progress)
+
+    @property
+    def name(self) -> str:
+        """The model's key in every map (`ModelRef.key`)."""
+        return self.ref.key
 
 
 class ModelManager:
@@ -71,8 +76,8 @@ class ModelManager:
                           for name, m in self.models.items()}
 
     # --- settings --------------------------------------------------------------
-    def _settings(self, name: str) -> dict:
-        return self.settings.get(ModelRef.parse(name).repo_id, {})
+    def _settings(self, repo_id: str) -> dict:
+        return self.settings.get(repo_id, {})
 
     def configure(self, settings: dict[str, dict]) -> None:
         """Replace every model's settings; loaded models take new defaults and templates at once."""
@@ -83,18 +88,18 @@ class ModelManager:
     def _apply(self, name: str, loaded: LoadedModel) -> None:
         file_defaults, file_template = self._file_defaults.setdefault(
             name, (dict(loaded.generation_defaults), getattr(loaded.tokenizer, "chat_template", None)))
-        own = self._settings(name)
+        own = self._settings(loaded.model_id)
         extra = {k: v for k, v in (own.get("generation_defaults") or {}).items() if k in MODEL_DEFAULT_KEYS}
         loaded.generation_defaults = {**file_defaults, **extra}
         loaded.default_stop = list((own.get("generation_defaults") or {}).get("stop") or [])
         loaded.tokenizer.chat_template = own.get("chat_template") or file_template
 
     def idle_timeout(self, name: str) -> float:
-        value = self._settings(name).get("idle_timeout")
+        value = self._settings(self.models[name].model_id).get("idle_timeout")
         return self.default_timeout if value is None else float(value)
 
     def pinned(self, name: str) -> bool:
-        return bool(self._settings(name).get("preload"))
+        return bool(self._settings(self.models[name].model_id).get("preload"))
 
     # --- load / unload -------------------------------------------------------
     def use(self, name: str) -> LoadedModel:
@@ -104,16 +109,16 @@ class ModelManager:
         self._publish()
         return loaded
 
-    def begin_load(self, name: str, busy: set[str], requested_by: str) -> LoadPlan:
+    def begin_load(self, ref: ModelRef, busy: set[str], requested_by: str) -> LoadPlan:
         """What loading `name` takes, decided on the engine thread: room made (idle models evicted
         if the budget needs it), the load announced. The load itself is `plan.load(progress)`."""
-        name = ModelRef.parse(name).key
-        own = self._settings(name)
+        name = ref.key
+        own = self._settings(ref.repo_id)
         dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
-        plan = LoadPlan(name, own.get("device") or self.device, dtype, requested_by)
+        plan = LoadPlan(ref, own.get("device") or self.device, dtype, requested_by)
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         try:
-            self._make_room(name, busy)
+            self._make_room(ref, busy)
         except ModelLoadError as exc:
             self.fail_load(plan, exc)
             raise
@@ -146,11 +151,12 @@ class ModelManager:
     def used_bytes(self) -> int:
         return sum(m.memory_bytes for m in self.models.values())
 
-    def _make_room(self, name: str, busy: set[str]) -> None:
+    def _make_room(self, ref: ModelRef, busy: set[str]) -> None:
         """Unload least recently used idle models until `name` fits the budget; else refuse."""
         if self.budget_bytes is None:
             return
-        need = estimate_bytes(name) or 0
+        name = ref.key
+        need = estimate_bytes(ref) or 0
         if need > self.budget_bytes:
             raise MemoryBudgetError(
                 f"The model `{name}` needs about {need / MIB:.1f} MiB, more than this worker's memory budget "
@@ -168,7 +174,6 @@ class ModelManager:
 
     def unload(self, name: str, busy: set[str], requested_by: str) -> bool:
         """Unload now; refuses (ModelBusyError) while sequences of the model run or wait. False if not loaded."""
-        name = ModelRef.parse(name).key
         if name not in self.models:
             return False
         if name in busy:

@@ -13,7 +13,7 @@ from collections import deque
 import torch
 
 from workers.engine.config import EngineConfig
-from workers.engine.constraints import sample_rows
+from workers.engine.constraints import masks_for
 from workers.engine.metrics import EngineMetrics
 from workers.engine.prefill_pacing import PrefillPacer
 from workers.engine.runner import ModelRunner
@@ -139,3 +139,12 @@ class Scheduler:
             sample_rows(pairs)
             self.metrics.tokens([member for member, _ in pairs])
             self.runners[name].join([member for member, _ in pairs if not member.finished])
+
+
+def sample_rows(pairs: list[tuple[Sequence, torch.Tensor]]) -> None:
+    """Each row takes its next token; the constrained rows' grammar masks are filled together first."""
+    if not pairs:
+        return
+    masks = masks_for([seq.constraint for seq, _ in pairs], pairs[0][1].shape[-1])
+    for (seq, logits), allowed in zip(pairs, masks):
+        seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids, allowed))

@@ -8,21 +8,21 @@ from django.core.management.base import CommandError
 
 from catalog import services
 from catalog.errors import CatalogError, NoWorker
-from catalog.selectors import resolve_model_id
+from catalog.selectors import resolve_model
 import protocol
 
 
-def resolve(name: str) -> str:
+def resolve(name: str) -> protocol.ModelRef:
     if settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
         raise CommandError("No worker is reachable from here with the in-process channel layer: set "
                            "CHANNEL_LAYER_URL=redis://… (or use POST /load_model, /unload_model or the admin).")
     try:
-        return protocol.ModelRef.parse(resolve_model_id(name)).key
+        return resolve_model(name)
     except CatalogError as exc:
         raise CommandError(exc.message) from exc
 
 
-async def control(kind: str, name: str, timeout: float, write: Callable[[str], None]) -> list[protocol.ModelEvent]:
+async def control(kind: str, name: protocol.ModelRef, timeout: float, write: Callable[[str], None]) -> list[protocol.ModelEvent]:
     """A model.load (one worker) or model.unload (every worker): write each event; return them."""
     if kind == protocol.MODEL_LOAD:
         messages = services.load_model(name, "command", ack_timeout=timeout, event_timeout=timeout)

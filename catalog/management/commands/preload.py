@@ -18,5 +18,5 @@ class Command(BaseCommand):
         name = resolve(model)
         events = asyncio.run(control(protocol.MODEL_LOAD, name, timeout, self.stdout.write))
         if events[-1].get("status") != "ready":
-            raise CommandError(f"{name} did not load: {events[-1].get('message')}")
-        self.stdout.write(f"{name} loaded")
+            raise CommandError(f"{name.key} did not load: {events[-1].get('message')}")
+        self.stdout.write(f"{name.key} loaded")

@@ -18,4 +18,4 @@ class Command(BaseCommand):
         name = resolve(model)
         events = asyncio.run(control(protocol.MODEL_UNLOAD, name, wait, self.stdout.write))
         unloaded = sum(1 for e in events if e.get("status") == "unloaded")
-        self.stdout.write(f"{name} unloaded from {unloaded} worker(s)")
+        self.stdout.write(f"{name.key} unloaded from {unloaded} worker(s)")
