@@ -12,12 +12,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 class RawEngine:
     """The model loaded in the benchmark's own process, measured a figure at a time."""
 
-    def __init__(self, model_id: str, prompts: list[str]) -> None:
+    def __init__(self, model_id: str, prompts: list[str], device: str = "cpu", dtype: str = "auto") -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=True)
         self.tokenizer.padding_side = "left"
-        self.model = AutoModelForCausalLM.from_pretrained(model_id, local_files_only=True).eval()
-        self.single = self.tokenizer(prompts[:1], return_tensors="pt")
-        self.batch = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_id, local_files_only=True, dtype=torch_dtype).eval()
+        self.model.to(device)
+        self.device = device
+        self.single = self.tokenizer(prompts[:1], return_tensors="pt").to(device)
+        self.batch = self.tokenizer(prompts, return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             self.model.generate(**self.single, max_new_tokens=4, do_sample=False)  # warm-up
 
@@ -44,9 +47,15 @@ class RawEngine:
     def _generate(self, inputs, max_new_tokens: int) -> float:
         """Seconds for greedy generation of exactly max_new_tokens (EOS ignored)."""
         with torch.no_grad():
+            self._sync()
             started = time.perf_counter()
             self.model.generate(**inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+            self._sync()
             return time.perf_counter() - started
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
 
     def close(self) -> None:
         del self.model

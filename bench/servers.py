@@ -37,8 +37,11 @@ class GitRef:
 class OurServer:
     """`manage.py serve --no-auth`: the embedded default, one process (from `root`: another checkout)."""
 
-    def __init__(self, hf_cache: Path, work_dir: Path, root: Path | None = None, **env: str) -> None:
+    def __init__(self, hf_cache: Path, work_dir: Path, root: Path | None = None, device: str = "cpu", dtype: str = "auto",
+                 **env: str) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
+        env.setdefault("INFERENCE_DEVICE", device)
+        env.setdefault("INFERENCE_DTYPE", dtype)
         env.setdefault("INFERENCE_WORKER_ACK_TIMEOUT", "120")  # the first job imports torch: slow on a busy machine
         self.server = LiveServer(base_env(hf_cache, work_dir, **env), work_dir, extra_args=("--no-auth",), name="ours",
                                  **({"root": root} if root else {}))

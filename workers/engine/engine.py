@@ -340,6 +340,7 @@ class Engine:
         Newcomers' first tokens go out as soon as their prefill ends (time to first token is
         the prefill, not prefill + a decode step); they join the batch from the next step.
         """
+        started = time.perf_counter()
         decoded = self.scheduler.decode()
         for request in list(self.requests.values()):
             if isinstance(request, Transcription):
@@ -351,6 +352,7 @@ class Engine:
         self._publish_all()
         if self.scheduler.prefill(bool(decoded)):
             self._publish_all()
+        self.metrics.step_took(time.perf_counter() - started)
 
     def _publish_all(self) -> None:
         for request in list(self.requests.values()):

@@ -42,6 +42,8 @@ PREFIX_CACHE_QUERIES = Counter("vllm:prefix_cache_queries", "Prompt tokens looke
 PREFIX_CACHE_HITS = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (hit rate: hits / queries).",
                             MODEL)
 BATCH_SIZE = Histogram("inference_batch_size", "Sequences decoded together in one engine step.", buckets=BATCH_BUCKETS)
+STEP = Histogram("inference_step_seconds", "Wall time of one engine step: decode, publish, prefill.",
+                 buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0))
 MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on a worker.", MODEL,
                        buckets=LOAD_BUCKETS)
 
@@ -82,6 +84,9 @@ class EngineMetrics:
     def step(self, batch_size: int) -> None:
         if batch_size:
             BATCH_SIZE.observe(batch_size)
+
+    def step_took(self, seconds: float) -> None:
+        STEP.observe(seconds)
 
     def finished(self, request, usage: dict) -> None:
         model = label(request.model_name)

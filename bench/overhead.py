@@ -1,0 +1,132 @@
+"""`python -m bench.run --scenario overhead`: the engine's host cost per step, where the model costs almost nothing.
+
+The `tiny` model's forward takes a fraction of a millisecond, so what a step costs beyond
+raw `model.generate`'s is the server's own Python: sampling, detokenizing, messages. One run:
+raw padded `generate` of 64 prompts x 128 tokens, then ours with the same 64 requests at once,
+non-streaming and streaming (greedy, EOS ignored), in interleaved rounds. Reports tok/s and each
+as a ratio to raw, TTFT p95 of the streaming run, and the engine's own mean step time and batch
+(from its Prometheus histograms). Works on a GPU too (`--device cuda`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI
+
+from .load import bench_prompts, run_load
+from .models import ensure_model, prepare_cache
+from .raw import RawEngine
+from .servers import OurServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench.run --scenario overhead", description=__doc__)
+    parser.add_argument("--model", default="local/tiny-llama")
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="the server's --device (and raw generate's)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--quick", action="store_true", help="8 requests x 16 tokens, one round: checks it runs")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.max_tokens, args.rounds = 8, 16, 1
+    return args
+
+
+def engine_counters(base_url: str) -> dict[str, float]:
+    """The engine's step and batch histograms' sums and counts (ours exposes them on /metrics)."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    found = {}
+    for name in ("inference_step_seconds_sum", "inference_step_seconds_count", "inference_batch_size_sum",
+                 "inference_batch_size_count"):
+        match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+        found[name] = float(match.group(1)) if match else 0.0
+    return found
+
+
+def per_step(before: dict[str, float], after: dict[str, float]) -> dict:
+    steps = after["inference_step_seconds_count"] - before["inference_step_seconds_count"]
+    batches = after["inference_batch_size_count"] - before["inference_batch_size_count"]
+    return {
+        "steps": int(steps),
+        "step_ms_mean": round(1000 * (after["inference_step_seconds_sum"] - before["inference_step_seconds_sum"]) / steps, 3)
+        if steps else None,
+        "batch_mean": round((after["inference_batch_size_sum"] - before["inference_batch_size_sum"]) / batches, 1)
+        if batches else None,
+    }
+
+
+async def non_streaming(base_url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
+    """Every request at once, each answered whole; tok/s over the wall time of all of them."""
+    client = AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
+    started = time.perf_counter()
+    answers = await asyncio.gather(*[
+        client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                  extra_body={"ignore_eos": True}) for p in prompts])
+    wall = time.perf_counter() - started
+    await client.close()
+    tokens = sum(a.usage.completion_tokens for a in answers)
+    return {"tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1)}
+
+
+def streaming(base_url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
+    result = asyncio.run(run_load(base_url, model, prompts, len(prompts), max_tokens, {"ignore_eos": True}))
+    return result.summary()
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    cache = prepare_cache()
+    ensure_model(args.model, args.size, cache)
+    prompts = bench_prompts(args.requests)
+    raw = RawEngine(args.model, prompts, device=args.device, dtype=args.dtype)
+    env = dict(item.split("=", 1) for item in args.server_env)
+    env.setdefault("INFERENCE_MAX_NUM_SEQS", str(max(args.requests, 64)))
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    server = OurServer(cache, work / "ours", device=args.device, dtype=args.dtype, **env)
+    rounds = []
+    try:
+        asyncio.run(non_streaming(server.base_url, args.model, prompts[:4], 8))  # loads the model
+        for index in range(args.rounds):
+            raw_tps = raw.batch_tokens_per_s(args.max_tokens)
+            before = engine_counters(server.base_url)
+            plain = asyncio.run(non_streaming(server.base_url, args.model, prompts, args.max_tokens))
+            middle = engine_counters(server.base_url)
+            streamed = streaming(server.base_url, args.model, prompts, args.max_tokens)
+            after = engine_counters(server.base_url)
+            row = {"raw_tokens_per_s": raw_tps, "non_streaming": {**plain, **per_step(before, middle)},
+                   "streaming": {**streamed, **per_step(middle, after)}}
+            row["non_streaming_vs_raw"] = round(plain["tokens_per_s"] / raw_tps, 3)
+            row["streaming_vs_raw"] = round(streamed["tokens_per_s"] / raw_tps, 3)
+            rounds.append(row)
+            print(f"round {index + 1}: raw {raw_tps} tok/s; ours {plain['tokens_per_s']} "
+                  f"({row['non_streaming_vs_raw']}x), streaming {streamed['tokens_per_s']} ({row['streaming_vs_raw']}x), "
+                  f"TTFT p95 {streamed['ttft_p95_ms']} ms; step {row['non_streaming']['step_ms_mean']} ms "
+                  f"at batch {row['non_streaming']['batch_mean']}", flush=True)
+    finally:
+        server.stop()
+        raw.close()
+    summary = {
+        "scenario": "overhead", "model": args.model, "device": args.device, "requests": args.requests,
+        "max_tokens": args.max_tokens, "rounds": rounds,
+        "median": {key: statistics.median(r[key] for r in rounds) for key in ("non_streaming_vs_raw", "streaming_vs_raw")},
+        "median_ttft_p95_ms": statistics.median(r["streaming"]["ttft_p95_ms"] or 0 for r in rounds),
+        "median_step_ms": statistics.median(r["non_streaming"]["step_ms_mean"] or 0 for r in rounds),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overhead.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}, indent=2))
