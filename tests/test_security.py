@@ -19,8 +19,8 @@ def mode(path) -> int:
 
 
 def production_env() -> dict[str, str]:
-    """The `export` lines of the README's production recipe, as KEY=VALUE pairs."""
-    readme = (ROOT / "README.md").read_text()
+    """The `export` lines of the production recipe (docs/operations.md), as KEY=VALUE pairs."""
+    readme = (ROOT / "docs" / "operations.md").read_text()
     recipe = readme.split("## Production", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     pairs = {}
     for line in recipe.splitlines():
