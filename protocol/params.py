@@ -54,6 +54,8 @@ class JobParams:
     logprobs: int | None = None  # None, or 0..20 top alternatives per token
     echo: bool = False
     suffix: str | None = None
+    stream: bool = True  # False: the client reads the whole answer at once, so the worker sends its first
+    # token (time to first token is still measured) and then the rest when done, not a message per step
 
     @classmethod
     def from_wire(cls, params: Mapping[str, Any]) -> JobParams:
@@ -85,4 +87,5 @@ def to_job_params(request: Mapping[str, Any], **endpoint: Any) -> JobParams:
     endpoint passes the fields it names its own way (`max_tokens`, `logprobs`, `echo`, `suffix`).
     """
     shared = {name: request[name] for name in SHARED_REQUEST_FIELDS if request.get(name) is not None}
+    endpoint.setdefault("stream", bool(request.get("stream", True)))
     return JobParams(**shared, **endpoint)

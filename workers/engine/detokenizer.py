@@ -2,23 +2,55 @@
 
 Text that could still grow into a stop string (or an unfinished UTF-8
 character) is held back until the next token settles it.
+
+Each token re-decodes only a short window (the tokens since the last settled point, with the
+one before them as context), as TGI and vLLM do, not the whole completion: a step's cost stays
+flat however long the answer grows. The window's text equals the whole decode's tail.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT_CHAR = "\ufffd"
 
 
+def text_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)`, called on the
+    Rust tokenizer directly where the class adds nothing to it (the Python wrapper costs more than the decode)."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    backend = getattr(tokenizer, "_tokenizer", None)
+    plain = (isinstance(tokenizer, TokenizersBackend) and backend is not None
+             and type(tokenizer).decode is TokenizersBackend.decode and type(tokenizer)._decode is TokenizersBackend._decode)
+    if plain:
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 class IncrementalText:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str],
+                 decode: Callable[[list[int]], str] | None = None) -> None:
+        self.decode = decode or text_decoder(tokenizer)
         self.stop = [s for s in stop if s]
         self.emitted = 0  # characters of the decoded completion already handed out
-        self.text = ""
+        self.text = ""  # the whole completion decoded (a trailing unfinished character as "\ufffd")
+        self._settled = ""  # text of the tokens before `_read`: whole characters only
+        self._context = 0  # the window starts here: one settled piece before `_read`, for the decoder's context
+        self._read = 0
+        self._context_text = ""  # decode(ids[_context:_read])
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    def _advance(self, completion_ids: list[int]) -> None:
+        window = self.decode(completion_ids[self._context:])
+        piece = window[len(self._context_text):]
+        if piece and not piece.endswith(REPLACEMENT_CHAR):
+            self._settled += piece
+            self.text = self._settled
+            self._context, self._read = self._read, len(completion_ids)
+            self._context_text = self.decode(completion_ids[self._context:self._read])
+        else:
+            self.text = self._settled + piece
 
     def _held_back(self, text: str) -> int:
         hold = 0
@@ -33,7 +65,7 @@ class IncrementalText:
 
     def update(self, completion_ids: list[int]) -> tuple[str, bool]:
         """New text to hand out after the latest token, and whether a stop string ended it."""
-        self.text = self.decode(completion_ids)
+        self._advance(completion_ids)
         if self.stop:
             found = [index for index in (self.text.find(s, max(self.emitted - len(s), 0)) for s in self.stop) if index >= 0]
             if found:

@@ -370,6 +370,8 @@ class Engine:
         """One message per request per step: its new deltas, and the usage when it is done."""
         if request.request_id not in self.requests:
             return
+        if request.answered and not request.streamed and not request.finished:
+            return  # the whole answer goes out at the end: its deltas pile up in the sequences meanwhile
         deltas = request.take_deltas()
         if request.finished:
             self.requests.pop(request.request_id, None)
@@ -381,6 +383,7 @@ class Engine:
             logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
                         usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
         elif deltas:
+            request.answered = True
             self.emit(request.reply_channel, protocol.delta_message(deltas))
 
 

@@ -61,6 +61,7 @@ class EngineMetrics:
         self._scheduled: set[str] = set()  # request ids whose prefill began
         self._last_token: dict[int, float] = {}  # id(sequence) -> when its last token came
         self._gauges: dict[str, tuple[int, int]] = {}  # model -> (running, waiting) last set
+        self._itl: dict[str, object] = {}  # model key -> its ITL histogram child (labels() costs per call)
 
     def scheduled(self, request) -> None:
         """A choice of `request` leaves the waiting queue for prefill."""
@@ -71,15 +72,19 @@ class EngineMetrics:
     def tokens(self, sequences, now: float | None = None) -> None:
         """Each of `sequences` just took one token."""
         now = time.monotonic() if now is None else now
+        last_token = self._last_token
         for seq in sequences:
             request = seq.request
-            if request.request_id not in self._first_token:
+            last = last_token.get(id(seq))
+            if last is not None:
+                itl = self._itl.get(request.model_name)
+                if itl is None:
+                    itl = self._itl[request.model_name] = ITL.labels(label(request.model_name))
+                itl.observe(now - last)
+            elif request.request_id not in self._first_token:
                 self._first_token.add(request.request_id)
                 TTFT.labels(label(request.model_name)).observe(now - request.arrived)
-            last = self._last_token.get(id(seq))
-            if last is not None:
-                ITL.labels(label(request.model_name)).observe(now - last)
-            self._last_token[id(seq)] = now
+            last_token[id(seq)] = now
 
     def step(self, batch_size: int) -> None:
         if batch_size:

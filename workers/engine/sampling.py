@@ -112,6 +112,14 @@ class Sampler:
             if params.typical_p < 1.0:
                 self.warpers.append(TypicalLogitsWarper(params.typical_p))
 
+    @property
+    def batchable(self) -> bool:
+        """Whether `batch_sampling.choose_batch` can take this row with others: nothing that needs the
+        row's history or its own processors (penalties, bad words, logit bias, typical-p)."""
+        params = self.params
+        return not (self.processors or params.presence_penalty or params.frequency_penalty or params.logit_bias
+                    or (not params.greedy and params.typical_p < 1.0))
+
     def choose(self, logits: torch.Tensor, prompt_ids: list[int], completion_ids: list[int],
                allowed: torch.Tensor | None = None) -> TokenChoice | None:
         """logits: the model's [vocab] scores for the next token of this sequence; `allowed`: the

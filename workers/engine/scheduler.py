@@ -13,6 +13,7 @@ from collections import deque
 import torch
 
 from workers.engine.config import EngineConfig
+from workers.engine.batch_sampling import choose_batch
 from workers.engine.constraints import masks_for
 from workers.engine.metrics import EngineMetrics
 from workers.engine.prefill_pacing import PrefillPacer
@@ -142,9 +143,27 @@ class Scheduler:
 
 
 def sample_rows(pairs: list[tuple[Sequence, torch.Tensor]]) -> None:
-    """Each row takes its next token; the constrained rows' grammar masks are filled together first."""
+    """Each row takes its next token: the constrained rows' grammar masks filled together, then
+    every row's choice made in one batched pass (batch_sampling.choose_batch)."""
     if not pairs:
         return
-    masks = masks_for([seq.constraint for seq, _ in pairs], pairs[0][1].shape[-1])
-    for (seq, logits), allowed in zip(pairs, masks):
-        seq.accept(seq.sampler.choose(logits, seq.prompt_ids, seq.completion_ids, allowed))
+    sequences = [seq for seq, _ in pairs]
+    rows = [logits for _, logits in pairs]
+    logits = _stacked(rows)
+    masks = masks_for([seq.constraint for seq in sequences], logits.shape[-1])
+    choices = choose_batch([seq.sampler for seq in sequences], logits,
+                           [(seq.prompt_ids, seq.completion_ids) for seq in sequences], masks)
+    for seq, choice in zip(sequences, choices):
+        seq.accept(choice)
+
+
+def _stacked(rows: list[torch.Tensor]) -> torch.Tensor:
+    """The rows as one [rows, vocab] tensor: a view when they are consecutive rows of one batch's logits."""
+    first = rows[0]
+    if first.dim() == 1 and all(r.dim() == 1 and r.shape == first.shape for r in rows):
+        base = first._base if first._base is not None else None
+        if base is not None and base.dim() == 2 and base.shape[0] == len(rows) and all(
+                r._base is base for r in rows) and [r.storage_offset() for r in rows] == [
+                base.storage_offset() + i * base.stride(0) for i in range(len(rows))] and first.stride() == (base.stride(1),):
+            return base
+    return torch.stack(rows)

@@ -173,6 +173,8 @@ class Request:
         self.arrived = time.monotonic()
         params = JobParams.from_wire(job["params"])
         self.echo = params.echo
+        self.streamed = params.stream  # False: published when the first token comes and when done
+        self.answered = False  # something was published
         if model.kind == "speech":
             raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
                            "/v1/audio/transcriptions.", "model", "unsupported_model")

@@ -37,6 +37,7 @@ class Transcription:
         self.arrived = time.monotonic()
         self.sequences: list = []  # nothing for the batch: the engine advances it with `advance()`
         self.structured = None  # no grammar, no beam search: plain windows
+        self.streamed, self.answered = True, False  # one message per audio window, as it is transcribed
         self.beam = None
         if model.kind != "speech":
             raise JobError(400, f"The model `{model.model_id}` does not take audio input "
