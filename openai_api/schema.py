@@ -29,12 +29,12 @@ FIELD_SCHEMAS = {
     "openai_api.serializers.fields.LogitBiasField": {
         "type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
         "description": 'token id (as a string of ASCII digits) -> bias, e.g. {"50256": -100}'},
-    "openai_api.serializers.chat.MessagesField": {"type": "array", "items": OBJECT, "minItems": 1},
-    "openai_api.serializers.chat.ToolsField": {"type": "array", "items": OBJECT, "maxItems": 128},
+    "openai_api.serializers.conversation.MessagesField": {"type": "array", "items": OBJECT, "minItems": 1},
+    "openai_api.serializers.conversation.ToolsField": {"type": "array", "items": OBJECT, "maxItems": 128},
     "openai_api.serializers.chat.ToolChoiceField": {
         "oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, OBJECT]},
-    "openai_api.serializers.chat.ResponseFormatField": OBJECT,
-    "openai_api.serializers.chat.TemplateKwargsField": OBJECT,
+    "openai_api.serializers.structured.ResponseFormatField": OBJECT,
+    "openai_api.serializers.conversation.TemplateKwargsField": OBJECT,
     "openai_api.serializers.fields.StringListField": {**STRING_ARRAY, "maxItems": 64},
     "openai_api.serializers.fields.TokenSequencesField": {"type": "array", "items": {**TOKEN_IDS, "minItems": 1},
                                                           "maxItems": 256},
