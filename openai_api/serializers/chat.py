@@ -16,6 +16,12 @@ from .sampling import SamplingParamsSerializer
 from .structured import ResponseFormatField, StructuredOutputsField, constrain, output_grammar
 
 
+def requested_max_tokens(data: dict) -> int | None:
+    """`max_completion_tokens` when given, else the older `max_tokens` (None: the rest of the context)."""
+    max_tokens = data.get("max_completion_tokens")
+    return data.get("max_tokens") if max_tokens is None else max_tokens
+
+
 class ToolChoiceField(serializers.Field):
     def to_internal_value(self, data):
         if data in ("none", "auto", "required"):
@@ -53,8 +59,7 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
             raise invalid("top_logprobs", "top_logprobs needs logprobs to be true.")
         if attrs.get("stream_options") and not attrs.get("stream"):
             raise invalid("stream_options", "stream_options is only allowed when stream is true.")
-        max_tokens = attrs.get("max_completion_tokens")
-        self.check_min_tokens(attrs, attrs.get("max_tokens") if max_tokens is None else max_tokens)
+        self.check_min_tokens(attrs, requested_max_tokens(attrs))
         self.validate_template_options(attrs)
         self._validate_tool_choice(attrs)
         self.validate_beams(attrs)
@@ -86,9 +91,6 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
 
     def job_params(self) -> JobParams:
         data = self.validated_data
-        max_tokens = data.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = data.get("max_tokens")
-        params = to_job_params(data, max_tokens=max_tokens,
+        params = to_job_params(data, max_tokens=requested_max_tokens(data),
                                logprobs=(data.get("top_logprobs") or 0) if data["logprobs"] else None)
         return constrain(params, data, data.get("tools") or [])
