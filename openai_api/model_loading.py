@@ -13,8 +13,9 @@ from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 
 from catalog import services
-from catalog.errors import ModelNotFound, NoWorker
+from catalog.errors import NoWorker
 from catalog.selectors import live_workers
+from teams.errors import ModelNotAllowed
 import protocol
 
 from .base import OpenAIView, resolve_model, sse_frame
@@ -33,7 +34,7 @@ async def _resolved(request) -> str:
     asked = serializer.validated_data["model"]
     name = await resolve_model(asked)
     if not request.auth.may_use(name):
-        raise ModelNotFound(asked)
+        raise ModelNotAllowed(asked)
     return protocol.ModelRef.parse(name).key
 
 
