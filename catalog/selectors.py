@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from django.conf import settings
 from django.utils import timezone
 
 from protocol.hub import hub_reachable
 from protocol import ModelRef
 
+from .config import web_config
 from .errors import ModelDisabled, ModelNotFound
 from .hf_cache import CacheEntry, cached_served_models
 from .models import CachedModel, ModelLoad, Worker
@@ -74,7 +74,7 @@ def worker_is_alive(worker: Worker) -> bool:
     """Online and heard from recently (a silent worker is lost even before anyone marks it)."""
     if worker.status != Worker.Status.ONLINE or worker.last_heartbeat is None:
         return False
-    return (timezone.now() - worker.last_heartbeat).total_seconds() <= settings.INFERENCE["WORKER_LOST_AFTER"]
+    return (timezone.now() - worker.last_heartbeat).total_seconds() <= web_config().worker_lost_after
 
 
 def live_workers() -> list[Worker]:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from huggingface_hub import constants as hf_constants
@@ -25,6 +24,7 @@ from huggingface_hub import scan_cache_dir
 import protocol
 
 from . import hf_cache, selectors
+from .config import web_config
 from .errors import ModelNotFound, NoWorker
 from .models import CachedModel, LoadEvent, ModelLoad, Worker
 
@@ -80,7 +80,7 @@ def _send(channel: str, message: dict) -> None:
 
 
 def _group_send(message: dict) -> None:
-    async_to_sync(get_channel_layer().group_send)(settings.INFERENCE["WORKER_GROUP"], message)
+    async_to_sync(get_channel_layer().group_send)(web_config().worker_group, message)
 
 
 def broadcast_settings() -> None:
@@ -138,7 +138,7 @@ def set_idle_timeout(models, seconds: int | None) -> int:
 
 def _load_channel(worker: Worker | None) -> str:
     """A given worker's own channel, else the shared one (whichever worker takes it)."""
-    return worker.channel_name if worker is not None and worker.channel_name else settings.INFERENCE["WORKER_CHANNEL"]
+    return worker.channel_name if worker is not None and worker.channel_name else web_config().worker_channel
 
 
 def request_load(model_name: str, requested_by: str, worker: Worker | None = None) -> str:
@@ -186,7 +186,7 @@ async def unload_model(model_name: str, requested_by: str, *, timeout: float,
     """The round trip of an unload: every worker's answer, until `answers` came (None: all within `timeout`)."""
     layer = get_channel_layer()
     reply = await layer.new_channel("reply.")
-    await layer.group_send(settings.INFERENCE["WORKER_GROUP"],
+    await layer.group_send(web_config().worker_group,
                            protocol.control_message(protocol.MODEL_UNLOAD, model_name, reply, requested_by))
     deadline = asyncio.get_running_loop().time() + timeout
     received = 0
@@ -292,7 +292,7 @@ def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
 
 def mark_lost_workers(lost_after: float | None = None) -> list[str]:
     """Workers silent for too long are lost; what they held counts as not loaded."""
-    lost_after = settings.INFERENCE["WORKER_LOST_AFTER"] if lost_after is None else lost_after
+    lost_after = web_config().worker_lost_after if lost_after is None else lost_after
     cutoff = timezone.now() - timedelta(seconds=lost_after)
     lost = list(Worker.objects.filter(status=Worker.Status.ONLINE, last_heartbeat__lt=cutoff))
     for worker in lost:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 
 from catalog import services
+from catalog.config import web_config
 from catalog.errors import NoWorker
 from catalog.selectors import live_workers
 from teams.errors import ModelNotAllowed
@@ -46,9 +46,9 @@ def _no_worker() -> APIError:
 class LoadModelView(OpenAIView):
     async def post(self, request):
         name = await _resolved(request)
-        config = settings.INFERENCE
-        messages = services.load_model(name, requested_by(request), ack_timeout=config["WORKER_ACK_TIMEOUT"],
-                                       event_timeout=config["WORKER_EVENT_TIMEOUT"])
+        config = web_config()
+        messages = services.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
+                                       event_timeout=config.worker_event_timeout)
         try:
             accepted = await anext(messages)
         except NoWorker:
@@ -71,7 +71,7 @@ class UnloadModelView(OpenAIView):
         name = await _resolved(request)
         expected = max(1, len(await database_sync_to_async(live_workers, thread_sensitive=False)()))
         replies = [reply async for reply in services.unload_model(
-            name, requested_by(request), timeout=settings.INFERENCE["WORKER_ACK_TIMEOUT"], answers=expected)]
+            name, requested_by(request), timeout=web_config().worker_ack_timeout, answers=expected)]
         if not replies:
             raise _no_worker()
         events = [(r.get("worker"), r.get("event") or {}) for r in replies]
