@@ -7,7 +7,7 @@ import time
 
 from channels.db import database_sync_to_async
 
-from . import services
+from .services import cached_models, worker_registry
 from .config import web_config
 
 logger = logging.getLogger(__name__)
@@ -20,10 +20,10 @@ async def maintain_catalog() -> None:
         config = web_config()
         await asyncio.sleep(config.heartbeat_seconds)
         try:
-            await database_sync_to_async(services.mark_lost_workers)()
+            await database_sync_to_async(worker_registry.mark_lost_workers)()
             if config.scan_interval > 0 and time.monotonic() - last_scan >= config.scan_interval:
                 last_scan = time.monotonic()
-                result = await database_sync_to_async(services.scan_cache)()
+                result = await database_sync_to_async(cached_models.scan_cache)()
                 if result.added or result.gone:
                     logger.info("cache rescan: %s", result)
         except Exception:

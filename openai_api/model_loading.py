@@ -1,6 +1,6 @@
 """`POST /load_model` (SSE progress, as transformers serve) and `POST /unload_model`.
 
-The view resolves the name and relays `catalog.services.load_model`/`unload_model`, the one
+The view resolves the name and relays `catalog.services.model_control.load_model`/`unload_model`, the one
 model-control round trip (the commands and the admin use it too); the worker owns every decision.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 
-from catalog import services
+from catalog.services import model_control
 from catalog.config import web_config
 from catalog.errors import NoWorker
 from catalog.selectors import live_workers
@@ -47,7 +47,7 @@ class LoadModelView(OpenAIView):
     async def post(self, request):
         name = await _resolved(request)
         config = web_config()
-        messages = services.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
+        messages = model_control.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
                                        event_timeout=config.worker_event_timeout)
         try:
             accepted = await anext(messages)
@@ -70,7 +70,7 @@ class UnloadModelView(OpenAIView):
         """Every worker holding the model unloads it; 409 if one is generating with it."""
         name = await _resolved(request)
         expected = max(1, len(await database_sync_to_async(live_workers, thread_sensitive=False)()))
-        replies = [reply async for reply in services.unload_model(
+        replies = [reply async for reply in model_control.unload_model(
             name, requested_by(request), timeout=web_config().worker_ack_timeout, answers=expected)]
         if not replies:
             raise _no_worker()

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 
-from catalog import selectors, services
+from catalog import selectors
+from catalog.services import worker_registry
 
 import protocol
 from workers.adapter.routing import RoutingTable
@@ -35,7 +36,7 @@ class Welcome:
 async def join(name: str, channel_name: str, device: str, memory_budget_mb: float | None) -> Welcome | None:
     """Register (marking what this worker held before as unloaded); the settings map and the models to preload."""
     try:
-        await db(services.register_worker)(name, socket.gethostname(), os.getpid(), channel_name, device,
+        await db(worker_registry.register_worker)(name, socket.gethostname(), os.getpid(), channel_name, device,
                                            memory_budget_mb or _system_memory_mb())
         return Welcome(await db(selectors.model_settings_map)(), await db(selectors.preload_models)())
     except Exception as exc:  # the database is down or not migrated yet: the caller retries
@@ -46,7 +47,7 @@ async def join(name: str, channel_name: str, device: str, memory_budget_mb: floa
 async def beat(name: str, loaded: dict[str, dict]) -> RoutingTable | None:
     """The worker is alive and holds `loaded`; returns the routing table as it stands now."""
     try:
-        await db(services.heartbeat)(name, loaded)
+        await db(worker_registry.heartbeat)(name, loaded)
         return await db(selectors.routing_table)()
     except Exception:
         logger.warning("heartbeat of %s failed", name, exc_info=True)
@@ -55,7 +56,7 @@ async def beat(name: str, loaded: dict[str, dict]) -> RoutingTable | None:
 
 async def record_change(name: str, change: protocol.ModelChange) -> None:
     try:
-        await db(services.record_model_event)(name, change)
+        await db(worker_registry.record_model_event)(name, change)
     except Exception:
         logger.warning("could not record %s", change, exc_info=True)
 
@@ -63,7 +64,7 @@ async def record_change(name: str, change: protocol.ModelChange) -> None:
 async def say_stopped(name: str) -> None:
     """Best effort on a clean shutdown (a killed worker is found lost by its silence instead)."""
     try:
-        await asyncio.wait_for(db(services.stop_worker)(name), 5)
+        await asyncio.wait_for(db(worker_registry.stop_worker)(name), 5)
     except BaseException:  # shutting down: never let bookkeeping block or raise
         logger.debug("could not mark %s stopped", name, exc_info=True)
 
