@@ -1,4 +1,4 @@
-"""The catalog in Django's admin: thin actions, each one call into `catalog.services`."""
+"""The catalog in Django's admin: thin actions, each one call into a `catalog.services` module."""
 from __future__ import annotations
 
 from django import forms
@@ -8,7 +8,8 @@ from django.template.defaultfilters import filesizeformat
 
 import protocol
 
-from . import selectors, services
+from . import selectors
+from .services import cached_models, model_control, model_settings
 from .models import CachedModel, LoadEvent, ModelLoad, Worker
 
 
@@ -78,18 +79,18 @@ class CachedModelAdmin(admin.ModelAdmin):
         return state["last_used"] if state else None
 
     def save_model(self, request, obj, form, change) -> None:
-        services.save_model_settings(obj)  # list_editable and the change form both land here
+        model_settings.save_model_settings(obj)  # list_editable and the change form both land here
 
     @admin.action(description="Preload now (load on a worker)")
     def preload_now(self, request, queryset) -> None:
         for model in queryset:
-            where = services.request_load(protocol.ModelRef(model.repo_id), _who(request))
+            where = model_control.request_load(protocol.ModelRef(model.repo_id), _who(request))
             self.message_user(request, f"Asked {where} to load {model.repo_id}.")
 
     @admin.action(description="Unload now (from every worker)")
     def unload_now(self, request, queryset) -> None:
         for model in queryset:
-            services.request_unload(protocol.ModelRef(model.repo_id), _who(request))
+            model_control.request_unload(protocol.ModelRef(model.repo_id), _who(request))
         self.message_user(request, f"Asked every worker to unload {queryset.count()} model(s); "
                                    "a worker refuses while the model is generating.")
 
@@ -98,7 +99,7 @@ class CachedModelAdmin(admin.ModelAdmin):
         if "apply" in request.POST:
             form = IdleTimeoutForm(request.POST)
             if form.is_valid():
-                count = services.set_idle_timeout(list(queryset), form.cleaned_data["idle_timeout"])
+                count = model_settings.set_idle_timeout(list(queryset), form.cleaned_data["idle_timeout"])
                 self.message_user(request, f"Idle timeout set on {count} model(s).")
                 return None
         else:
@@ -108,20 +109,20 @@ class CachedModelAdmin(admin.ModelAdmin):
 
     @admin.action(description="Enable")
     def enable(self, request, queryset) -> None:
-        self.message_user(request, f"Enabled {services.set_enabled(list(queryset), True)} model(s).")
+        self.message_user(request, f"Enabled {model_settings.set_enabled(list(queryset), True)} model(s).")
 
     @admin.action(description="Disable (clients can no longer use them)")
     def disable(self, request, queryset) -> None:
-        self.message_user(request, f"Disabled {services.set_enabled(list(queryset), False)} model(s).")
+        self.message_user(request, f"Disabled {model_settings.set_enabled(list(queryset), False)} model(s).")
 
     @admin.action(description="Rescan the cache")
     def rescan_cache(self, request, queryset) -> None:
-        self.message_user(request, f"Cache rescanned: {services.scan_cache()}.")
+        self.message_user(request, f"Cache rescanned: {cached_models.scan_cache()}.")
 
     @admin.action(description="Delete from cache…")
     def delete_from_cache(self, request, queryset):
         if "apply" in request.POST:
-            freed = sum(services.delete_from_cache(model, _who(request)) for model in queryset)
+            freed = sum(cached_models.delete_from_cache(model, _who(request)) for model in queryset)
             self.message_user(request, f"Deleted {queryset.count()} model(s) from the cache, "
                                        f"{filesizeformat(freed)} freed.", messages.WARNING)
             return None

@@ -9,9 +9,11 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-# The sampling defaults a worker takes from generation_config.json (workers.engine.sampling.MODEL_DEFAULT_KEYS,
-# repeated here so the web side never imports torch).
-GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty", "stop")
+from protocol import MODEL_SAMPLING_KEYS
+
+# What an admin may set in a model's `generation_defaults`: the sampling knobs a worker also takes
+# from generation_config.json, and stop strings.
+GENERATION_DEFAULT_KEYS = (*MODEL_SAMPLING_KEYS, "stop")
 
 
 class CachedModel(models.Model):

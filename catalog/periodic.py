@@ -6,24 +6,24 @@ import logging
 import time
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 
-from . import services
+from .services import cached_models, worker_registry
+from .config import web_config
 
 logger = logging.getLogger(__name__)
 
 
 async def maintain_catalog() -> None:
     """Runs beside the web server (with or without a worker), so a lost worker is noticed by the web side too."""
-    config = settings.INFERENCE
     last_scan = time.monotonic()
     while True:
-        await asyncio.sleep(config["HEARTBEAT_SECONDS"])
+        config = web_config()
+        await asyncio.sleep(config.heartbeat_seconds)
         try:
-            await database_sync_to_async(services.mark_lost_workers)()
-            if config["SCAN_INTERVAL"] > 0 and time.monotonic() - last_scan >= config["SCAN_INTERVAL"]:
+            await database_sync_to_async(worker_registry.mark_lost_workers)()
+            if config.scan_interval > 0 and time.monotonic() - last_scan >= config.scan_interval:
                 last_scan = time.monotonic()
-                result = await database_sync_to_async(services.scan_cache)()
+                result = await database_sync_to_async(cached_models.scan_cache)()
                 if result.added or result.gone:
                     logger.info("cache rescan: %s", result)
         except Exception:

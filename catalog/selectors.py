@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from django.conf import settings
 from django.utils import timezone
 
 from protocol.hub import hub_reachable
 from protocol import ModelRef
 
+from .config import web_config
 from .errors import ModelDisabled, ModelNotFound
 from .hf_cache import CacheEntry, cached_served_models
 from .models import CachedModel, ModelLoad, Worker
@@ -74,7 +74,7 @@ def worker_is_alive(worker: Worker) -> bool:
     """Online and heard from recently (a silent worker is lost even before anyone marks it)."""
     if worker.status != Worker.Status.ONLINE or worker.last_heartbeat is None:
         return False
-    return (timezone.now() - worker.last_heartbeat).total_seconds() <= settings.INFERENCE["WORKER_LOST_AFTER"]
+    return (timezone.now() - worker.last_heartbeat).total_seconds() <= web_config().worker_lost_after
 
 
 def live_workers() -> list[Worker]:
@@ -131,11 +131,6 @@ def listed_models() -> list[tuple[CacheEntry, dict]]:
     disabled = catalog_rules()[1]
     return [(m, states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}))
             for m in cached_served_models() if m.repo_id not in disabled]
-
-
-def resolve_model_id(name: str) -> str:
-    """`resolve_model`'s answer as the name a response echoes."""
-    return str(resolve_model(name))
 
 
 def resolve_model(name: str) -> ModelRef:

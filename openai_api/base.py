@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 from adrf.views import APIView
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
 
+from catalog.config import web_config
 from catalog.selectors import resolve_model as resolve_catalog_model
 import protocol
 from teams.metering import RequestMeter
@@ -28,7 +28,7 @@ class OpenAIView(RateLimitHeadersMixin, APIView):
     to an authenticated request carries OpenAI's x-ratelimit-* headers (`teams.response_headers`)."""
 
     def initial(self, request, *args, **kwargs):
-        limit = settings.INFERENCE["MAX_REQUEST_BYTES"]
+        limit = web_config().max_request_bytes
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -42,9 +42,9 @@ class OpenAIView(RateLimitHeadersMixin, APIView):
         super().initial(request, *args, **kwargs)
 
     def serializer_context(self) -> dict:
-        config = settings.INFERENCE
-        return {"max_n": config["MAX_N"], "max_prompts": config["MAX_PROMPTS"], "max_beams": config["MAX_BEAMS"],
-                "max_schema_bytes": config["MAX_SCHEMA_BYTES"], "max_schema_depth": config["MAX_SCHEMA_DEPTH"]}
+        config = web_config()
+        return {"max_n": config.max_n, "max_prompts": config.max_prompts, "max_beams": config.max_beams,
+                "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth}
 
 
 def sse_frame(payload: dict | str) -> bytes:
@@ -86,7 +86,7 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
         # while the job waits in the queue (SSE clients ignore comment lines); more while it waits.
         yield b": accepted\n\n"
         try:
-            async for chunk in keepalives_until_first(chunks, settings.INFERENCE["SSE_KEEPALIVE_SECONDS"]):
+            async for chunk in keepalives_until_first(chunks, web_config().sse_keepalive_seconds):
                 yield SSE_KEEPALIVE if chunk is None else sse_frame(chunk)
         except Exception as exc:  # mid-stream, every error is an OpenAI-shaped event, then [DONE]
             error = exc if isinstance(exc, APIError) else unavailable(exc)

@@ -13,10 +13,10 @@ from rest_framework.response import Response
 from protocol import ChoiceDelta, Logprobs, Started
 
 from .base import GenerationView, sse_response
-from .completions import usage_body
 from .generation import Collected, GenerationStream
 from .output_parsing import OutputParser, Piece
 from .serializers.chat import ChatRequestSerializer
+from .shaping import parser_for, usage_body
 
 
 def chat_logprobs(logprobs: Logprobs | None, top_n: int) -> list[dict]:
@@ -42,14 +42,6 @@ def token_bytes(token: str) -> list[int]:
         except ValueError:  # generated text that merely starts with "bytes:\x"
             pass
     return list(token.encode("utf-8"))
-
-
-def parser_for(open_block: str, parse_tools: bool) -> OutputParser:
-    """A parser that continues where the prompt left off (inside `<think>` or `<tool_call>`, or not)."""
-    parser = OutputParser(parse_tools=parse_tools)
-    if open_block:
-        parser.prime(open_block)
-    return parser
 
 
 def piece_delta(piece: Piece) -> dict:

@@ -6,19 +6,12 @@ from collections.abc import AsyncIterator
 
 from rest_framework.response import Response
 
-from protocol import ChoiceDelta, Usage
+from protocol import ChoiceDelta
 
 from .base import GenerationView, sse_response
 from .generation import Collected, GenerationStream
 from .serializers.completions import CompletionRequestSerializer
-
-
-def usage_body(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage["prompt_tokens"],
-        "completion_tokens": usage["completion_tokens"],
-        "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-    }
+from .shaping import usage_body
 
 
 class CompletionShaper:

@@ -13,6 +13,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from catalog.errors import CatalogError
+from teams.errors import ModelNotAllowed
 from teams.metering import LimitExceeded
 from protocol.layer_errors import LAYER_ERRORS
 
@@ -55,7 +56,11 @@ class APIError(Exception):
 
 def catalog_error(exc: CatalogError) -> APIError:
     """A model the catalog cannot serve (unknown, or disabled) is a 404 to the client."""
-    return APIError(404, exc.message, param="model", code="model_not_found")
+    return model_not_found(exc.message)
+
+
+def model_not_found(message: str) -> APIError:
+    return APIError(404, message, param="model", code="model_not_found")
 
 
 # Seconds a client is told to wait when a backing service (database, Redis) is down.
@@ -90,7 +95,10 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def team_error(exc: Exception) -> APIError | None:
-    """A team limit as the API answers it: 429 with OpenAI's type ("requests"/"tokens") and Retry-After."""
+    """A team's refusal as the API answers it: a limit is a 429 with OpenAI's type ("requests"/"tokens")
+    and Retry-After; a model the caller may not use is the 404 of an unknown model."""
+    if isinstance(exc, ModelNotAllowed):
+        return model_not_found(exc.message)
     if isinstance(exc, LimitExceeded):
         return APIError(429, exc.message, None, exc.code,
                         {**getattr(exc, "headers", {}), "Retry-After": str(exc.retry_after)}, exc.kind)

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
-from django.conf import settings
 
+from catalog.config import web_config
 from teams.metering import LimitExceeded, RequestMeter
 import protocol
 
@@ -85,12 +85,12 @@ class GenerationStream:
 
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
-        config = settings.INFERENCE
+        config = web_config()
         # A job still queued when the wait below ends (no worker was up) must not run later.
-        self.job = {**self.job, "accept_by": time.time() + config["WORKER_ACK_TIMEOUT"]}
-        await self.layer.send(config["WORKER_CHANNEL"], self.job)
+        self.job = {**self.job, "accept_by": time.time() + config.worker_ack_timeout}
+        await self.layer.send(config.worker_channel, self.job)
         try:
-            accepted = await self._first_answer(time.monotonic() + config["WORKER_ACK_TIMEOUT"])
+            accepted = await self._first_answer(time.monotonic() + config.worker_ack_timeout)
             started = await self._next() if accepted.get("type") == protocol.ACCEPTED else accepted
         except TimeoutError:
             await send_cancel(self.layer, self.request_id)
@@ -112,18 +112,18 @@ class GenerationStream:
         between Redis popping the job and the worker answering): it goes out again under a new id
         (the old one cancelled everywhere) while resubmits are left. TimeoutError at the deadline.
         """
-        config = settings.INFERENCE
+        config = web_config()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
             try:
-                return await receive_within(self.layer, self.reply_channel, min(left, config["WORKER_SILENCE_TIMEOUT"]))
+                return await receive_within(self.layer, self.reply_channel, min(left, config.worker_silence_timeout))
             except TimeoutError:
-                if deadline - time.monotonic() <= 0 or self.resubmits >= config["JOB_RESUBMITS"]:
+                if deadline - time.monotonic() <= 0 or self.resubmits >= config.job_resubmits:
                     continue
                 await self._prepare_resubmit()
-                await self.layer.send(config["WORKER_CHANNEL"], self.job)
+                await self.layer.send(config.worker_channel, self.job)
 
     async def open_or_resubmit(self) -> None:
         """`open()`, sending the job again each time its worker is lost before it starts."""
@@ -134,7 +134,7 @@ class GenerationStream:
                 await self._prepare_resubmit()
 
     async def _prepare_resubmit(self) -> None:
-        if self.produced or self.resubmits >= settings.INFERENCE["JOB_RESUBMITS"]:
+        if self.produced or self.resubmits >= web_config().job_resubmits:
             self.finished = True
             self.error = worker_lost()
             raise self.error from None
@@ -148,12 +148,12 @@ class GenerationStream:
     async def _next(self) -> dict:
         """The next message that is not a keepalive; WorkerLost after a silence, worker_timeout
         after WORKER_EVENT_TIMEOUT of keepalives only (a worker alive but stuck)."""
-        config = settings.INFERENCE
+        config = web_config()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + config["WORKER_EVENT_TIMEOUT"]
+        deadline = loop.time() + config.worker_event_timeout
         while True:
             try:
-                message = await receive_within(self.layer, self.reply_channel, config["WORKER_SILENCE_TIMEOUT"])
+                message = await receive_within(self.layer, self.reply_channel, config.worker_silence_timeout)
             except TimeoutError:
                 raise WorkerLost() from None
             if message.get("type") != protocol.ALIVE:
@@ -238,7 +238,7 @@ def worker_error(event: protocol.ErrorMessage) -> APIError:
 async def send_cancel(layer, request_id: str) -> None:
     try:
         await layer.group_send(
-            settings.INFERENCE["WORKER_GROUP"], protocol.cancel_message(request_id))
+            web_config().worker_group, protocol.cancel_message(request_id))
     except Exception:  # the client is gone either way; a lost cancel only wastes a slot
         logger.exception("could not send cancel for %s", request_id)
 

@@ -10,10 +10,10 @@ import asyncio
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 
+from catalog.config import web_config
 import protocol
 
 from .errors import SERVICE_RETRY_AFTER, error_body
@@ -56,7 +56,7 @@ async def _worker_problem(timeout: float) -> str | None:
     try:
         async with asyncio.timeout(timeout):
             reply = await layer.new_channel("health.")
-            await layer.group_send(settings.INFERENCE["WORKER_GROUP"], protocol.ping_message(reply))
+            await layer.group_send(web_config().worker_group, protocol.ping_message(reply))
             while (await layer.receive(reply)).get("type") != protocol.PONG:
                 pass
     except TimeoutError:
@@ -69,7 +69,7 @@ async def _worker_problem(timeout: float) -> str | None:
 async def health(request) -> JsonResponse:
     if (refused := _wrong_method(request)) is not None:
         return refused
-    timeout = settings.INFERENCE["HEALTH_TIMEOUT"]
+    timeout = web_config().health_timeout
     checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout))
     problems = [problem for problem in checks if problem]
     if not problems:

@@ -12,13 +12,13 @@ import ipaddress
 import os
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.http import HttpResponse
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from rest_framework.permissions import BasePermission
 
+from catalog.config import web_config
 from teams.principal import Principal
 
 from .base import OpenAIView
@@ -79,14 +79,14 @@ def exposition() -> bytes:
 
 def metrics_networks() -> list:
     return [ipaddress.ip_network(item.strip(), strict=False)
-            for item in settings.INFERENCE["METRICS_ALLOW"].split(",") if item.strip()]
+            for item in web_config().metrics_allow.split(",") if item.strip()]
 
 
 class KeyOrAllowedAddress(BasePermission):
     """A valid bearer key, or a client address in INFERENCE_METRICS_ALLOW (Prometheus needs no key there)."""
 
     def has_permission(self, request, view) -> bool:
-        if not settings.INFERENCE["AUTH_ENABLED"] or isinstance(request.auth, Principal):
+        if not web_config().auth_enabled or isinstance(request.auth, Principal):
             return True
         try:
             address = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "")

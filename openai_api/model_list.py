@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from catalog.errors import ModelNotFound
 from catalog.hf_cache import CacheEntry
 from catalog.selectors import canonical_repo_id, listed_models
+from teams.errors import ModelNotAllowed
 
 from .base import OpenAIView
 
@@ -44,6 +45,8 @@ def _find(model_id: str) -> tuple[CacheEntry, dict] | None:
 class ModelDetailView(OpenAIView):
     async def get(self, request, model_id: str):
         found = await database_sync_to_async(_find, thread_sensitive=False)(model_id)
-        if found is None or not request.auth.may_use(found[0].repo_id):
+        if found is None:
             raise ModelNotFound(model_id)
+        if not request.auth.may_use(found[0].repo_id):
+            raise ModelNotAllowed(model_id)
         return Response(model_object(*found))

@@ -1,6 +1,6 @@
 """`POST /load_model` (SSE progress, as transformers serve) and `POST /unload_model`.
 
-The view resolves the name and relays `catalog.services.load_model`/`unload_model`, the one
+The view resolves the name and relays `catalog.services.model_control.load_model`/`unload_model`, the one
 model-control round trip (the commands and the admin use it too); the worker owns every decision.
 """
 from __future__ import annotations
@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 
-from catalog import services
-from catalog.errors import ModelNotFound, NoWorker
+from catalog.services import model_control
+from catalog.config import web_config
+from catalog.errors import NoWorker
 from catalog.selectors import live_workers
+from teams.errors import ModelNotAllowed
 import protocol
 
 from .base import OpenAIView, resolve_model, sse_frame
@@ -33,7 +34,7 @@ async def _resolved(request) -> protocol.ModelRef:
     asked = serializer.validated_data["model"]
     model = await resolve_model(asked)
     if not request.auth.may_use(str(model)):
-        raise ModelNotFound(asked)
+        raise ModelNotAllowed(asked)
     return model
 
 
@@ -45,9 +46,9 @@ def _no_worker() -> APIError:
 class LoadModelView(OpenAIView):
     async def post(self, request):
         name = await _resolved(request)
-        config = settings.INFERENCE
-        messages = services.load_model(name, requested_by(request), ack_timeout=config["WORKER_ACK_TIMEOUT"],
-                                       event_timeout=config["WORKER_EVENT_TIMEOUT"])
+        config = web_config()
+        messages = model_control.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
+                                       event_timeout=config.worker_event_timeout)
         try:
             accepted = await anext(messages)
         except NoWorker:
@@ -69,8 +70,8 @@ class UnloadModelView(OpenAIView):
         """Every worker holding the model unloads it; 409 if one is generating with it."""
         name = await _resolved(request)
         expected = max(1, len(await database_sync_to_async(live_workers, thread_sensitive=False)()))
-        replies = [reply async for reply in services.unload_model(
-            name, requested_by(request), timeout=settings.INFERENCE["WORKER_ACK_TIMEOUT"], answers=expected)]
+        replies = [reply async for reply in model_control.unload_model(
+            name, requested_by(request), timeout=web_config().worker_ack_timeout, answers=expected)]
         if not replies:
             raise _no_worker()
         events = [(r.get("worker"), r.get("event") or {}) for r in replies]

@@ -14,10 +14,10 @@ from rest_framework.response import Response
 from protocol import ChoiceDelta, Usage
 
 from .base import GenerationView, sse_response
-from .chat import parser_for
 from .generation import GenerationStream, new_request_id
 from .output_parsing import OutputParser, Piece
 from .serializers.responses import ResponsesRequestSerializer
+from .shaping import parser_for
 
 
 def item_id(prefix: str) -> str:

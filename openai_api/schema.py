@@ -29,12 +29,12 @@ FIELD_SCHEMAS = {
     "openai_api.serializers.fields.LogitBiasField": {
         "type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
         "description": 'token id (as a string of ASCII digits) -> bias, e.g. {"50256": -100}'},
-    "openai_api.serializers.chat.MessagesField": {"type": "array", "items": OBJECT, "minItems": 1},
-    "openai_api.serializers.chat.ToolsField": {"type": "array", "items": OBJECT, "maxItems": 128},
+    "openai_api.serializers.conversation.MessagesField": {"type": "array", "items": OBJECT, "minItems": 1},
+    "openai_api.serializers.conversation.ToolsField": {"type": "array", "items": OBJECT, "maxItems": 128},
     "openai_api.serializers.chat.ToolChoiceField": {
         "oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, OBJECT]},
-    "openai_api.serializers.chat.ResponseFormatField": OBJECT,
-    "openai_api.serializers.chat.TemplateKwargsField": OBJECT,
+    "openai_api.serializers.structured.ResponseFormatField": OBJECT,
+    "openai_api.serializers.conversation.TemplateKwargsField": OBJECT,
     "openai_api.serializers.fields.StringListField": {**STRING_ARRAY, "maxItems": 64},
     "openai_api.serializers.fields.TokenSequencesField": {"type": "array", "items": {**TOKEN_IDS, "minItems": 1},
                                                           "maxItems": 256},
@@ -118,28 +118,31 @@ def _serializer(dotted: str):
     return getattr(import_module(module), name)
 
 
-S = "openai_api.serializers."
+SERIALIZERS = "openai_api.serializers."
 VIEW_EXTENSIONS = [
-    _view_extension("openai_api.completions.CompletionsView", "post", S + "completions.CompletionRequestSerializer",
+    _view_extension("openai_api.completions.CompletionsView", "post",
+                    SERIALIZERS + "completions.CompletionRequestSerializer",
                     True, "Create completion"),
-    _view_extension("openai_api.chat.ChatCompletionsView", "post", S + "chat.ChatRequestSerializer",
+    _view_extension("openai_api.chat.ChatCompletionsView", "post", SERIALIZERS + "chat.ChatRequestSerializer",
                     True, "Create chat completion"),
-    _view_extension("openai_api.responses.ResponsesView", "post", S + "responses.ResponsesRequestSerializer",
+    _view_extension("openai_api.responses.ResponsesView", "post", SERIALIZERS + "responses.ResponsesRequestSerializer",
                     True, "Create response"),
-    _view_extension("openai_api.tokenization.TokenizeView", "post", S + "tokenize.TokenizeRequestSerializer",
+    _view_extension("openai_api.tokenization.TokenizeView", "post", SERIALIZERS + "tokenize.TokenizeRequestSerializer",
                     False, "Tokenize"),
-    _view_extension("openai_api.tokenization.DetokenizeView", "post", S + "tokenize.DetokenizeRequestSerializer",
+    _view_extension("openai_api.tokenization.DetokenizeView", "post",
+                    SERIALIZERS + "tokenize.DetokenizeRequestSerializer",
                     False, "Detokenize"),
-    _view_extension("openai_api.model_loading.LoadModelView", "post", S + "model_loading.ModelNameSerializer",
+    _view_extension("openai_api.model_loading.LoadModelView", "post", SERIALIZERS + "model_loading.ModelNameSerializer",
                     True, "Load model"),
-    _view_extension("openai_api.model_loading.UnloadModelView", "post", S + "model_loading.ModelNameSerializer",
+    _view_extension("openai_api.model_loading.UnloadModelView", "post",
+                    SERIALIZERS + "model_loading.ModelNameSerializer",
                     False, "Unload model"),
     _view_extension("openai_api.model_list.ModelListView", "get", None, False, "List models"),
     _view_extension("openai_api.model_list.ModelDetailView", "get", None, False, "Retrieve model"),
     _view_extension("openai_api.metrics.MetricsView", "get", None, False, "Metrics", "text/plain"),
     _view_extension("teams.views.KeyStatusView", "get", None, False, "Key status"),
-    _view_extension("openai_api.audio.TranscriptionsView", "post", S + "audio.TranscriptionRequestSerializer",
+    _view_extension("openai_api.audio.TranscriptionsView", "post", SERIALIZERS + "audio.TranscriptionRequestSerializer",
                     True, "Create transcription", text_types=("text/plain", "application/x-subrip", "text/vtt")),
-    _view_extension("openai_api.audio.TranslationsView", "post", S + "audio.TranslationRequestSerializer",
+    _view_extension("openai_api.audio.TranslationsView", "post", SERIALIZERS + "audio.TranslationRequestSerializer",
                     False, "Create translation", text_types=("text/plain", "application/x-subrip", "text/vtt")),
 ]

@@ -30,6 +30,7 @@ from protocol.params import (  # noqa: F401
     Structured,
     JobParams,
     NEUTRAL_SAMPLING,
+    MODEL_SAMPLING_KEYS,
     SHARED_REQUEST_FIELDS,
     to_job_params,
 )

@@ -68,10 +68,14 @@ class JobParams:
         return asdict(self)
 
 
-# Where neither the request nor generation_config.json sets a knob (transformers' own defaults).
+# The sampling knobs a model may set defaults for (its generation_config.json, an admin's catalog
+# row, a config file's `generation_defaults`), each with the value it takes where neither the
+# request nor the model sets it (transformers' own defaults). The one list: the catalog, the
+# config files and the worker's sampler all read it from here.
 NEUTRAL_SAMPLING: dict[str, float | int] = {
     "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repetition_penalty": 1.0,
 }
+MODEL_SAMPLING_KEYS: tuple[str, ...] = tuple(NEUTRAL_SAMPLING)
 # Request fields every generation endpoint shares, named as in JobParams.
 SHARED_REQUEST_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",

@@ -14,6 +14,8 @@ from rest_framework.authentication import BaseAuthentication, SessionAuthenticat
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.permissions import BasePermission
 
+from catalog.config import web_config
+
 from . import selectors, services
 from .principal import Principal
 
@@ -23,7 +25,7 @@ class BearerKeyAuthentication(BaseAuthentication):
 
     def authenticate(self, request):
         header = get_authorization_header(request).split()
-        if not settings.INFERENCE["AUTH_ENABLED"]:
+        if not web_config().auth_enabled:
             return None, Principal.of(services.default_team())
         if not header:
             return None

@@ -12,8 +12,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from django.conf import settings
 from django.db import close_old_connections
+
+from catalog.config import web_config
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,8 @@ class LedgerWriter:
     def get(cls) -> "LedgerWriter":
         with cls._lock:
             if cls._instance is None:
-                config = settings.INFERENCE
-                cls._instance = cls(config["LEDGER_BATCH_SIZE"], config["LEDGER_FLUSH_SECONDS"])
+                config = web_config()
+                cls._instance = cls(config.ledger_batch_size, config.ledger_flush_seconds)
             return cls._instance
 
     def record(self, entry: UsageEntry) -> None:

@@ -1,7 +1,7 @@
 """One request's way through the team's limits and into the ledger, for the API's views.
 
     meter = RequestMeter(principal, endpoint, request_id)
-    meter.check_model(model)        # catalog's ModelNotFound when the principal may not use it (a 404)
+    meter.check_model(model)        # ModelNotAllowed when the principal may not use it (a 404)
     await meter.admit()             # LimitExceeded before the job is sent: rpm, parallel, spent tokens
     ... job sent, worker's `started` message in hand ...
     await meter.reserve(started, max_tokens, n)   # prompt + the most it may generate, or LimitExceeded
@@ -19,8 +19,7 @@ import time
 
 from django.utils import timezone
 
-from catalog.errors import ModelNotFound
-
+from .errors import ModelNotAllowed
 from .ledger import LedgerWriter, UsageEntry
 from .limits import LimitExceeded, Ticket, current_headers, limiter, reservation_size, ticket_headers
 from .principal import Principal
@@ -50,7 +49,7 @@ class RequestMeter:
         """`model` as resolved (aliases followed); a model it may not use does not exist for it
         (the refusal names it as the client did)."""
         if not self.principal.may_use(model):
-            raise ModelNotFound(asked_as or model)
+            raise ModelNotAllowed(asked_as or model)
         self.model = model
 
     async def admit(self) -> None:

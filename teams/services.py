@@ -6,10 +6,11 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+
+from catalog.config import web_config
 
 from .models import DEFAULT_TEAM_NAME, KEY_PREFIX, VISIBLE_PREFIX_LENGTH, APIKey, Membership, Team, hash_key
 
@@ -92,7 +93,7 @@ def touch_key(key: APIKey, every_seconds: int = 60) -> None:
 
 def key_file_path(port: int) -> Path:
     """Per-port, so a client of http://127.0.0.1:PORT finds the key of the server on PORT."""
-    return Path(settings.INFERENCE["KEY_DIR"]) / f"{port}.key"
+    return web_config().key_dir / f"{port}.key"
 
 
 def _write_private(path: Path, text: str) -> None:

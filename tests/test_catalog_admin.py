@@ -11,7 +11,8 @@ from django.conf import settings
 from django.utils import timezone
 from huggingface_hub import constants as hf_constants
 
-from catalog import hf_cache, selectors, services
+from catalog import hf_cache, selectors
+from catalog.services import cached_models, model_settings, worker_registry
 from catalog.errors import ModelDisabled
 from catalog.models import CachedModel, LoadEvent, ModelLoad, Worker
 from openai_api.errors import catalog_error
@@ -40,7 +41,7 @@ def cache(small_cache, monkeypatch, tmp_path) -> Path:
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(copy))
     hf_cache.forget_scan()
     selectors.forget_rules()
-    services.scan_cache(copy)
+    cached_models.scan_cache(copy)
     yield copy
     hf_cache.forget_scan()
     selectors.forget_rules()
@@ -62,7 +63,7 @@ def listener():
 
 
 def online_worker(name: str = "gpu-box:1") -> Worker:
-    return services.register_worker(name, "gpu-box", 1, "worker.chan", "cuda", 80_000.0)
+    return worker_registry.register_worker(name, "gpu-box", 1, "worker.chan", "cuda", 80_000.0)
 
 
 def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(cache):
@@ -72,15 +73,15 @@ def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(c
     encoder = CachedModel.objects.get(repo_id="local/encoder")
     assert not encoder.is_causal_lm and encoder.modalities == []
     alpha.idle_timeout, alpha.aliases = 42, ["a"]
-    services.save_model_settings(alpha)
+    model_settings.save_model_settings(alpha)
     import shutil
 
     shutil.rmtree(cache / "models--local--alpha")
-    assert services.scan_cache(cache).gone == ["local/alpha"]
+    assert cached_models.scan_cache(cache).gone == ["local/alpha"]
     alpha.refresh_from_db()
     assert alpha.gone and alpha.idle_timeout == 42
     build_tiny_model("local/alpha", cache_dir=cache)
-    assert "local/alpha" in services.scan_cache(cache).updated
+    assert "local/alpha" in cached_models.scan_cache(cache).updated
     alpha.refresh_from_db()
     assert not alpha.gone and alpha.idle_timeout == 42 and alpha.aliases == ["a"]
 
@@ -88,12 +89,12 @@ def test_scan_records_every_repo_and_marks_vanished_ones_gone_keeping_settings(c
 def test_aliases_resolve_and_disabled_models_are_unknown(cache):
     alpha = CachedModel.objects.get(repo_id="local/alpha")
     alpha.aliases = ["alpha"]
-    services.save_model_settings(alpha)
-    assert selectors.resolve_model_id("alpha") == "local/alpha"
-    assert selectors.resolve_model_id("alpha@main") == "local/alpha@main"
-    services.set_enabled([alpha], False)
+    model_settings.save_model_settings(alpha)
+    assert str(selectors.resolve_model("alpha")) == "local/alpha"
+    assert str(selectors.resolve_model("alpha@main")) == "local/alpha@main"
+    model_settings.set_enabled([alpha], False)
     with pytest.raises(ModelDisabled) as raised:
-        selectors.resolve_model_id("local/alpha")
+        selectors.resolve_model("local/alpha")
     error = catalog_error(raised.value)  # what the client gets
     assert error.status == 404 and "disabled" in error.message
     assert [m.repo_id for m, _ in selectors.listed_models()] == []
@@ -101,7 +102,7 @@ def test_aliases_resolve_and_disabled_models_are_unknown(cache):
 
 def test_changelist_shows_status_worker_size_and_filters(admin_client, cache):
     worker = online_worker()
-    services.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
+    worker_registry.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
     page = admin_client.get(CHANGELIST).content.decode()
     assert "local/alpha" in page and "local/encoder" in page
     assert "loaded" in page and "gpu-box:1" in page
@@ -188,14 +189,14 @@ def test_rescan_action_finds_new_models(admin_client, cache):
 
 def test_worker_events_record_loads_and_history(cache):
     worker = online_worker()
-    services.record_model_event(worker.name, {"type": "model.loading", "model": "local/alpha@main",
+    worker_registry.record_model_event(worker.name, {"type": "model.loading", "model": "local/alpha@main",
                                               "requested_by": "request"})
     assert selectors.load_state("local/alpha")["status"] == "loading"
-    services.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
+    worker_registry.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
                                               "requested_by": "request", "duration_s": 0.5, "memory_bytes": 2**20})
     state = selectors.load_state("local/alpha")
     assert state["status"] == "loaded" and state["loaded_on"] == [worker.name]
-    services.record_model_event(worker.name, {"type": "model.unloaded", "model": "local/alpha@main",
+    worker_registry.record_model_event(worker.name, {"type": "model.unloaded", "model": "local/alpha@main",
                                               "requested_by": "idle", "duration_s": 0.01})
     assert selectors.load_state("local/alpha") is None
     history = list(LoadEvent.objects.order_by("at").values_list("action", "requested_by"))
@@ -204,17 +205,17 @@ def test_worker_events_record_loads_and_history(cache):
 
 def test_a_worker_that_stops_beating_is_lost_and_its_models_not_loaded(cache):
     worker = online_worker()
-    services.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
+    worker_registry.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
     assert selectors.load_state("local/alpha")["loaded_on"] == [worker.name]
-    assert services.mark_lost_workers() == []
+    assert worker_registry.mark_lost_workers() == []
     Worker.objects.filter(pk=worker.pk).update(
         last_heartbeat=timezone.now() - timedelta(seconds=settings.INFERENCE["WORKER_LOST_AFTER"] + 1))
     assert selectors.load_state("local/alpha") is None  # readers see it at once
-    assert services.mark_lost_workers() == [worker.name]
+    assert worker_registry.mark_lost_workers() == [worker.name]
     worker.refresh_from_db()
     assert worker.status == Worker.Status.LOST
     assert ModelLoad.objects.get(worker=worker).status == ModelLoad.Status.UNLOADED
-    services.heartbeat(worker.name, {})  # it comes back
+    worker_registry.heartbeat(worker.name, {})  # it comes back
     worker.refresh_from_db()
     assert worker.status == Worker.Status.ONLINE
 
@@ -236,7 +237,7 @@ def test_the_change_form_validates_aliases_and_generation_defaults(admin_client,
 
 def test_admin_rounds_memory_and_durations(admin_client, cache):
     worker = online_worker()
-    services.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
+    worker_registry.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
                                               "requested_by": "request", "duration_s": 1.23456789,
                                               "memory_bytes": 920_887})  # 0.87823486328125 MiB
     events = admin_client.get("/admin/catalog/loadevent/").content.decode()

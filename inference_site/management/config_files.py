@@ -12,12 +12,14 @@ from typing import Any
 import yaml
 from django.core.management.base import CommandError
 
+from protocol import MODEL_SAMPLING_KEYS, NEUTRAL_SAMPLING
+
 NUMBER = (int, float)
 # Sampling parameters both files may set (request fields; the client sends them, the server
-# uses them as a model's defaults where the model config holds them).
+# uses them as a model's defaults where the model config holds them): protocol's one list, an
+# integer where its neutral value is one (top_k), else any number.
 GENERATION_KEYS: dict[str, Any] = {
-    "temperature": NUMBER, "top_p": NUMBER, "top_k": int, "min_p": NUMBER, "typical_p": NUMBER,
-    "repetition_penalty": NUMBER,
+    key: int if isinstance(NEUTRAL_SAMPLING[key], int) else NUMBER for key in MODEL_SAMPLING_KEYS
 }
 MODEL_KEYS: dict[str, Any] = {
     "name": str, "preload": bool, "dtype": str, "device": str, "chat_template": str,

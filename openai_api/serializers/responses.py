@@ -8,7 +8,8 @@ from rest_framework import serializers
 
 from protocol import Conversation, JobParams, to_job_params
 
-from .chat import TemplateKwargsField, clean_message, clean_tool, invalid
+from .content import invalid
+from .conversation import TemplateKwargsField, clean_message, clean_tool
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .sampling import SamplingParamsSerializer
 from .structured import ResponseFormatField, constrain, output_grammar

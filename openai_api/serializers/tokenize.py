@@ -5,7 +5,8 @@ from rest_framework import serializers
 
 from protocol import Conversation, JobParams, TextPrompt, TokenIdsPrompt
 
-from .chat import ConversationSerializer, MessagesField, invalid
+from .content import invalid
+from .conversation import ConversationSerializer, MessagesField
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 
 

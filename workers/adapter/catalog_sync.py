@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 
-from catalog import selectors, services
+from catalog import selectors
+from catalog.services import worker_registry
 
 import protocol
 from workers.adapter.routing import RoutingTable
 
 logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
-db = database_sync_to_async
 
 
 @dataclass
@@ -35,9 +35,11 @@ class Welcome:
 async def join(name: str, channel_name: str, device: str, memory_budget_mb: float | None) -> Welcome | None:
     """Register (marking what this worker held before as unloaded); the settings map and the models to preload."""
     try:
-        await db(services.register_worker)(name, socket.gethostname(), os.getpid(), channel_name, device,
-                                           memory_budget_mb or _system_memory_mb())
-        return Welcome(await db(selectors.model_settings_map)(), await db(selectors.preload_models)())
+        register = database_sync_to_async(worker_registry.register_worker)
+        await register(name, socket.gethostname(), os.getpid(), channel_name, device,
+                       memory_budget_mb or _system_memory_mb())
+        return Welcome(await database_sync_to_async(selectors.model_settings_map)(),
+                       await database_sync_to_async(selectors.preload_models)())
     except Exception as exc:  # the database is down or not migrated yet: the caller retries
         logger.warning("worker %s could not register in the catalog: %s", name, exc)
         return None
@@ -46,8 +48,8 @@ async def join(name: str, channel_name: str, device: str, memory_budget_mb: floa
 async def beat(name: str, loaded: dict[str, dict]) -> RoutingTable | None:
     """The worker is alive and holds `loaded`; returns the routing table as it stands now."""
     try:
-        await db(services.heartbeat)(name, loaded)
-        return await db(selectors.routing_table)()
+        await database_sync_to_async(worker_registry.heartbeat)(name, loaded)
+        return await database_sync_to_async(selectors.routing_table)()
     except Exception:
         logger.warning("heartbeat of %s failed", name, exc_info=True)
         return None
@@ -55,7 +57,7 @@ async def beat(name: str, loaded: dict[str, dict]) -> RoutingTable | None:
 
 async def record_change(name: str, change: protocol.ModelChange) -> None:
     try:
-        await db(services.record_model_event)(name, change)
+        await database_sync_to_async(worker_registry.record_model_event)(name, change)
     except Exception:
         logger.warning("could not record %s", change, exc_info=True)
 
@@ -63,7 +65,7 @@ async def record_change(name: str, change: protocol.ModelChange) -> None:
 async def say_stopped(name: str) -> None:
     """Best effort on a clean shutdown (a killed worker is found lost by its silence instead)."""
     try:
-        await asyncio.wait_for(db(services.stop_worker)(name), 5)
+        await asyncio.wait_for(database_sync_to_async(worker_registry.stop_worker)(name), 5)
     except BaseException:  # shutting down: never let bookkeeping block or raise
         logger.debug("could not mark %s stopped", name, exc_info=True)
 

@@ -1,4 +1,4 @@
-"""What `preload` and `unload` share: the name resolved, then catalog.services' model-control round trip."""
+"""What `preload` and `unload` share: the name resolved, then catalog.services.model_control's round trip."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -6,7 +6,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from catalog import services
+from catalog.services import model_control
 from catalog.errors import CatalogError, NoWorker
 from catalog.selectors import resolve_model
 import protocol
@@ -25,9 +25,9 @@ def resolve(name: str) -> protocol.ModelRef:
 async def control(kind: str, name: protocol.ModelRef, timeout: float, write: Callable[[str], None]) -> list[protocol.ModelEvent]:
     """A model.load (one worker) or model.unload (every worker): write each event; return them."""
     if kind == protocol.MODEL_LOAD:
-        messages = services.load_model(name, "command", ack_timeout=timeout, event_timeout=timeout)
+        messages = model_control.load_model(name, "command", ack_timeout=timeout, event_timeout=timeout)
     else:
-        messages = services.unload_model(name, "command", timeout=timeout)
+        messages = model_control.unload_model(name, "command", timeout=timeout)
     events = []
     try:
         async for message in messages:

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from catalog.services import scan_cache
+from catalog.services.cached_models import scan_cache
 
 
 class Command(BaseCommand):

@@ -17,11 +17,13 @@ from urllib.parse import urlsplit
 import httpx
 from django.core.management.base import BaseCommand, CommandError
 
+from protocol import MODEL_SAMPLING_KEYS
+
 from ..config_files import CLIENT_KEYS, load_config, merged_options
 
 DEFAULTS = {"url": "http://127.0.0.1:8000/v1", "echo": True, "stream": False, "show_usage": False}
 # Request fields the client sends when set (flag or config file).
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty",
+SAMPLING_FIELDS = ("max_tokens", *MODEL_SAMPLING_KEYS,
                    "no_repeat_ngram_size", "min_length", "num_beams", "ignore_eos", "seed", "stop")
 HELP = "Commands: /clear (forget the conversation), /system TEXT (set the system prompt), /help, quit"
 REPLY_TOKENS = 256  # an interactive reply's default length, when the context has room for it

@@ -58,7 +58,7 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         if not no_worker:
             self._ensure_a_model()
-        from catalog.services import scan_cache
+        from catalog.services.cached_models import scan_cache
 
         self.stdout.write(f"Model catalog: {scan_cache()}")
         if config.get("models"):
@@ -136,7 +136,7 @@ class Command(BaseCommand):
         from django.core.exceptions import ValidationError
 
         from catalog.errors import ModelNotFound
-        from catalog.services import configure_models
+        from catalog.services.model_settings import configure_models
 
         for entry in entries:
             if entry.get("chat_template"):

@@ -1,0 +1,70 @@
+"""The web side's settings, typed and read in one place (the worker's counterpart is `workers.engine.config`).
+
+`web_config()` reads `settings.INFERENCE` (inference_site/settings.py owns every default and the
+environment variable behind each) into a frozen `WebConfig`. It lives in the catalog, the lowest
+web app that reads settings, so that teams and the API (above it) import it too; it is read on
+each call, never cached, so a value `serve` sets before it starts is the one every reader sees.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    # Workers: the channel jobs go to, the group cancels and pings go to, and when a silent one is lost.
+    worker_channel: str
+    worker_group: str
+    worker_lost_after: float
+    heartbeat_seconds: float  # how often the catalog upkeep runs (and workers beat)
+    scan_interval: float  # seconds between cache rescans; 0: never
+    # A job's round trip (openai_api.generation).
+    worker_ack_timeout: float
+    worker_event_timeout: float
+    worker_silence_timeout: float
+    job_resubmits: int
+    sse_keepalive_seconds: float
+    health_timeout: float
+    # What a request may ask for (openai_api).
+    max_request_bytes: int
+    max_json_depth: int
+    max_n: int
+    max_prompts: int
+    max_beams: int
+    max_schema_bytes: int
+    max_schema_depth: int
+    metrics_allow: str  # comma-separated networks that may scrape /metrics without a key
+    # Teams.
+    auth_enabled: bool
+    key_dir: Path
+    limits_redis_url: str  # "": the database keeps the limit counters
+    ledger_batch_size: int
+    ledger_flush_seconds: float
+
+    @classmethod
+    def from_settings(cls, inference: Mapping[str, Any]) -> WebConfig:
+        """From `settings.INFERENCE`."""
+        return cls(
+            worker_channel=inference["WORKER_CHANNEL"], worker_group=inference["WORKER_GROUP"],
+            worker_lost_after=inference["WORKER_LOST_AFTER"], heartbeat_seconds=inference["HEARTBEAT_SECONDS"],
+            scan_interval=inference["SCAN_INTERVAL"],
+            worker_ack_timeout=inference["WORKER_ACK_TIMEOUT"], worker_event_timeout=inference["WORKER_EVENT_TIMEOUT"],
+            worker_silence_timeout=inference["WORKER_SILENCE_TIMEOUT"], job_resubmits=inference["JOB_RESUBMITS"],
+            sse_keepalive_seconds=inference["SSE_KEEPALIVE_SECONDS"], health_timeout=inference["HEALTH_TIMEOUT"],
+            max_request_bytes=inference["MAX_REQUEST_BYTES"], max_json_depth=inference["MAX_JSON_DEPTH"],
+            max_n=inference["MAX_N"], max_prompts=inference["MAX_PROMPTS"], max_beams=inference["MAX_BEAMS"],
+            max_schema_bytes=inference["MAX_SCHEMA_BYTES"], max_schema_depth=inference["MAX_SCHEMA_DEPTH"],
+            metrics_allow=inference["METRICS_ALLOW"],
+            auth_enabled=inference["AUTH_ENABLED"], key_dir=Path(inference["KEY_DIR"]),
+            limits_redis_url=inference["LIMITS_REDIS_URL"] or "",
+            ledger_batch_size=inference["LEDGER_BATCH_SIZE"], ledger_flush_seconds=inference["LEDGER_FLUSH_SECONDS"],
+        )
+
+
+def web_config() -> WebConfig:
+    return WebConfig.from_settings(settings.INFERENCE)
