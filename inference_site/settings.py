@@ -285,6 +285,25 @@ INFERENCE = {
     # or this many seconds apart.
     "LEDGER_BATCH_SIZE": env_int("INFERENCE_LEDGER_BATCH_SIZE", 200),
     "LEDGER_FLUSH_SECONDS": env_float("INFERENCE_LEDGER_FLUSH_SECONDS", 0.5),
+    # Usage that is never lost (docs/reliability.md): rows queued in memory at most (a full queue
+    # makes requests wait up to LEDGER_PUT_WAIT seconds, then leaves the row to the spool), tries
+    # per batch against the database, and the spool every row is appended to before it is queued
+    # (replayed into the database once it is back, and after a kill -9, every LEDGER_REPLAY_SECONDS).
+    "LEDGER_QUEUE_MAX": env_int("INFERENCE_LEDGER_QUEUE_MAX", 10000),
+    "LEDGER_PUT_WAIT": env_float("INFERENCE_LEDGER_PUT_WAIT", 1.0),
+    "LEDGER_WRITE_TRIES": env_int("INFERENCE_LEDGER_WRITE_TRIES", 3),
+    "LEDGER_SPOOL_DIR": os.environ.get("INFERENCE_LEDGER_SPOOL_DIR", str(VAR_DIR / "ledger-spool")),
+    "LEDGER_REPLAY_SECONDS": env_float("INFERENCE_LEDGER_REPLAY_SECONDS", 5.0),
+    # The engine loop: failing turns in a row before the engine is dead and its worker exits, and
+    # how long a loop may go without a heartbeat before ping and /health call it stalled.
+    "ENGINE_MAX_FAULTS": env_int("INFERENCE_ENGINE_MAX_FAULTS", 5),
+    "ENGINE_STALL_SECONDS": env_float("INFERENCE_ENGINE_STALL_SECONDS", 60.0),
+    # A request body that stops arriving (Content-Length larger than what is sent) is answered 408
+    # after this many seconds without a byte.
+    "BODY_READ_TIMEOUT": env_float("INFERENCE_BODY_READ_TIMEOUT", 5.0),
+    # Bearer keys: failed attempts from one address within the window before it gets 429s.
+    "BAD_KEY_LIMIT": env_int("INFERENCE_BAD_KEY_LIMIT", 20),
+    "BAD_KEY_WINDOW": env_float("INFERENCE_BAD_KEY_WINDOW", 60.0),
 }
 
 LANGUAGE_CODE = "en-us"
