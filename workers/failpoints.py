@@ -29,6 +29,7 @@ POINTS = {
     "media.read": "the worker reading a job's images, audio or video",
     "ledger.write": "the web process writing a batch of usage rows to the database",
     "worker.heartbeat": "the worker's heartbeat into the catalog",
+    "web.handoff": "a generation view, between opening the job and returning its response",
 }
 ACTION = re.compile(r"^(raise|delay\((\d+)\))(?:\*(\d+))?$")
 

@@ -77,6 +77,9 @@ class Command(BaseCommand):
                       lambda reason: asyncio.get_event_loop().call_later(5, keep_catalog))
 
             keep_catalog()
+            from teams.ledger import LedgerWriter
+
+            LedgerWriter.get()  # replays usage a killed process left in the spool, before the first request
             if not no_worker:
                 from workers.runtime import run_worker
 
