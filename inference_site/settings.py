@@ -4,6 +4,7 @@ Every knob comes from an environment variable with a default that runs the
 embedded mode (SQLite, in-process channel layer) with no services at all.
 """
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -72,6 +73,7 @@ INSTALLED_APPS = [
     "openai_api",
     "workers",
     "webui",
+    "axes",  # login throttling (docs/reliability.md)
 ]
 
 MIDDLEWARE = [
@@ -82,7 +84,20 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: answers a locked-out login
 ]
+
+# Logins (the admin's and the pages'): after AXES_FAILURE_LIMIT failures for one username, or from one
+# address, that username or address is locked out for AXES_COOLOFF_TIME (429 with a message saying
+# so); a success resets the count. An admin lifts a lockout in the admin (Axes > Access attempts) or
+# with `manage.py axes_reset_username NAME` / `axes_reset_ip ADDRESS`.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("INFERENCE_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("INFERENCE_LOGIN_LOCKOUT_MINUTES", 15.0))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "inference_site.lockout.locked_out"
+AXES_VERBOSE = False
 
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
 # and every sync middleware costs a thread hop on each request.
@@ -302,7 +317,7 @@ INFERENCE = {
     # after this many seconds without a byte.
     "BODY_READ_TIMEOUT": env_float("INFERENCE_BODY_READ_TIMEOUT", 5.0),
     # Bearer keys: failed attempts from one address within the window before it gets 429s.
-    "BAD_KEY_LIMIT": env_int("INFERENCE_BAD_KEY_LIMIT", 20),
+    "BAD_KEY_LIMIT": env_int("INFERENCE_BAD_KEY_LIMIT", 50),
     "BAD_KEY_WINDOW": env_float("INFERENCE_BAD_KEY_WINDOW", 60.0),
 }
 

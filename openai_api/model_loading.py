@@ -34,6 +34,9 @@ async def _resolved(request) -> str:
     name = await resolve_model(asked)
     if not request.auth.may_use(name):
         raise ModelNotFound(asked)
+    if settings.INFERENCE["AUTH_ENABLED"] and not request.auth.may_manage_models:
+        raise APIError(403, "Loading and unloading models is for administrators: this key or user lacks the "
+                            "manage_models permission.", None, "permission_denied")
     return protocol.ModelRef.parse(name).key
 
 
