@@ -66,9 +66,9 @@ def test_a_client_gone_before_its_stream_started_is_settled_within_seconds(hf_ca
     env = base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="web.handoff=delay(3000)*1")
     live = LiveServer(env, tmp_path, name="handoff")
     try:
+        load(live)  # with serve's own key: model control is an operator's act
         secrets = make_teams(env, teams={"solo": ["--max-parallel", "1"]}, keys={"solo": ["--team", "solo"]})
         live.key = secrets["solo"]
-        load(live)
         body = (f'{{"model": "{TINY_MODEL}", "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true, '
                 '"stream": true}').encode()
         with socket.create_connection(("127.0.0.1", live.port)) as sock:  # sends, then leaves during the hand-over
