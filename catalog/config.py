@@ -45,6 +45,13 @@ class WebConfig:
     limits_redis_url: str  # "": the database keeps the limit counters
     ledger_batch_size: int
     ledger_flush_seconds: float
+    ledger_queue_max: int  # rows held in memory; past it a request waits `ledger_put_wait`, then the spool keeps it
+    ledger_put_wait: float
+    ledger_write_tries: int
+    ledger_spool_dir: Path
+    ledger_replay_seconds: float
+    bad_key_limit: int  # wrong bearer keys from one address within `bad_key_window` before it gets 429s
+    bad_key_window: float
 
     @classmethod
     def from_settings(cls, inference: Mapping[str, Any]) -> WebConfig:
@@ -63,6 +70,10 @@ class WebConfig:
             auth_enabled=inference["AUTH_ENABLED"], key_dir=Path(inference["KEY_DIR"]),
             limits_redis_url=inference["LIMITS_REDIS_URL"] or "",
             ledger_batch_size=inference["LEDGER_BATCH_SIZE"], ledger_flush_seconds=inference["LEDGER_FLUSH_SECONDS"],
+            ledger_queue_max=inference["LEDGER_QUEUE_MAX"], ledger_put_wait=inference["LEDGER_PUT_WAIT"],
+            ledger_write_tries=inference["LEDGER_WRITE_TRIES"], ledger_spool_dir=Path(inference["LEDGER_SPOOL_DIR"]),
+            ledger_replay_seconds=inference["LEDGER_REPLAY_SECONDS"],
+            bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
         )
 
 

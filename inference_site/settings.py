@@ -4,6 +4,7 @@ Every knob comes from an environment variable with a default that runs the
 embedded mode (SQLite, in-process channel layer) with no services at all.
 """
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
     "workers",
     "webui",
     "inference_site",  # the composition root's commands: serve, client
+    "axes",  # login throttling (docs/reliability.md)
 ]
 
 MIDDLEWARE = [
@@ -83,7 +85,20 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: answers a locked-out login
 ]
+
+# Logins (the admin's and the pages'): after AXES_FAILURE_LIMIT failures for one username, or from one
+# address, that username or address is locked out for AXES_COOLOFF_TIME (429 with a message saying
+# so); a success resets the count. An admin lifts a lockout in the admin (Axes > Access attempts) or
+# with `manage.py axes_reset_username NAME` / `axes_reset_ip ADDRESS`.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("INFERENCE_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("INFERENCE_LOGIN_LOCKOUT_MINUTES", 15.0))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "inference_site.lockout.locked_out"
+AXES_VERBOSE = False
 
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
 # and every sync middleware costs a thread hop on each request.
@@ -286,6 +301,25 @@ INFERENCE = {
     # or this many seconds apart.
     "LEDGER_BATCH_SIZE": env_int("INFERENCE_LEDGER_BATCH_SIZE", 200),
     "LEDGER_FLUSH_SECONDS": env_float("INFERENCE_LEDGER_FLUSH_SECONDS", 0.5),
+    # Usage that is never lost (docs/reliability.md): rows queued in memory at most (a full queue
+    # makes requests wait up to LEDGER_PUT_WAIT seconds, then leaves the row to the spool), tries
+    # per batch against the database, and the spool every row is appended to before it is queued
+    # (replayed into the database once it is back, and after a kill -9, every LEDGER_REPLAY_SECONDS).
+    "LEDGER_QUEUE_MAX": env_int("INFERENCE_LEDGER_QUEUE_MAX", 10000),
+    "LEDGER_PUT_WAIT": env_float("INFERENCE_LEDGER_PUT_WAIT", 1.0),
+    "LEDGER_WRITE_TRIES": env_int("INFERENCE_LEDGER_WRITE_TRIES", 3),
+    "LEDGER_SPOOL_DIR": os.environ.get("INFERENCE_LEDGER_SPOOL_DIR", str(VAR_DIR / "ledger-spool")),
+    "LEDGER_REPLAY_SECONDS": env_float("INFERENCE_LEDGER_REPLAY_SECONDS", 5.0),
+    # The engine loop: failing turns in a row before the engine is dead and its worker exits, and
+    # how long a loop may go without a heartbeat before ping and /health call it stalled.
+    "ENGINE_MAX_FAULTS": env_int("INFERENCE_ENGINE_MAX_FAULTS", 5),
+    "ENGINE_STALL_SECONDS": env_float("INFERENCE_ENGINE_STALL_SECONDS", 60.0),
+    # A request body that stops arriving (Content-Length larger than what is sent) is answered 408
+    # after this many seconds without a byte.
+    "BODY_READ_TIMEOUT": env_float("INFERENCE_BODY_READ_TIMEOUT", 5.0),
+    # Bearer keys: failed attempts from one address within the window before it gets 429s.
+    "BAD_KEY_LIMIT": env_int("INFERENCE_BAD_KEY_LIMIT", 50),
+    "BAD_KEY_WINDOW": env_float("INFERENCE_BAD_KEY_WINDOW", 60.0),
 }
 
 LANGUAGE_CODE = "en-us"

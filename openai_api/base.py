@@ -82,6 +82,7 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
     """Frame chunks as SSE, end with [DONE]; a vanished client cancels the job at once."""
 
     async def body() -> AsyncIterator[bytes]:
+        stream.claimed = True  # from here, this body's `finally` ends the job, however the client leaves
         # An SSE comment first, so the status and headers reach the client at once even
         # while the job waits in the queue (SSE clients ignore comment lines); more while it waits.
         yield b": accepted\n\n"

@@ -20,10 +20,13 @@ from channels.layers import get_channel_layer
 from catalog.config import web_config
 from teams.metering import LimitExceeded, RequestMeter
 import protocol
+from protocol import failpoints
+from protocol.tasks import watch
 
 from .errors import APIError
 
 logger = logging.getLogger(__name__)
+HANDOFF_SECONDS = 5.0  # a stream the view handed on must be taken up by then, else its client is gone
 
 
 async def receive_within(layer, channel: str, timeout: float) -> dict:
@@ -82,6 +85,7 @@ class GenerationStream:
         self.error: APIError | None = None
         self.produced = False  # an event reached the view: the job can no longer be sent again
         self.resubmits = 0
+        self.claimed = False  # the response began reading it (whoever claims it cancels it at the end)
 
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
@@ -164,6 +168,7 @@ class GenerationStream:
 
     async def events(self) -> AsyncIterator[protocol.DeltaMessage | protocol.DoneMessage]:
         """Yield delta events until the job is done; raise APIError for a worker error or a lost worker."""
+        self.claimed = True
         while not self.finished:
             try:
                 event = await self._next()
@@ -274,7 +279,21 @@ async def open_generation(request_id: str, model: protocol.ModelRef, prompts: li
         await stream.cancel()
         await meter.finish(429, exc.code)
         raise
+    settle_unless_claimed(stream)
+    await failpoints.ahit("web.handoff")
     return stream
+
+
+def settle_unless_claimed(stream: GenerationStream, within: float = HANDOFF_SECONDS) -> None:
+    """A client that vanishes after the view returns and before its response starts reading the
+    stream leaves no code to end it (Django drops the unstarted response): this does, so the job
+    stops and its parallel slot and tokens are settled within seconds, not at the lease's end."""
+    def check() -> None:
+        if not stream.claimed and not stream.finished:
+            logger.warning("the client of %s left before its response started; settling it", stream.request_id)
+            watch(stream.cancel(), f"settling {stream.request_id}")
+
+    asyncio.get_running_loop().call_later(within, check)
 
 
 async def _open(request_id: str, model: protocol.ModelRef, prompts: list[protocol.Prompt],

@@ -51,19 +51,30 @@ async def _database_problem(timeout: float) -> str | None:
 
 
 async def _worker_problem(timeout: float) -> str | None:
-    """Ping the group of workers; any answer within `timeout` will do."""
+    """Ping the group of workers; any answer from a worker whose engine is alive will do.
+
+    A worker answers from its event loop but reports its engine thread's own liveness
+    (workers/engine/supervision.py): a dead or stalled engine is named here, never counted as healthy.
+    """
     layer = get_channel_layer()
+    sick: dict[str, str] = {}
     try:
         async with asyncio.timeout(timeout):
             reply = await layer.new_channel("health.")
             await layer.group_send(web_config().worker_group, protocol.ping_message(reply))
-            while (await layer.receive(reply)).get("type") != protocol.PONG:
-                pass
+            while True:
+                message = await layer.receive(reply)
+                if message.get("type") != protocol.PONG:
+                    continue
+                if not message.get("problem"):
+                    return None
+                sick[message.get("worker") or "?"] = message["problem"]
     except TimeoutError:
+        if sick:
+            return "no worker can serve: " + "; ".join(f"worker {name}: {why}" for name, why in sorted(sick.items()))
         return f"no worker answered within {timeout:g}s"
     except Exception as exc:
         return f"the channel layer is unreachable: {exc}".strip()
-    return None
 
 
 async def health(request) -> JsonResponse:

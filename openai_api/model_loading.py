@@ -35,6 +35,9 @@ async def _resolved(request) -> protocol.ModelRef:
     model = await resolve_model(asked)
     if not request.auth.may_use(str(model)):
         raise ModelNotAllowed(asked)
+    if web_config().auth_enabled and not request.auth.may_manage_models:
+        raise APIError(403, "Loading and unloading models is for administrators: this key or user lacks the "
+                            "manage_models permission.", None, "permission_denied")
     return model
 
 

@@ -116,11 +116,12 @@ class PingMessage(TypedDict):
 class PongMessage(TypedDict):
     type: Literal["worker.pong"]
     worker: str
+    problem: NotRequired[str | None]  # why this worker cannot serve (its engine dead or stalled), else None
 
 
 def ping_message(reply_channel: str) -> PingMessage:
     return {"type": PING, "reply_channel": reply_channel}
 
 
-def pong_message(worker: str) -> PongMessage:
-    return {"type": PONG, "worker": worker}
+def pong_message(worker: str, problem: str | None = None) -> PongMessage:
+    return {"type": PONG, "worker": worker, "problem": problem}

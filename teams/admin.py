@@ -46,7 +46,7 @@ class TeamAdmin(admin.ModelAdmin):
 class APIKeyForm(forms.ModelForm):
     class Meta:
         model = APIKey
-        fields = ("name", "team", "user", "allowed_models", "rpm", "tpm", "max_parallel", "expires_at")
+        fields = ("name", "team", "user", "allowed_models", "rpm", "tpm", "max_parallel", "expires_at", "manage_models")
 
     def clean(self):
         data = super().clean()

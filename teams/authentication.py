@@ -11,12 +11,12 @@ from importlib import import_module
 from django.conf import settings
 from django.contrib.auth import get_user
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, Throttled
 from rest_framework.permissions import BasePermission
 
 from catalog.config import web_config
 
-from . import selectors, services
+from . import bad_keys, selectors, services
 from .principal import Principal
 
 
@@ -29,14 +29,18 @@ class BearerKeyAuthentication(BaseAuthentication):
             return None, Principal.of(services.default_team())
         if not header:
             return None
-        if header[0].lower() != b"bearer" or len(header) != 2:
-            raise AuthenticationFailed()
-        try:
-            raw_key = header[1].decode()
-        except UnicodeDecodeError:
-            raise AuthenticationFailed() from None
-        key = selectors.usable_key(raw_key)
+        config, address = web_config(), request.META.get("REMOTE_ADDR") or "?"
+        wait = bad_keys.refused_for(address, config.bad_key_limit, config.bad_key_window)
+        if wait is not None:
+            raise Throttled(wait, "Too many requests with a wrong API key from this address; try again later.")
+        key = None
+        if header[0].lower() == b"bearer" and len(header) == 2:
+            try:
+                key = selectors.usable_key(header[1].decode())
+            except UnicodeDecodeError:
+                key = None
         if key is None:
+            bad_keys.failed(address, config.bad_key_window)
             raise AuthenticationFailed()
         services.touch_key(key)
         return key, selectors.principal_for_key(key)

@@ -1,7 +1,11 @@
 """The usage ledger's writer: requests hand in their row and go on; a thread writes them in batches.
 
-A row is queued in memory (no I/O on the request path) and the thread inserts up to a batch
-at a time, every few hundred milliseconds; what is still queued is written at interpreter exit.
+Usage is never lost: a row is first appended to a durable spool (teams/ledger_spool.py: one line,
+flushed, before the response ends), then queued in a bounded queue; the thread inserts up to a
+batch at a time, every few hundred milliseconds, trying LEDGER_WRITE_TRIES times with backoff.
+Rows that still fail (database down) or that found the queue full stay in the spool and are
+replayed into the database, deduplicated by request id, every LEDGER_REPLAY_SECONDS, as are the
+segments of a process killed with -9. What is still queued is written at interpreter exit.
 """
 from __future__ import annotations
 
@@ -10,11 +14,16 @@ import logging
 import queue
 import threading
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from django.db import close_old_connections
 
 from catalog.config import web_config
+from protocol import failpoints
+
+from .ledger_spool import Segment, Spool
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +51,16 @@ class LedgerWriter:
     _instance: "LedgerWriter | None" = None
     _lock = threading.Lock()
 
-    def __init__(self, batch_size: int, flush_seconds: float) -> None:
+    def __init__(self, batch_size: int, flush_seconds: float, queue_max: int = 10000, put_wait: float = 1.0,
+                 tries: int = 3, spool_dir: str = "", replay_seconds: float = 5.0) -> None:
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
-        self.queue: queue.Queue[UsageEntry | None] = queue.Queue()
+        self.put_wait = put_wait
+        self.tries = tries
+        self.replay_seconds = replay_seconds
+        self.spool = Spool(spool_dir)
+        self.queue: queue.Queue[tuple[UsageEntry, Segment] | None] = queue.Queue(maxsize=queue_max)
+        self._replayed = 0.0
         self.thread = threading.Thread(target=self._run, name="usage-ledger", daemon=True)
         self.thread.start()
         atexit.register(self.close)
@@ -55,38 +70,117 @@ class LedgerWriter:
         with cls._lock:
             if cls._instance is None:
                 config = web_config()
-                cls._instance = cls(config.ledger_batch_size, config.ledger_flush_seconds)
+                cls._instance = cls(config.ledger_batch_size, config.ledger_flush_seconds, config.ledger_queue_max,
+                                    config.ledger_put_wait, config.ledger_write_tries, config.ledger_spool_dir,
+                                    config.ledger_replay_seconds)
             return cls._instance
 
     def record(self, entry: UsageEntry) -> None:
-        self.queue.put_nowait(entry)
+        """Spool the row, then queue it; a full queue leaves it to the spool's replay (never blocks)."""
+        segment = self.spool.append(entry)
+        try:
+            self.queue.put_nowait((entry, segment))
+        except queue.Full:
+            self._deferred(entry, segment)
+
+    async def record_async(self, entry: UsageEntry) -> None:
+        """`record` with backpressure: a full queue makes the request wait (up to LEDGER_PUT_WAIT) for room."""
+        import asyncio
+
+        segment = self.spool.append(entry)
+        deadline = time.monotonic() + self.put_wait
+        while True:
+            try:
+                self.queue.put_nowait((entry, segment))
+                return
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    self._deferred(entry, segment)
+                    return
+            try:
+                await asyncio.sleep(0.05)
+            except BaseException:  # the request was cancelled while it waited: the spool keeps the row
+                self._deferred(entry, segment)
+                raise
+
+    def _deferred(self, entry: UsageEntry, segment: Segment) -> None:
+        logger.warning("usage queue full: row %s stays in the spool until it is replayed", entry.request_id)
+        self.spool.settled(segment, 1, written=False)
 
     def close(self, timeout: float = 5.0) -> None:
-        self.queue.put(None)
+        try:
+            self.queue.put(None, timeout=timeout)
+        except queue.Full:
+            return  # what is queued is in the spool: the next process replays it
         self.thread.join(timeout)
 
     def _run(self) -> None:
-        while (entry := self.queue.get()) is not None:
-            batch, stopping = [entry], False
+        while True:
+            if time.monotonic() - self._replayed > self.replay_seconds:
+                self._replayed = time.monotonic()
+                self._replay()
+            try:
+                item = self.queue.get(timeout=self.replay_seconds)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            batch, stopping = [item], False
             deadline = time.monotonic() + self.flush_seconds
             while len(batch) < self.batch_size and (left := deadline - time.monotonic()) > 0:
                 try:
-                    entry = self.queue.get(timeout=left)
+                    item = self.queue.get(timeout=left)
                 except queue.Empty:
                     break
-                if entry is None:
+                if item is None:
                     stopping = True
                     break
-                batch.append(entry)
+                batch.append(item)
             self._write(batch)
             if stopping:
                 return
 
-    def _write(self, batch: list[UsageEntry]) -> None:
+    def _write(self, batch: list[tuple[UsageEntry, Segment]]) -> None:
+        """Insert the batch, retried with backoff; then tell the spool each row's fate."""
+        from .models import UsageRecord
+
+        written = False
+        for attempt in range(self.tries):
+            try:
+                failpoints.hit("ledger.write")
+                close_old_connections()
+                UsageRecord.objects.bulk_create([UsageRecord(**asdict(entry)) for entry, _ in batch])
+                written = True
+                break
+            except Exception as exc:  # bookkeeping must never take the server down; the spool keeps the rows
+                logger.warning("could not write %d usage rows (try %d of %d): %s", len(batch), attempt + 1,
+                               self.tries, exc)
+                if attempt + 1 < self.tries:
+                    time.sleep(0.2 * 2 ** attempt)
+        if not written:
+            logger.error("%d usage rows (first: %s) stay in the spool until the database takes them",
+                         len(batch), batch[0][0].request_id)
+        counts: dict[int, tuple[Segment, int]] = defaultdict(lambda: (None, 0))
+        for _, segment in batch:
+            counts[id(segment)] = (segment, counts[id(segment)][1] + 1)
+        for segment, count in counts.values():
+            self.spool.settled(segment, count, written)
+
+    def _replay(self) -> None:
+        """Rows of abandoned or kept spool segments into the database, each at most once."""
         from .models import UsageRecord
 
         try:
-            close_old_connections()
-            UsageRecord.objects.bulk_create([UsageRecord(**asdict(entry)) for entry in batch])
-        except Exception:  # bookkeeping must never take the server down; say what was lost
-            logger.exception("could not write %d usage rows (first: %s)", len(batch), batch[0].request_id)
+            for path, rows in self.spool.claim_abandoned():
+                failpoints.hit("ledger.write")
+                close_old_connections()
+                ids = [row["request_id"] for row in rows]
+                present = set(UsageRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
+                missing = [UsageRecord(**{**row, "created_at": datetime.fromisoformat(row["created_at"])})
+                           for row in rows if row["request_id"] not in present]
+                UsageRecord.objects.bulk_create(missing)
+                path.unlink(missing_ok=True)
+                logger.info("replayed %d usage rows from %s (%d were in already)", len(missing), path.name,
+                            len(rows) - len(missing))
+        except Exception as exc:
+            logger.warning("could not replay the usage spool yet: %s", exc)

@@ -103,7 +103,7 @@ class RequestMeter:
             return
         self.finished = True
         prompt, completion = self.used
-        LedgerWriter.get().record(UsageEntry(
+        await LedgerWriter.get().record_async(UsageEntry(
             request_id=self.request_id, created_at=self.started_at, team_id=self.principal.team.pk,
             key_id=self.principal.key.pk if self.principal.key else None,
             user_id=getattr(self.principal.user, "pk", None), model=self.model, endpoint=self.endpoint,

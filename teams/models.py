@@ -70,6 +70,9 @@ class APIKey(models.Model):
     rpm = _limit("Requests per minute, at most the team's.")
     tpm = _limit("Tokens per minute, at most the team's.")
     max_parallel = _limit("Requests in flight at once, at most the team's.")
+    manage_models = models.BooleanField(
+        default=False, help_text="May load and unload models for every team (/load_model, /unload_model): "
+                                 "an operator's key.")
 
     # DRF's permission checks read request.user.is_authenticated.
     is_authenticated = True

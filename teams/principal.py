@@ -54,6 +54,13 @@ class Principal:
         return allowed is None or repo_id.split("@", 1)[0] in allowed
 
     @property
+    def may_manage_models(self) -> bool:
+        """Loading and unloading change what every team gets: admin users and `manage_models` keys only."""
+        if self.key is not None:
+            return self.key.manage_models
+        return bool(getattr(self.user, "is_staff", False) or getattr(self.user, "is_superuser", False))
+
+    @property
     def label(self) -> str:
         """For logs and `requested_by`: never the secret."""
         who = self.key.prefix + "…" if self.key else getattr(self.user, "username", None) or "anonymous"

@@ -66,7 +66,7 @@ def new_secret() -> tuple[str, str, str]:
 
 def issue_key(name: str, team: Team | None = None, *, user=None, allowed_models: list[str] | None = None,
               rpm: int | None = None, tpm: int | None = None, max_parallel: int | None = None,
-              expires_days: float | None = None) -> tuple[APIKey, str]:
+              expires_days: float | None = None, manage_models: bool = False) -> tuple[APIKey, str]:
     """Create a key; returns the row and the raw secret."""
     team = team or default_team()
     limits = {"rpm": rpm, "tpm": tpm, "max_parallel": max_parallel}
@@ -75,7 +75,8 @@ def issue_key(name: str, team: Team | None = None, *, user=None, allowed_models:
     raw_key, prefix, hashed = new_secret()
     expires_at = timezone.now() + timedelta(days=expires_days) if expires_days is not None else None
     key = APIKey.objects.create(team=team, user=user, name=name, prefix=prefix, hashed_key=hashed,
-                                allowed_models=list(allowed_models or []), expires_at=expires_at, **limits)
+                                allowed_models=list(allowed_models or []), expires_at=expires_at,
+                                manage_models=manage_models, **limits)
     return key, raw_key
 
 
@@ -118,6 +119,6 @@ def ensure_local_key(port: int) -> tuple[str, Path, bool]:
         raw_key = path.read_text().strip()
         if usable_key(raw_key) is not None:
             return raw_key, path, False
-    _, raw_key = issue_key(f"local serve :{port}")
+    _, raw_key = issue_key(f"local serve :{port}", manage_models=True)  # the operator's own key
     _write_private(path, raw_key)
     return raw_key, path, True

@@ -60,12 +60,11 @@ SOURCE_AND_TESTS = _source_text(include_tests=True)
 
 
 def management_commands() -> dict[str, Path | None]:
-    """Command name -> its file for the project's commands, None for Django's own (flags unchecked)."""
-    commands: dict[str, Path | None] = {}
-    django_dir = Path(django.__file__).parent
-    for path in [*django_dir.glob("core/management/commands/*.py"),
-                 *django_dir.glob("contrib/*/management/commands/*.py")]:
-        commands[path.stem] = None
+    """Command name -> its file for the project's commands, None for those of Django and of installed
+    apps (django-axes' resets, say; flags unchecked)."""
+    from django.core.management import get_commands
+
+    commands: dict[str, Path | None] = dict.fromkeys(get_commands())
     for path in TRACKED:
         if re.fullmatch(r"[a-z_]+/management/commands/[a-z][a-z0-9_]*\.py", path):
             commands[Path(path).stem] = ROOT / path

@@ -57,7 +57,7 @@ def live(teams_cache, tmp_path_factory):
         "solo": ["--team", "solo"],
         "budget": ["--team", "budget"],
         "ledger": ["--team", "ledger"],
-        "meter": ["--team", "meter", "--tpm", "500"],  # the key's tpm is the tighter; the team's rpm
+        "meter": ["--team", "meter", "--tpm", "500", "--manage-models"],  # the key's tpm is the tighter; the team's rpm
         "revoke-me": ["--team", "beta"],
         "expiring": ["--team", "beta", "--expires-days", "0.00003"],  # about 2.6 seconds
     })

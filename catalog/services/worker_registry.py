@@ -72,6 +72,15 @@ def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
             return
     else:
         row = _catalog_row(event["model"])
+    if kind in (protocol.MODEL_LOADING, protocol.MODEL_LOAD_FAILED) and ModelLoad.objects.filter(
+            model=row, worker=worker, status=ModelLoad.Status.LOADED).exists():
+        # The worker holds this model and serves it: a load of another revision (a typo, say) that is
+        # under way or failed changes nothing it serves. The failure goes into the history only.
+        if kind == protocol.MODEL_LOAD_FAILED:
+            LoadEvent.objects.create(model_name=event["model"], model=row, worker=worker, action=LoadEvent.Action.LOAD,
+                                     requested_by=event.get("requested_by", ""), duration_s=event.get("duration_s"),
+                                     error=event.get("error") or "")
+        return
     now = timezone.now()
     status = {protocol.MODEL_LOADING: ModelLoad.Status.LOADING, protocol.MODEL_LOADED: ModelLoad.Status.LOADED,
               protocol.MODEL_LOAD_FAILED: ModelLoad.Status.ERROR, protocol.MODEL_UNLOADED: ModelLoad.Status.UNLOADED}[kind]

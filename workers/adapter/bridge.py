@@ -7,6 +7,10 @@ whoever records them. While it holds a job it
 keeps the job's reply channel from going silent (`generation.alive`), so the web side can tell
 a dead worker by silence within seconds; a job whose reply channel cannot be reached (Redis
 down) is cancelled rather than generated for nobody.
+
+Nothing here fails unseen: its background tasks are watched (`workers.tasks.watch`), a job whose
+media cannot be read for any reason is answered, and an engine that dies (workers/supervision.py)
+resolves `dead`, which the worker's consumer waits on to stop the process.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 import protocol
+from protocol import failpoints
+from protocol.tasks import watch
 from workers.engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -41,19 +47,41 @@ class EngineBridge:
         self._record_change = record_change
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
-        self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name)
+        self.dead: asyncio.Future[str] = self.loop.create_future()  # why the engine or a task died
+        self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name,
+                             on_dead=lambda reason: self.loop.call_soon_threadsafe(self._die, reason))
         self.media = config.media
         self._media_reads: set[asyncio.Task] = set()
         if model_settings:
             self.engine.control(protocol.settings_message(model_settings))
-        self.sender = self.loop.create_task(self._send_forever())
-        self.recorder = self.loop.create_task(self._record_forever())
-        self.keeper = self.loop.create_task(self._keep_alive_forever())
+        self.sender = watch(self._send_forever(), "the worker's message sender", self._die)
+        self.recorder = watch(self._record_forever(), "the worker's model-change recorder", self._die)
+        self.keeper = watch(self._keep_alive_forever(), "the worker's keepalive sender", self._die)
         self.engine.start()
+
+    def _die(self, reason: str) -> None:
+        """The engine or one of this bridge's tasks died: the worker stops taking jobs and exits."""
+        if not self.dead.done():
+            self.dead.set_result(reason)
+
+    def problem(self) -> str | None:
+        """Why this worker cannot serve (for its ping, hence /health), or None."""
+        return self.engine.problem() or (f"worker dead: {self.dead.result()}" if self.dead.done() else None)
+
+    async def drained(self, timeout: float) -> None:
+        """Wait (at most `timeout`) until every queued message went out: the last errors reach their clients."""
+        deadline = time.monotonic() + timeout
+        while (self._pending or not self.outbox.empty()) and time.monotonic() < deadline and not self.sender.done():
+            await asyncio.sleep(0.05)
 
     # --- from the event loop -----------------------------------------------------
     def submit(self, job: protocol.SubmitMessage, acknowledged: bool = False) -> None:
         """Admit a job, or refuse it at once when the worker is full (bounded admission)."""
+        if self.dead.done():
+            from workers.engine.supervision import engine_dead_message
+
+            self.send(job["reply_channel"], engine_dead_message(self.dead.result()))
+            return
         if not self.engine.has_room():
             self.send(job["reply_channel"], protocol.error_message(
                 503, "The server is at capacity: too many requests are queued. Retry shortly.",
@@ -65,7 +93,7 @@ class EngineBridge:
         from workers.engine.media_prompts import job_has_media
 
         if job_has_media(job):  # read on a thread of its own: the loop keeps carrying messages meanwhile
-            task = self.loop.create_task(self._read_media_then_submit(job))
+            task = watch(self._read_media_then_submit(job), f"reading the media of {job['request_id']}")
             self._media_reads.add(task)
             task.add_done_callback(self._media_reads.discard)
         else:
@@ -75,10 +103,19 @@ class EngineBridge:
         from workers.media.decoding import MediaError
         from workers.engine.media_prompts import read_job_media
 
+        def read() -> None:
+            failpoints.hit("media.read")
+            read_job_media(job, self.media)
+
         try:
-            await asyncio.to_thread(read_job_media, job, self.media)
+            await asyncio.to_thread(read)
         except MediaError as exc:
             self.send(job["reply_channel"], protocol.error_message(exc.status, exc.message, exc.param, exc.code))
+            return
+        except Exception as exc:  # never a stranded job: held, kept alive, never submitted
+            logger.exception("reading the media of %s failed", job["request_id"])
+            self.send(job["reply_channel"], protocol.error_message(
+                500, f"The worker could not read this request's media ({type(exc).__name__}).", None, "media_error"))
             return
         self.engine.submit(job)
 
@@ -103,15 +140,23 @@ class EngineBridge:
             items = [await self.outbox.get()]
             while not self.outbox.empty():
                 items.append(self.outbox.get_nowait())
-            if send_many is not None and len(items) > 1:
-                try:
-                    outcomes = await send_many(items)
-                except Exception as exc:  # the layer went away: every item failed alike
-                    outcomes = [exc] * len(items)
+            try:
+                await failpoints.ahit("bridge.send")
+            except failpoints.FailpointError as exc:  # as if the layer had refused the whole batch
+                outcomes = [exc] * len(items)
             else:
-                outcomes = [await self._send_one(channel, message) for channel, message in items]
+                if send_many is not None and len(items) > 1:
+                    try:
+                        outcomes = await send_many(items)
+                    except Exception as exc:  # the layer went away: every item failed alike
+                        outcomes = [exc] * len(items)
+                else:
+                    outcomes = [await self._send_one(channel, message) for channel, message in items]
             for (channel, message), error in zip(items, outcomes):
-                self._sent(channel, message, error)
+                try:
+                    self._sent(channel, message, error)
+                except Exception:  # one message's bookkeeping never stops delivery
+                    logger.exception("after sending %s to %s", message.get("type"), channel)
 
     async def _send_one(self, channel: str, message: dict) -> Exception | None:
         try:
@@ -146,7 +191,11 @@ class EngineBridge:
 
     async def _record_forever(self) -> None:
         while True:
-            await self._record_change(await self._changes.get())
+            change = await self._changes.get()
+            try:
+                await self._record_change(change)
+            except Exception:  # the catalog's row is put right by the next heartbeat
+                logger.exception("could not record the model change %s", change)
 
     # --- from the engine thread --------------------------------------------------
     def _on_model_change(self, change: protocol.ModelChange) -> None:

@@ -22,13 +22,20 @@ from django.conf import settings
 
 from protocol.layer_errors import LAYER_ERRORS
 
-from workers.adapter import catalog_sync
-
 import protocol
+from protocol import failpoints
+from protocol.tasks import watch
+from workers.adapter import catalog_sync
 from workers.adapter.bridge import EngineBridge
-from workers.engine.config import EngineConfig
 from workers.adapter.resilience import retrying
 from workers.adapter.routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, choose_worker, without_worker
+from workers.engine.config import EngineConfig
+
+DRAIN_SECONDS = 2.0  # a dying worker's last errors get this long to reach their clients
+
+
+class WorkerDead(RuntimeError):
+    """The engine (or a task the worker cannot run without) died: the process exits to be restarted."""
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +59,26 @@ class InferenceConsumer(AsyncConsumer):
         self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
         self._engine_import: asyncio.Future | None = None
+        self.dead: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         await self._join_group()
-        upkeep = asyncio.ensure_future(self._keep_catalog())
+        upkeep = watch(self._keep_catalog(), "the worker's catalog heartbeat", self._die)
+        dispatching = asyncio.ensure_future(await_many_dispatch([receive, self.channel_receive], self.dispatch))
         try:
-            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+            await asyncio.wait({dispatching, self.dead}, return_when=asyncio.FIRST_COMPLETED)
+            if self.dead.done():
+                if self._bridge is not None:
+                    await self._bridge.drained(DRAIN_SECONDS)
+                raise WorkerDead(self.dead.result())
+            dispatching.result()
         finally:
+            dispatching.cancel()
             upkeep.cancel()
             await catalog_sync.say_stopped(self.worker_name)
+
+    def _die(self, reason: str) -> None:
+        if not self.dead.done():
+            logger.critical("worker %s stops: %s", self.worker_name, reason)
+            self.dead.set_result(reason)
 
     async def _join_group(self) -> None:
         """Group membership lives in the layer: joined at start and again after a Redis restart."""
@@ -86,6 +106,7 @@ class InferenceConsumer(AsyncConsumer):
                                         self.catalog_settings,
                                         functools.partial(catalog_sync.record_change, self.worker_name),
                                         self.config["WORKER_KEEPALIVE_SECONDS"])
+            self._bridge.dead.add_done_callback(lambda dead: self._die(dead.result()))
         return self._bridge
 
     async def _started_bridge(self) -> EngineBridge:
@@ -111,8 +132,12 @@ class InferenceConsumer(AsyncConsumer):
         for name in welcome.preload:
             self.bridge.control(protocol.control_message(protocol.MODEL_LOAD, protocol.ModelRef(name), None, "preload"))
         while True:  # the first beat at once: a restarted worker routes its first jobs to the live holders
-            loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
-            self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
+            try:
+                await failpoints.ahit("worker.heartbeat")
+                loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
+                self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
+            except Exception:  # a missed beat is retried at the next; the catalog calls the worker lost only after several
+                logger.exception("the heartbeat of worker %s failed", self.worker_name)
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
 
     async def model_settings(self, message: protocol.SettingsMessage) -> None:
@@ -216,8 +241,10 @@ class InferenceConsumer(AsyncConsumer):
             logger.error("background work failed", exc_info=task.exception())
 
     async def worker_ping(self, message: protocol.PingMessage) -> None:
-        """/health asks: answered from the event loop, so a busy engine still counts as reachable."""
-        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name))
+        """/health asks: answered from the event loop with the engine thread's own liveness (its loop's
+        heartbeat, workers/engine/supervision.py), so a dead or stalled engine is reported, not hidden."""
+        problem = self._bridge.problem() if self._bridge is not None else None
+        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
         if self._bridge is not None:

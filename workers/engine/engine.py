@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 import protocol
+from protocol import failpoints
 from workers.engine.beam_search import BeamRunner
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_share import ThreadGovernor
@@ -34,6 +35,7 @@ from workers.engine.model_manager import ModelManager
 from protocol import ModelRef
 from workers.engine.scheduler import Scheduler
 from workers.engine.sequences import Request
+from workers.engine.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
 from workers.engine.transcription import Transcription, is_audio_prompt
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,8 @@ BEAM_DONE = "engine.beam_done"
 
 class Engine:
     def __init__(self, emit: Emit, config: EngineConfig = EngineConfig(),
-                 on_model_event: Callable[[protocol.ModelChange], None] | None = None, name: str = "") -> None:
+                 on_model_event: Callable[[protocol.ModelChange], None] | None = None, name: str = "",
+                 on_dead: Callable[[str], None] | None = None) -> None:
         self.emit = emit
         self.name = name
         self.config = config
@@ -68,8 +71,8 @@ class Engine:
         self.scheduler = Scheduler(self.runners, self.metrics, config)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled: dict[str, float] = {}
-        self._outstanding = 0  # jobs submitted and not yet finished, for admission control
-        self._lock = threading.Lock()
+        self.jobs = JobBook()  # jobs submitted and not yet answered: admission control, and who hears of a fault
+        self.supervisor = Supervisor(config.max_faults, config.stall_seconds, on_dead)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
@@ -92,11 +95,15 @@ class Engine:
     @property
     def outstanding(self) -> int:
         """Jobs submitted and not yet finished, cancelled or refused."""
-        return self._outstanding
+        return len(self.jobs)
 
     def has_room(self) -> bool:
         """Whether one more job fits: running plus queued stays within max_num_seqs + max_queue."""
-        return self._outstanding < self.max_num_seqs + self.config.max_queue
+        return len(self.jobs) < self.max_num_seqs + self.config.max_queue
+
+    def problem(self) -> str | None:
+        """Why this engine cannot serve (dead, its thread ended, its loop stalled), or None."""
+        return self.supervisor.problem(self._thread)
 
     def stats(self) -> dict[str, int]:
         """Counters for monitoring, safe to read from any thread (a snapshot, not a transaction)."""
@@ -114,8 +121,13 @@ class Engine:
         return totals
 
     def submit(self, job: protocol.SubmitMessage) -> None:
-        with self._lock:
-            self._outstanding += 1
+        with self.jobs.lock:  # a job submitted as the engine dies is answered here or by the dying thread
+            dead = self.supervisor.dead
+            if dead is None:
+                self.jobs.add(job["request_id"], job["reply_channel"])
+        if dead is not None:
+            self.emit(job["reply_channel"], engine_dead_message(dead))
+            return
         self._inbox.put(job)
 
     def cancel(self, request_id: str) -> None:
@@ -130,35 +142,82 @@ class Engine:
         self._inbox.put(message)
 
     # --- engine thread ---------------------------------------------------
-    def _job_done(self) -> None:
-        with self._lock:
-            self._outstanding -= 1
+    def _job_done(self, request_id: str) -> None:
+        self.jobs.done(request_id)
 
     def _run(self) -> None:
-        self.threads = ThreadGovernor(self.config.torch_threads)
-        with torch.inference_mode():
-            while not self._stopping.is_set():
-                self._drain_inbox(block=not self.requests)
-                if self.grammars:
-                    self._check_compiles()
-                self.threads.adjust()
-                if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
-                    self._idle_checked = time.monotonic()
+        """The loop, supervised: a failing turn fails the jobs held and the loop goes on; too many
+        in a row, or anything that escapes, and the engine is dead (workers/supervision.py)."""
+        reason = "the engine thread ended"
+        try:
+            self.threads = ThreadGovernor(self.config.torch_threads)
+            with torch.inference_mode():
+                while not self._stopping.is_set():
+                    self.supervisor.beat()
                     try:
-                        self.manager.unload_idle(self._busy())
-                    except Exception:
-                        logger.exception("idle unloading failed")
-                if self.requests:
-                    try:
-                        self._step()
-                    except Exception:
-                        logger.exception("engine step failed; failing the running requests")
-                        for request in list(self.requests.values()):
-                            self._fail(request)
-                    # Hand the GIL over once per step so the event loop (HTTP, channel layer)
-                    # is never starved by a fast model's Python-bound steps.
-                    time.sleep(0)
-                self.metrics.queues(self.requests.values(), self.scheduler.waiting)
+                        if self._turn():  # faults in a row count turns that had work
+                            self.supervisor.turn_ok()
+                    except Exception as exc:
+                        if not self.supervisor.fault(exc):
+                            reason = f"{self.supervisor.faults_in_a_row} loop failures in a row, the last: {exc}"
+                            break
+                        self._fail_all(engine_fault_message(str(exc) or type(exc).__name__))
+                        time.sleep(0.05 * self.supervisor.faults_in_a_row)
+        except BaseException as exc:
+            logger.critical("the engine thread failed", exc_info=exc)
+            reason = f"the engine thread failed: {exc}"
+        if not self._stopping.is_set():
+            with self.jobs.lock:  # from here on, submit() answers new jobs itself
+                self.supervisor.die(reason)
+            self._fail_all(engine_dead_message(reason))
+            self.supervisor.announce()
+
+    def _turn(self) -> bool:
+        """One turn of the loop; whether it had requests to work on."""
+        self._drain_inbox(block=not self.requests)
+        busy = bool(self.requests or self.grammars)
+        if busy:
+            failpoints.hit("engine.loop")
+        if self.grammars:
+            self._check_compiles()
+        self.threads.adjust()
+        if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
+            self._idle_checked = time.monotonic()
+            try:
+                self.manager.unload_idle(self._busy())
+            except Exception:
+                logger.exception("idle unloading failed")
+        if self.requests:
+            try:
+                self._step()
+            except Exception:
+                logger.exception("engine step failed; failing the running requests")
+                for request in list(self.requests.values()):
+                    self._fail(request)
+            # Hand the GIL over once per step so the event loop (HTTP, channel layer)
+            # is never starved by a fast model's Python-bound steps.
+            time.sleep(0)
+        self.metrics.queues(self.requests.values(), self.scheduler.waiting)
+        return busy
+
+    def _fail_all(self, message: dict) -> None:
+        """After a fault outside one request's work: every job held hears `message`, and is forgotten
+        (the loop's state may be half-updated; nothing of those jobs is trusted again)."""
+        for request in list(self.requests.values()):
+            for seq in request.sequences:
+                seq.abort()
+            self.metrics.forget(request)
+        self.requests.clear()
+        self.scheduler.waiting.clear()
+        now = time.monotonic()
+        for request_id, reply in self.jobs.take_all().items():
+            self.grammars.cancel(request_id)
+            self.beams.cancel(request_id)
+            self._cancelled[request_id] = now  # if it surfaces later (inbox, a load, a grammar): dropped
+            try:
+                self.emit(reply, message)
+            except Exception:
+                logger.exception("could not tell %s of the engine fault", request_id)
 
     def _drain_inbox(self, block: bool) -> None:
         messages = []
@@ -187,13 +246,13 @@ class Engine:
         self._cancelled = {rid: t for rid, t in self._cancelled.items() if now - t < CANCEL_MEMORY_SECONDS}
         self._cancelled[request_id] = now
         if self.grammars.cancel(request_id) or self.beams.cancel(request_id):
-            self._job_done()
+            self._job_done(request_id)
             return
         request = self.requests.pop(request_id, None)
         if request is not None:
             for seq in request.sequences:
                 seq.abort()
-            self._job_done()
+            self._job_done(request_id)
             self.metrics.forget(request)
             generated = sum(len(seq.completion_ids) for seq in request.sequences)
             logger.info("cancelled %s after %d tokens", request_id, generated)
@@ -222,12 +281,12 @@ class Engine:
 
     def _refuse_load(self, job: dict, error: Exception) -> None:
         if job["request_id"] in self._cancelled:
-            self._job_done()
+            self._job_done(job["request_id"])
         elif isinstance(error, ModelLoadError):
-            self._refuse(job["reply_channel"], protocol.error_message(error.status, str(error), "model", error.code))
+            self._refuse(job, protocol.error_message(error.status, str(error), "model", error.code))
         else:
             logger.error("loading %s failed", ModelRef.from_wire(job["model"]), exc_info=error)
-            self._refuse(job["reply_channel"], protocol.error_message(
+            self._refuse(job, protocol.error_message(
                 500, "The worker failed to load the model.", None, "internal_error"))
 
     def _control(self, message: dict) -> None:
@@ -261,9 +320,9 @@ class Engine:
             send({"status": "error", "model": name, "message": f"The worker failed: {exc}", "code": "internal_error"})
 
     def _admit(self, job: protocol.SubmitMessage) -> None:
-        request_id, reply = job["request_id"], job["reply_channel"]
+        request_id = job["request_id"]
         if request_id in self._cancelled:
-            self._job_done()
+            self._job_done(request_id)
             return
         ref = ModelRef.from_wire(job["model"])
         name = ref.key
@@ -279,14 +338,14 @@ class Engine:
             request.model_name = name
             self._finish_empty_sequences(request)
         except JobError as exc:
-            self._refuse(reply, exc.message_dict())
+            self._refuse(job, exc.message_dict())
             return
         except ModelLoadError as exc:
-            self._refuse(reply, protocol.error_message(exc.status, str(exc), "model", exc.code))
+            self._refuse(job, protocol.error_message(exc.status, str(exc), "model", exc.code))
             return
         except Exception:
             logger.exception("could not admit %s", request_id)
-            self._refuse(reply, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
+            self._refuse(job, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
             return
         if request.structured:
             self.grammars.add(request)  # admitted once its grammar is compiled (_check_compiles)
@@ -306,7 +365,7 @@ class Engine:
         """Admit requests whose grammar is ready; refuse those whose grammar failed or took too long."""
         for request, matcher, error in self.grammars.resolved():
             if error is not None:
-                self._refuse(request.reply_channel, error)
+                self._refuse({"request_id": request.request_id, "reply_channel": request.reply_channel}, error)
                 continue
             request.constrain(matcher)
             self._start(request)
@@ -323,9 +382,9 @@ class Engine:
             return
         self._publish(request)
 
-    def _refuse(self, reply: str, message: dict) -> None:
-        self._job_done()
-        self.emit(reply, message)
+    def _refuse(self, job: dict, message: dict) -> None:
+        self._job_done(job["request_id"])
+        self.emit(job["reply_channel"], message)
 
     def _finish_empty_sequences(self, request: Request) -> None:
         """max_tokens = 0: nothing to generate; echo + logprobs still prefills (in chunks) to score the prompt."""
@@ -362,7 +421,7 @@ class Engine:
         self.requests.pop(request.request_id, None)
         for seq in request.sequences:
             seq.abort()
-        self._job_done()
+        self._job_done(request.request_id)
         self.metrics.forget(request)
         self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
 
@@ -370,12 +429,13 @@ class Engine:
         """One message per request per step: its new deltas, and the usage when it is done."""
         if request.request_id not in self.requests:
             return
+        failpoints.hit("engine.publish")
         if request.answered and not request.streamed and not request.finished:
             return  # the whole answer goes out at the end: its deltas pile up in the sequences meanwhile
         deltas = request.take_deltas()
         if request.finished:
             self.requests.pop(request.request_id, None)
-            self._job_done()
+            self._job_done(request.request_id)
             self.manager.touch(request.model_name)  # idle time counts from the last request's end
             usage = request.usage()
             self.metrics.finished(request, usage)

@@ -193,7 +193,9 @@ def _local_first(loader, repo_id: str, **kwargs):
         return loader(repo_id, local_files_only=True, **kwargs)
     except OSError:
         if not hub_reachable():  # never into huggingface_hub's minute of retries
-            raise OSError(f"`{repo_id}` is not in the cache and the hub is not reachable") from None
+            revision = kwargs.get("revision")
+            what = f"revision `{revision}` of `{repo_id}`" if revision and revision != "main" else f"`{repo_id}`"
+            raise OSError(f"{what} is not in the cache and the hub is not reachable") from None
         return loader(repo_id, **kwargs)
 
 

@@ -273,8 +273,9 @@ class Request:
                 raise JobError(
                     400,
                     f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt; {max_tokens} for the "
-                    "completion). Please reduce your prompt; or completion length.",
+                    f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt and {max_tokens} for the "
+                    f"completion). Shorten the prompt to at most {max(limit - max_tokens, 0)} tokens or set "
+                    f"max_tokens to at most {max(limit - len(ids), 0)}.",
                     "prompt" if len(ids) >= limit else "max_tokens",
                     "context_length_exceeded",
                 )

@@ -70,12 +70,20 @@ class Command(BaseCommand):
 
         def start_worker() -> None:
             from catalog.periodic import maintain_catalog
+            from protocol.tasks import watch
 
-            asyncio.get_event_loop().create_task(maintain_catalog())
+            def keep_catalog(reason: str = "") -> None:  # upkeep is restarted; the server goes on meanwhile
+                watch(maintain_catalog(), "the catalog upkeep",
+                      lambda reason: asyncio.get_event_loop().call_later(5, keep_catalog))
+
+            keep_catalog()
+            from teams.ledger import LedgerWriter
+
+            LedgerWriter.get()  # replays usage a killed process left in the spool, before the first request
             if not no_worker:
                 from workers.adapter.runtime import run_worker
 
-                asyncio.get_event_loop().create_task(run_worker())
+                watch(run_worker(), "the embedded worker", self._worker_ended)
             self.stdout.write(f"Serving on http://{host}:{port}/v1  (health: http://{host}:{port}/health)")
             self.stdout.flush()
 
@@ -88,11 +96,22 @@ class Command(BaseCommand):
             verbosity=0,
             application_close_timeout=10,
         )
+        self.worker_failure = ""
         server.run()
         if not no_worker:  # a clean shutdown says so: nothing is routed to this process's channel again
             from workers.adapter.runtime import mark_stopped
 
             mark_stopped()
+        if self.worker_failure:  # exit non-zero: the supervisor starts a fresh server
+            raise CommandError(f"The embedded worker stopped ({self.worker_failure}); the server stopped with it.")
+
+    def _worker_ended(self, reason: str) -> None:
+        """A server without its worker answers nothing useful: stop, logged, for the supervisor to restart."""
+        from twisted.internet import reactor
+
+        logger.critical("stopping the server: %s", reason)
+        self.worker_failure = reason
+        reactor.stop()
 
     def _configure_chat(self, template: str | None, kwargs: str | None, reasoning: str | None) -> None:
         """Chat flags become settings (and env, for workers started from here); bad values stop the start."""

@@ -17,6 +17,8 @@ class Command(BaseCommand):
         parser.add_argument("--user", help="username of the key's owner (a member of the team)")
         add_limit_arguments(parser)
         parser.add_argument("--expires-days", type=float, help="the key stops working after this many days")
+        parser.add_argument("--manage-models", action="store_true",
+                            help="the key may load and unload models (/load_model, /unload_model) for every team")
 
     def handle(self, *args, name: str, **options):
         try:
@@ -31,7 +33,7 @@ class Command(BaseCommand):
         try:
             key, raw_key = issue_key(name, team, user=user, allowed_models=model_list(options["models"]),
                                      rpm=options["rpm"], tpm=options["tpm"], max_parallel=options["max_parallel"],
-                                     expires_days=options["expires_days"])
+                                     expires_days=options["expires_days"], manage_models=options["manage_models"])
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
         self.stderr.write(f"Created API key {key.prefix}… {name!r} in team {team.name!r}. "

@@ -1,0 +1,108 @@
+"""The usage ledger's durable spool: every row is on disk before it is queued for the database.
+
+A row is appended (one JSON line, flushed to the OS) to this process's current segment file before
+`record` returns, so a kill -9 of the web process loses nothing the OS was given. A segment is
+deleted once every row in it reached the database; one whose rows could not be written (database
+down past the retries, queue full) is kept. Each open segment is held with an exclusive `flock`,
+so any process (this one included, once the segment is closed) can tell an abandoned segment
+from a live one: `claim_abandoned` yields the unlocked ones for replay. Replay inserts the rows
+whose request id is not in the ledger yet, so a row is never counted twice.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+ROTATE_ROWS = 1000  # rows per segment before a new one is opened
+
+
+@dataclass
+class Segment:
+    path: Path
+    file: object
+    rows: int = 0
+    written: int = 0
+    kept: bool = False  # some row did not reach the database: replay it
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Spool:
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = threading.Lock()
+        self._current: Segment | None = None
+
+    def append(self, entry) -> Segment:
+        """Write `entry` (a UsageEntry) durably; the segment it went into, to report its fate to."""
+        line = json.dumps(_jsonable(asdict(entry))) + "\n"
+        with self._lock:
+            segment = self._current
+            if segment is None or segment.rows >= ROTATE_ROWS:
+                if segment is not None:
+                    self._close(segment)
+                segment = self._current = self._open()
+            segment.file.write(line)
+            segment.file.flush()
+            segment.rows += 1
+        return segment
+
+    def settled(self, segment: Segment, count: int, written: bool) -> None:
+        """`count` rows of `segment` reached the database (`written`) or were given up on (kept for replay)."""
+        with self._lock:
+            segment.written += count
+            segment.kept = segment.kept or not written
+            if segment.written >= segment.rows and segment is self._current:
+                self._close(segment)
+                self._current = None
+            elif segment.written >= segment.rows and not segment.closed:
+                self._close(segment)
+
+    def _open(self) -> Segment:
+        path = self.directory / f"usage-{os.getpid()}-{time.time_ns()}.jsonl"
+        file = open(path, "a", encoding="utf-8")
+        os.chmod(path, 0o600)
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        return Segment(path, file)
+
+    def _close(self, segment: Segment) -> None:
+        """Closing releases the lock: a kept segment becomes claimable for replay, a done one is deleted."""
+        segment.closed = True
+        if segment.written >= segment.rows and not segment.kept:
+            segment.path.unlink(missing_ok=True)
+        segment.file.close()
+
+    def claim_abandoned(self) -> Iterator[tuple[Path, list[dict]]]:
+        """Segments nobody holds (a dead process's, or this one's kept ones): their rows, with the
+        segment still locked until the caller's loop moves on; delete it with `Path.unlink` once replayed."""
+        for path in sorted(self.directory.glob("usage-*.jsonl")):
+            try:
+                file = open(path, encoding="utf-8")
+            except FileNotFoundError:
+                continue
+            with file:
+                try:
+                    fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live segment
+                if not path.exists():  # deleted by its owner between glob and lock
+                    continue
+                rows = []
+                for line in file:
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:  # a line cut short by a kill mid-write: it never was a full row
+                        continue
+                yield path, rows
+
+
+def _jsonable(row: dict) -> dict:
+    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items()}

@@ -1,0 +1,133 @@
+"""Failpoints in a real `serve` (INFERENCE_FAILPOINTS): engine, media and heartbeat faults are answered
+within seconds in OpenAI's shape, logged, /health stays or says true, the next request succeeds, and the
+ledger's token sums equal the usage the clients were told."""
+from __future__ import annotations
+
+import base64
+import io
+import sqlite3
+import time
+
+import httpx
+import pytest
+
+from .conftest import TINY_MODEL
+from .live_server import LiveServer, base_env
+
+pytestmark = pytest.mark.timeout(300)
+ANSWER_BOUND = 5.0
+
+
+def complete(live: LiveServer, max_tokens: int = 4, **extra) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=120,
+                          json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens,
+                                "ignore_eos": True, **extra})
+    return response, time.monotonic() - started
+
+
+def ledger_sums(live: LiveServer, status: int = 200) -> tuple[int, int, int]:
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        row = db.execute("select count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0) "
+                         "from teams_usagerecord where status_code = ?", (status,)).fetchone()
+    return tuple(row)
+
+
+def wait_for_ledger(live: LiveServer, expected: tuple[int, int, int], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and ledger_sums(live) != expected:
+        time.sleep(0.2)
+    assert ledger_sums(live) == expected
+
+
+def load(live: LiveServer) -> None:
+    """Start the engine and load the model (a control message: no failpoint fires), so the bound
+    on an answer's time measures the fault, not torch's import."""
+    with httpx.stream("POST", f"{live.base_url}/load_model", headers=live.headers, json={"model": TINY_MODEL},
+                      timeout=120) as response:
+        assert response.status_code == 200
+        assert '"ready"' in "".join(response.iter_text())
+
+
+def assert_engine_fault(response: httpx.Response, elapsed: float) -> None:
+    assert response.status_code == 500, response.text
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "engine_fault", error
+    assert elapsed < ANSWER_BOUND, f"the client waited {elapsed:.1f}s"
+
+
+@pytest.fixture(scope="module")
+def faulty(hf_cache, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp("failpoints")
+    env = base_env(hf_cache, work_dir, INFERENCE_HEARTBEAT_SECONDS="0.5",
+                   INFERENCE_FAILPOINTS="engine.publish=raise*1,engine.loop=raise*1,worker.heartbeat=raise*2,"
+                                        "media.read=raise*1")
+    live = LiveServer(env, work_dir, name="failpoints")
+    load(live)
+    yield live
+    live.stop()
+
+
+def test_engine_faults_fail_the_request_fast_and_the_engine_goes_on(faulty):
+    # The first job: publishing its start raises (engine.publish); the second: its first busy loop turn (engine.loop).
+    for point in ("engine.publish", "engine.loop"):
+        response, elapsed = complete(faulty)
+        assert_engine_fault(response, elapsed)
+        assert f"failpoint {point} fired" in faulty.log()
+    assert "engine loop failed (1 in a row" in faulty.log()
+    health = httpx.get(f"{faulty.base_url}/health", timeout=10)
+    assert health.status_code == 200, health.text
+    usages = []
+    for _ in range(2):
+        response, _ = complete(faulty)
+        assert response.status_code == 200, response.text
+        usages.append(response.json()["usage"])
+    wait_for_ledger(faulty, (2, sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)))
+
+
+def test_a_failed_heartbeat_is_logged_and_the_next_one_beats(faulty):
+    deadline = time.monotonic() + 10
+    while "the heartbeat of worker" not in faulty.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "failpoint worker.heartbeat fired" in faulty.log()
+    assert "the heartbeat of worker" in faulty.log()
+    assert httpx.get(f"{faulty.base_url}/health", timeout=10).status_code == 200
+
+
+def test_a_media_read_that_fails_for_any_reason_is_answered(faulty):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    started = time.monotonic()
+    response = httpx.post(f"{faulty.base_url}/v1/chat/completions", headers=faulty.headers, timeout=120, json={
+        "model": TINY_MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"},
+                                                  {"type": "image_url", "image_url": {"url": url}}]}]})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 500, response.text
+    assert response.json()["error"]["code"] == "media_error"
+    assert elapsed < ANSWER_BOUND
+    assert "reading the media of" in faulty.log() and "FailpointError" in faulty.log()
+    response, _ = complete(faulty)
+    assert response.status_code == 200, response.text
+
+
+def test_an_engine_that_keeps_failing_dies_loudly_and_its_server_exits(hf_cache, tmp_path):
+    env = base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.loop=raise", INFERENCE_ENGINE_MAX_FAULTS="2")
+    live = LiveServer(env, tmp_path, name="dying")
+    try:
+        load(live)
+        response, elapsed = complete(live)
+        assert_engine_fault(response, elapsed)
+        response, elapsed = complete(live)
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "engine_dead"
+        assert elapsed < ANSWER_BOUND
+        live.process.wait(30)
+        assert live.process.returncode != 0
+        assert "the inference engine is dead: 2 loop failures in a row" in live.log()
+        assert "The embedded worker stopped" in live.log()
+    finally:
+        live.stop()
