@@ -8,10 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import ensure_csrf_cookie
+
+from teams.selectors import team_for_user
+
+from .services import join_default_team_if_staff
 
 PAGE_CSP = "; ".join([
     "default-src 'self'",
@@ -48,7 +53,9 @@ def app_page(template: str, active: str) -> Callable:
     @login_required
     @ensure_csrf_cookie
     def view(request):
-        return render(request, template, {"active": active})
+        join_default_team_if_staff(request.user)
+        return render(request, template, {"active": active, "default_model": settings.INFERENCE["DEFAULT_MODEL"],
+                                          "has_team": team_for_user(request.user) is not None})
 
     return view
 
