@@ -23,6 +23,7 @@ PAGE_CSP = "; ".join([
     "script-src 'self'",
     "style-src 'self'",
     "img-src 'self' data:",
+    "media-src 'self' data:",
     "connect-src 'self'",
     "object-src 'none'",
     "base-uri 'none'",

@@ -71,7 +71,7 @@ export async function streamSSE(path, body, onEvent, signal) {
   let buffer = "";
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) break;
+    if (done) throw new APIProblem("The answer was cut off: the connection to the server closed before it ended.");
     buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {

@@ -1,9 +1,18 @@
 // The model picker: /v1/models (with each model's status) and /load_model's progress events.
 import { APIProblem, apiJSON, streamSSE } from "./api.js";
 
+/** A model's input modalities as the picker shows them beside its name. */
+export const modalitiesOf = (model) => (model && model.modalities) || [];
+
 export class ModelPicker {
-  /** root: the `[data-model-picker]` element; storageKey: where the last choice is remembered. */
-  constructor(root, storageKey, onError) {
+  /**
+   * root: the `[data-model-picker]` element; storageKey: where this page's last choice is remembered;
+   * suits(model): whether this page can use the model (the others are not offered).
+   * The choice: the last one made on this page, else the server's default model, else the first.
+   */
+  constructor(root, storageKey, onError, suits = () => true) {
+    this.suits = suits;
+    this.onChange = () => {};
     this.select = root.querySelector("[data-model-select]");
     this.badge = root.querySelector("[data-model-status]");
     this.loadButton = root.querySelector("[data-model-load]");
@@ -16,11 +25,14 @@ export class ModelPicker {
     this.select.addEventListener("change", () => {
       localStorage.setItem(this.storageKey, this.select.value);
       this.showStatus();
+      this.onChange();
     });
     this.loadButton.addEventListener("click", () => this.ensureLoaded().catch(this.onError));
   }
 
   get value() { return this.select.value; }
+
+  get model() { return this.models.get(this.select.value) || null; }
 
   set value(id) {
     if (id && this.models.has(id)) {
@@ -30,13 +42,26 @@ export class ModelPicker {
   }
 
   async refresh() {
-    const body = await apiJSON("/v1/models");
-    this.models = new Map(body.data.map((m) => [m.id, m]));
-    const previous = this.select.value || localStorage.getItem(this.storageKey);
-    this.select.replaceChildren(...body.data.map((m) => new Option(m.id, m.id)));
-    if (!body.data.length) this.select.replaceChildren(new Option("No model available", ""));
-    if (previous && this.models.has(previous)) this.select.value = previous;
+    let body;
+    try {
+      body = await apiJSON("/v1/models");
+    } catch (error) {
+      this.select.replaceChildren(new Option(error.status === 403 ? "No access: see the message above" : "No models", ""));
+      throw error;
+    }
+    const usable = body.data.filter((m) => this.suits(m));
+    this.models = new Map(usable.map((m) => [m.id, m]));
+    const choices = [this.select.value, localStorage.getItem(this.storageKey), document.body.dataset.defaultModel];
+    this.select.replaceChildren(...usable.map((m) => {
+      const option = new Option(`${m.id} · ${modalitiesOf(m).join(", ")}`, m.id);
+      option.dataset.modalities = modalitiesOf(m).join(" ");
+      return option;
+    }));
+    if (!usable.length) this.select.replaceChildren(new Option("No model available", ""));
+    const chosen = choices.find((id) => id && this.models.has(id));
+    if (chosen) this.select.value = chosen;
     this.showStatus();
+    this.onChange();
   }
 
   showStatus() {
