@@ -217,15 +217,23 @@ function editMessage(node, index) {
     const parts = mediaParts(message.content); // attachments go with the edited text
     const edited = { id: newId(), role: message.role, content: contentOf(area.value, parts) };
     if (!isUser && message.stats) edited.stats = { ...message.stats, finish_reason: "edited" };
+    const before = current.messages;
+    setBusy(true);
     current.messages = [...current.messages.slice(0, index), asNewVersion(current.messages, index, edited)];
     renderMessages();
     try {
       await saveFrom(index);
     } catch (error) {
+      current.messages = before; // not saved: the edited text goes into the box, nothing is lost
+      setBusy(false);
+      renderMessages();
+      if (!ui.prompt.value.trim()) setDraft(area.value, isUser ? parts : []);
       showError(error);
       return;
     }
-    if (isUser) generate({ at: current.messages.length });
+    setBusy(false);
+    if (isUser) await generate({ at: current.messages.length });
+    else renderMessages();
   });
   cancel.addEventListener("click", () => renderMessages());
   node.replaceChildren(el("div", { className: "edit-box" }, area, el("div", { className: "row" }, cancel, save)));
