@@ -76,10 +76,11 @@ def manage_shell(server: LiveServer, code: str) -> str:
     return result.stdout
 
 
-# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute.
+# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute;
+# dana's team may use both (compare mode).
 TEAMS = {"red": {"allowed_models": [TINY_MODEL]}, "blue": {"allowed_models": [SECOND_MODEL]},
-         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}}
-MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow"}
+         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}, "both": {"allowed_models": [TINY_MODEL, SECOND_MODEL]}}
+MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow", "dana": "both"}
 MAKE_MEMBERS = """
 from django.contrib.auth import get_user_model
 from teams.services import add_member, create_team
