@@ -95,9 +95,9 @@ def wait_for_continuation(page) -> None:
 
 
 def popover_alternatives(page) -> list[tuple[str, str]]:
-    """The shown alternatives as (token, percent text)."""
+    """The shown alternatives as (token as the API says it, percent text)."""
     page.wait_for_selector("#popover:not([hidden])")
-    return [(json.loads(alt.query_selector("code").inner_text()), alt.query_selector(".p").inner_text())
+    return [(alt.get_attribute("data-token"), alt.query_selector(".p").inner_text())
             for alt in page.query_selector_all("#popover .alt")]
 
 

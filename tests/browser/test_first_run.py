@@ -117,7 +117,7 @@ def test_a_pasted_image_reaches_the_vision_model_as_through_the_sdk(chromium, fi
     try:
         log_in(page, first_run_server, "root")
         page.select_option("[data-model-select]", TINY_VLM)
-        page.wait_for_selector("#attach:not([disabled])")
+        page.wait_for_selector("#attach:not([disabled])", state="attached")
         page.evaluate(PASTE_IMAGE)
         page.wait_for_selector("#attachments img.thumb")
         chat_settings(page, temperature=0, max_tokens=8)

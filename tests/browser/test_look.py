@@ -79,7 +79,7 @@ def test_code_is_highlighted_and_copied_and_math_rendered(shown_conversation):
     answer = page.locator(".message.assistant")
     assert answer.locator(".katex").count() == 4  # $…$, $$…$$, \\(…\\), \\[…\\]
     assert answer.locator(".katex-display").count() == 2
-    assert "e^{i\\pi}+1=0" in answer.locator(".katex annotation").first.inner_text()
+    assert "e^{i\\pi}+1=0" in answer.locator(".katex annotation").first.text_content()
     assert "$" not in answer.locator(".body").inner_text().replace("$$", "")
     assert answer.locator("pre code .hljs-keyword").count() >= 1
     assert answer.locator("pre code .hljs-comment").count() == 1

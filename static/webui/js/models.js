@@ -107,6 +107,6 @@ export class ModelPicker {
         model.status = "error";
         throw new APIProblem(`Loading ${model.id} failed: ${event.message || "unknown error"}`, { status: 503, code: event.code });
       }
-    });
+    }, undefined, { endsWithDone: false });
   }
 }

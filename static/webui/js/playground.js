@@ -75,7 +75,6 @@ function render() {
     if (segment.kind !== "token") return document.createTextNode(segment.text);
     const span = el("span", { className: "tok", textContent: segment.text });
     span.dataset.i = index;
-    span.tabIndex = 0; // Tab reaches each token; Enter or ↓ goes to its alternatives
     span.style.backgroundColor = colourOf(segment.logprob);
     return span;
   }));
@@ -185,6 +184,7 @@ function showPopover(span) {
   const alternatives = segment.top.slice(0, ALTERNATIVES).map(([token, logprob]) => {
     const button = el("button", { type: "button", className: "alt", title: "Continue from this token" },
       el("code", { textContent: tokenLabel(token) }), el("span", { className: "p", textContent: percent(logprob) }));
+    button.dataset.token = token;
     if (bytesOf(token)) button.dataset.bytes = "true";
     if (token === segment.text) button.classList.add("chosen");
     button.addEventListener("click", () => branch(Number(span.dataset.i), token, logprob, segment.top));
@@ -358,9 +358,20 @@ ui.doc.addEventListener("focusin", (event) => {
   const span = event.target.closest(".tok");
   if (span) showPopover(span);
 });
+// Keyboard: Alt+→ / Alt+← go from token to token (showing its alternatives), Alt+↓ goes into them.
 ui.doc.addEventListener("keydown", (event) => {
-  const span = event.target.closest && event.target.closest(".tok");
-  if (span && (event.key === "ArrowDown" || event.key === "Enter") && !ui.popover.hidden) {
+  if (!event.altKey) return;
+  const tokens = [...ui.doc.querySelectorAll(".tok")];
+  const active = ui.doc.querySelector(".tok.active");
+  if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+    event.preventDefault();
+    const at = tokens.indexOf(active);
+    const next = event.key === "ArrowRight" ? tokens[at + 1] || tokens[0] : tokens[at - 1] || tokens[tokens.length - 1];
+    if (next) {
+      showPopover(next);
+      next.scrollIntoView({ block: "nearest" });
+    }
+  } else if (event.key === "ArrowDown" && active && !ui.popover.hidden) {
     event.preventDefault();
     const first = ui.popover.querySelector(".alt");
     if (first) first.focus();
@@ -374,9 +385,8 @@ ui.popover.addEventListener("keydown", (event) => {
     const next = alts[(at + (event.key === "ArrowDown" ? 1 : alts.length - 1)) % alts.length];
     if (next) next.focus();
   } else if (event.key === "Escape") {
-    const active = ui.doc.querySelector(".tok.active");
     hidePopover();
-    if (active) active.focus();
+    ui.doc.focus();
   }
 });
 ui.popover.addEventListener("mouseenter", () => clearTimeout(hideTimer));
