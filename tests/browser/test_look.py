@@ -1,6 +1,8 @@
 """How the pages look and read: dark mode (system and toggle) with enough contrast, code and math, the phone drawer."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ..conftest import TINY_MODEL
@@ -110,3 +112,34 @@ def test_the_phone_drawer_closes_by_button_backdrop_and_escape(page_of):
         assert page.is_hidden("#sidebar-backdrop")
         assert page.get_attribute("#sidebar-toggle", "aria-expanded") == "false"
     screenshot(page, "chat-390px")
+
+
+def test_search_export_and_import(page_of, web_server, tmp_path):
+    page = page_of("bob")
+    for title in ("Gardening notes", "Tax questions"):
+        store_conversation(page, web_server, {"title": title, "model": "local/tiny-llama-b", "system_prompt": "Be brief.",
+                                              "messages": [{"role": "user", "content": f"About {title}"},
+                                                           {"role": "assistant", "content": "**Sure.**"}]})
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    page.fill("#search", "garden")
+    assert page.locator("#conversation-list .open").all_inner_texts() == ["Gardening notes"]
+    page.click("#conversation-list .open")
+    page.wait_for_selector(".message.assistant")
+    with page.expect_download() as download:
+        page.click("#export-json")
+    exported = json.loads(download.value.path().read_text())
+    assert exported["messages"] == [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "About Gardening notes"},
+                                    {"role": "assistant", "content": "**Sure.**"}]
+    with page.expect_download() as download:
+        page.click("#export-md")
+    markdown = download.value.path().read_text()
+    assert "## User\n\nAbout Gardening notes" in markdown and "## Assistant\n\n**Sure.**" in markdown
+
+    path = tmp_path / "imported.json"
+    path.write_text(json.dumps({**exported, "title": "Imported garden"}))
+    page.set_input_files("#import", str(path))
+    page.wait_for_selector("#conversation-list .open:text('Imported garden')")
+    page.wait_for_function("() => document.querySelectorAll('.message').length === 2")
+    assert page.input_value("#system-prompt") == "Be brief."
