@@ -52,6 +52,9 @@ class WebConfig:
     ledger_replay_seconds: float
     bad_key_limit: int  # wrong bearer keys from one address within `bad_key_window` before it gets 429s
     bad_key_window: float
+    # The browser pages.
+    default_model: str  # what they open on when the user chose nothing yet
+    ui_storage_bytes_per_user: int
 
     @classmethod
     def from_settings(cls, inference: Mapping[str, Any]) -> WebConfig:
@@ -74,6 +77,7 @@ class WebConfig:
             ledger_write_tries=inference["LEDGER_WRITE_TRIES"], ledger_spool_dir=Path(inference["LEDGER_SPOOL_DIR"]),
             ledger_replay_seconds=inference["LEDGER_REPLAY_SECONDS"],
             bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
+            default_model=inference["DEFAULT_MODEL"], ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
         )
 
 

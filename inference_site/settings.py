@@ -253,6 +253,9 @@ INFERENCE = {
     "MEDIA_ALLOW_HOSTS": [h.strip().lower() for h in os.environ.get("INFERENCE_MEDIA_ALLOW_HOSTS", "").split(",")
                           if h.strip()],
     "VIDEO_FRAMES": env_int("INFERENCE_VIDEO_FRAMES", 8),
+    # The chat page's conversation store: bytes one user's conversations may take in all (attachments
+    # are kept inside them as data URLs, and go when the conversation is deleted).
+    "UI_STORAGE_BYTES_PER_USER": env_int("INFERENCE_UI_STORAGE_BYTES_PER_USER", 200 * 1024 * 1024),
     # Worker side.
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),

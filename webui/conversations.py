@@ -5,7 +5,7 @@ from rest_framework.response import Response
 
 from . import selectors, services
 from .page_api import PageAPIView
-from .serializers import ConversationSerializer, conversation_body
+from .serializers import ConversationSerializer, ConversationSettingsSerializer, TurnsSerializer, conversation_body
 
 
 class ConversationListView(PageAPIView):
@@ -24,18 +24,23 @@ class ConversationDetailView(PageAPIView):
     def get(self, request, conversation_id: int):
         return Response(conversation_body(selectors.conversation_of(request.user, conversation_id)))
 
-    def put(self, request, conversation_id: int):
-        return self._save(request, conversation_id, partial=False)
-
     def patch(self, request, conversation_id: int):
-        return self._save(request, conversation_id, partial=True)
+        conversation = selectors.conversation_of(request.user, conversation_id)
+        serializer = ConversationSettingsSerializer(data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        return Response(conversation_body(services.update_settings(conversation, serializer.validated_data)))
 
     def delete(self, request, conversation_id: int):
         services.delete_conversation(selectors.conversation_of(request.user, conversation_id))
         return Response(status=204)
 
-    def _save(self, request, conversation_id: int, partial: bool):
-        conversation = selectors.conversation_of(request.user, conversation_id)
-        serializer = ConversationSerializer(data=request.data, partial=partial)
+
+class TurnsView(PageAPIView):
+    """`POST /ui/api/conversations/<id>/turns`: a turn appended (or a tail replaced), version-checked."""
+
+    def post(self, request, conversation_id: int):
+        serializer = TurnsSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        return Response(conversation_body(services.update_conversation(conversation, serializer.validated_data)))
+        conversation = services.write_turns(conversation_id, request.user, **serializer.validated_data)
+        return Response({"id": conversation.id, "version": conversation.version,
+                         "length": len(conversation.messages), "updated_at": conversation.updated_at.isoformat()})

@@ -15,6 +15,11 @@ class Conversation(models.Model):
     # Sampling and display settings the page sends with each turn (temperature, top_p, max_tokens…).
     options = models.JSONField(default=dict, blank=True)
     messages = models.JSONField(default=list, blank=True)
+    # Bumped by every write of the messages: a write names the version it saw, so two tabs or
+    # devices never overwrite each other's turns (a stale one gets 409 and re-reads).
+    version = models.PositiveIntegerField(default=0)
+    # The stored JSON's size, for the per-user bound on what the store keeps (attachments included).
+    size_bytes = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

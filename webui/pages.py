@@ -13,11 +13,18 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
+from catalog.config import web_config
+
+from teams.selectors import team_for_user
+
+from .services import join_default_team_if_staff
+
 PAGE_CSP = "; ".join([
     "default-src 'self'",
     "script-src 'self'",
     "style-src 'self'",
     "img-src 'self' data:",
+    "media-src 'self' data:",
     "connect-src 'self'",
     "object-src 'none'",
     "base-uri 'none'",
@@ -48,7 +55,12 @@ def app_page(template: str, active: str) -> Callable:
     @login_required
     @ensure_csrf_cookie
     def view(request):
-        return render(request, template, {"active": active})
+        join_default_team_if_staff(request.user)
+        return render(request, template, {"active": active, "default_model": web_config().default_model,
+                                          "has_team": team_for_user(request.user) is not None,
+                                          # /load_model is an operator's act (docs/reliability.md); for
+                                          # everyone else the first request loads the model
+                                          "manages_models": request.user.is_staff or request.user.is_superuser})
 
     return view
 

@@ -12,6 +12,67 @@ from openai_api.serializers.fields import (
 
 MAX_MESSAGES = 500
 MAX_TEXT = 200_000
+MAX_VERSIONS = 50
+MAX_PARTS = 32
+MAX_MEDIA_URL = 8 * 1024 * 1024  # one attachment's data URL (the page shrinks big images before)
+MEDIA_PARTS = {"image_url": "image/", "video_url": "video/"}
+
+
+class ContentField(serializers.Field):
+    """A message's content as the chat API takes it: text, null, or a list of text and media parts.
+
+    Media are kept as data URLs (stored with the conversation, so a retry sends them again and
+    deleting the conversation deletes them); an http(s) URL is refused, the store fetches nothing.
+    """
+
+    default_error_messages = {"invalid": "content must be a string, null or a list of content parts."}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("allow_null", True)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            if len(data) > MAX_TEXT:
+                raise serializers.ValidationError(f"Ensure this field has no more than {MAX_TEXT} characters.")
+            return data
+        if not isinstance(data, list) or len(data) > MAX_PARTS:
+            self.fail("invalid")
+        return [self._part(part, index) for index, part in enumerate(data)]
+
+    def _part(self, part, index: int) -> dict:
+        def problem(message: str):
+            return serializers.ValidationError(f"[{index}]: {message}")
+
+        if not isinstance(part, dict):
+            raise problem("a content part must be an object.")
+        kind = part.get("type")
+        if kind == "text":
+            if set(part) != {"type", "text"} or not isinstance(part["text"], str) or len(part["text"]) > MAX_TEXT:
+                raise problem('a text part is {"type": "text", "text": "..."}.')
+            return part
+        if kind in MEDIA_PARTS:
+            spec = part.get(kind)
+            url = spec.get("url") if isinstance(spec, dict) else None
+            if (set(part) - {"type", kind, "name"} or not isinstance(url, str) or set(spec) - {"url", "detail"}
+                    or not url.startswith(f"data:{MEDIA_PARTS[kind]}") or ";base64," not in url[:100]):
+                raise problem(f'{kind} must be {{"url": "data:{MEDIA_PARTS[kind]}...;base64,..."}}.')
+            if len(url) > MAX_MEDIA_URL:
+                raise problem(f"an attachment may be at most {MAX_MEDIA_URL // (1024 * 1024)} MB as a data URL.")
+            return part
+        if kind == "input_audio":
+            spec = part.get("input_audio")
+            if (set(part) - {"type", "input_audio", "name"} or not isinstance(spec, dict)
+                    or set(spec) != {"data", "format"} or spec["format"] not in ("wav", "mp3")
+                    or not isinstance(spec["data"], str)):
+                raise problem('input_audio must be {"data": "<base64>", "format": "wav" | "mp3"}.')
+            if len(spec["data"]) > MAX_MEDIA_URL:
+                raise problem(f"an attachment may be at most {MAX_MEDIA_URL // (1024 * 1024)} MB.")
+            return part
+        raise problem("type must be text, image_url, input_audio or video_url.")
+
+    def to_representation(self, value):
+        return value
 
 
 class UsageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -44,12 +105,28 @@ class ToolCallSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     """A chat message as the chat API takes it, plus the page's `stats` for assistant answers."""
 
+    # The page's own id for a message, so a turn written twice (a retried save) is recognised.
+    id = StrictCharField(max_length=64, required=False)
     role = serializers.ChoiceField(choices=["user", "assistant", "tool"])
-    content = StrictCharField(max_length=MAX_TEXT, allow_blank=True, allow_null=True, required=False)
+    content = ContentField(required=False)
     reasoning_content = StrictCharField(max_length=MAX_TEXT, allow_blank=True, required=False)
     tool_calls = ToolCallSerializer(many=True, required=False, max_length=64)
     tool_call_id = StrictCharField(max_length=100, required=False)
     stats = AnswerStatsSerializer(required=False)
+    version_index = StrictIntegerField(min_value=0, max_value=MAX_VERSIONS, required=False)
+
+    def get_fields(self):
+        """`versions`: the message's other versions (Regenerate, Edit), each with what followed it (lazy: recursive)."""
+        fields = super().get_fields()
+        fields["versions"] = VersionSerializer(many=True, required=False, max_length=MAX_VERSIONS)
+        return fields
+
+
+class VersionSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """An earlier (or later) version of a message and the messages that followed it then."""
+
+    def get_fields(self):
+        return {"message": MessageSerializer(), "tail": MessageSerializer(many=True, max_length=MAX_MESSAGES)}
 
 
 class ConversationOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -63,7 +140,7 @@ class ConversationOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serial
 
 
 class ConversationSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    """A whole conversation as the page saves it (PUT), or a part of it (PATCH, e.g. a rename)."""
+    """A new conversation (the first turn, or an import); PATCH changes its settings, never its messages."""
 
     title = StrictCharField(max_length=200, allow_blank=False)
     model = StrictCharField(max_length=200, allow_blank=True, required=False, default="")
@@ -72,12 +149,27 @@ class ConversationSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     messages = MessageSerializer(many=True, required=False, default=list, max_length=MAX_MESSAGES)
 
 
+class ConversationSettingsSerializer(ConversationSerializer):
+    """PATCH: a rename, another model or other settings. Messages change only through turns."""
+
+    messages = None
+
+
+class TurnsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """`POST …/turns`: replace the messages from index `at` on (at = length: an append) if `version` is current."""
+
+    version = StrictIntegerField(min_value=0)
+    at = StrictIntegerField(min_value=0, max_value=MAX_MESSAGES)
+    messages = MessageSerializer(many=True, max_length=MAX_MESSAGES)
+
+
 def conversation_body(conversation, with_messages: bool = True) -> dict:
     """A conversation as the page reads it."""
     body = {
         "id": conversation.id,
         "title": conversation.title,
         "model": conversation.model,
+        "version": conversation.version,
         "created_at": conversation.created_at.isoformat(),
         "updated_at": conversation.updated_at.isoformat(),
     }

@@ -11,6 +11,7 @@ urlpatterns = [
     path("account", pages.account, name="account"),
     path("ui/api/conversations", conversations.ConversationListView.as_view()),
     path("ui/api/conversations/<int:conversation_id>", conversations.ConversationDetailView.as_view()),
+    path("ui/api/conversations/<int:conversation_id>/turns", conversations.TurnsView.as_view()),
     path("ui/api/usage", account.UsageView.as_view()),
     path("ui/api/keys", account.KeyListView.as_view()),
     path("ui/api/keys/<int:key_id>", account.KeyDetailView.as_view()),

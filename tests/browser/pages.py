@@ -95,7 +95,39 @@ def wait_for_continuation(page) -> None:
 
 
 def popover_alternatives(page) -> list[tuple[str, str]]:
-    """The shown alternatives as (token, percent text)."""
+    """The shown alternatives as (token as the API says it, percent text)."""
     page.wait_for_selector("#popover:not([hidden])")
-    return [(json.loads(alt.query_selector("code").inner_text()), alt.query_selector(".p").inner_text())
+    return [(alt.get_attribute("data-token"), alt.query_selector(".p").inner_text())
             for alt in page.query_selector_all("#popover .alt")]
+
+
+# Every element with its own visible text: its colour against the first opaque background behind it
+# (WCAG 2 relative luminance). Disabled controls are exempt, as WCAG says.
+LOW_CONTRAST = """(minimum) => {
+    const channels = (colour) => (colour.match(/[\\d.]+/g) || []).map(Number);
+    const luminance = ([r, g, b]) => {
+        const lin = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+        return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+    };
+    const background = (node) => {
+        for (let n = node; n; n = n.parentElement) {
+            const c = channels(getComputedStyle(n).backgroundColor);
+            if (c.length === 3 || (c.length === 4 && c[3] > 0.9)) return c.slice(0, 3);
+        }
+        return channels(getComputedStyle(document.documentElement).backgroundColor).slice(0, 3);
+    };
+    const bad = [];
+    for (const node of document.querySelectorAll('body *')) {
+        const own = [...node.childNodes].some((c) => c.nodeType === 3 && c.textContent.trim());
+        if (!own || !node.checkVisibility() || node.closest(':disabled, option, .tok, .swatch')) continue;
+        const fg = channels(getComputedStyle(node).color).slice(0, 3);
+        const [a, b] = [luminance(fg), luminance(background(node))];
+        const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+        if (ratio < minimum) bad.push(`${node.tagName}.${node.className}: ${ratio.toFixed(2)} "${node.textContent.trim().slice(0, 30)}"`);
+    }
+    return bad;
+}"""
+
+
+def low_contrast(page, minimum: float = 4.5) -> list[str]:
+    return page.evaluate(LOW_CONTRAST, minimum)

@@ -1,11 +1,14 @@
 """/playground in real Chromium: a base model continues the text in place, token probabilities shown."""
 from __future__ import annotations
 
+import json
+
+import pytest
 from openai import OpenAI
 
 from ..conftest import TINY_MODEL
-from .conftest import screenshot
-from .pages import doc_text, playground_settings, popover_alternatives, wait_for_continuation
+from .conftest import SECOND_MODEL, screenshot
+from .pages import DONE_TIMEOUT_MS, doc_text, playground_settings, popover_alternatives, wait_for_continuation
 
 PROMPT = "Once upon a time"
 
@@ -34,7 +37,7 @@ def test_continuation_tokens_are_coloured_with_five_alternatives_and_branch(page
     assert doc_text(page) == PROMPT + expected.text  # greedy, in place, equal to the API
     tokens = page.locator("#doc .tok")
     assert tokens.count() >= 1
-    colours = tokens.evaluate_all("spans => spans.map(s => s.style.backgroundColor)")
+    colours = tokens.evaluate_all("spans => spans.map(s => getComputedStyle(s).backgroundColor)")
     assert all(colour.startswith("rgb") for colour in colours)
 
     # Hover the first generated token: the API's top 5 there, most likely first.
@@ -97,3 +100,73 @@ def test_typing_edits_and_the_playground_fits_a_phone(page_of, web_server):
     page.locator("#doc .tok").nth(0).click()
     popover_alternatives(page)
     screenshot(page, "playground-375px")
+
+
+def test_the_document_survives_a_reload_and_tokens_are_reachable_by_keyboard(page_of, web_server):
+    page = open_playground(page_of, web_server)
+    playground_settings(page, temperature=0, max_tokens=6)
+    page.click("#clear")
+    page.click("#doc")
+    page.keyboard.type("Keep me")
+    page.click("#continue")
+    wait_for_continuation(page)
+    text = doc_text(page)
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert doc_text(page) == text
+    assert page.locator("#doc .tok").count() >= 1  # the token colours come back too
+
+    page.click("#doc")
+    page.keyboard.press("Alt+ArrowRight")  # to the first token: its alternatives show
+    shown = popover_alternatives(page)
+    assert page.locator("#doc .tok.active").count() == 1
+    page.keyboard.press("Alt+ArrowDown")
+    assert page.evaluate("() => document.activeElement.classList.contains('alt')")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")  # the second alternative: cut there, put in, continue
+    wait_for_continuation(page)
+    if not shown[1][0].startswith("bytes:"):
+        assert doc_text(page).startswith("Keep me" + shown[1][0])
+
+    page.click("#view-code summary")
+    assert '"model": "local/tiny-llama"' in page.inner_text("#code-curl")
+    assert "client.completions.create(" in page.inner_text("#code-python")
+    assert 'prompt="Keep me' in page.inner_text("#code-python")
+    curl = page.evaluate("() => document.getElementById('code-curl').textContent")
+    body = curl.split("-d '", 1)[1].rsplit("'", 1)[0].replace("'\\''", "'")
+    assert json.loads(body)["prompt"] == doc_text(page)
+
+
+def test_compare_mode_continues_and_scores_under_two_models(page_of, web_server):
+    page = page_of("dana")
+    page.goto(f"{web_server.base_url}/playground")
+    page.wait_for_selector("body[data-ready=true]")
+    playground_settings(page, temperature=0.8, max_tokens=8)
+    page.fill("#seed", "7")
+    page.click("#doc")
+    page.keyboard.type(PROMPT)
+    page.click("#compare summary")
+    page.wait_for_selector(f"#compare-models input[value='{SECOND_MODEL}']")
+    page.check(f"#compare-models input[value='{TINY_MODEL}']")
+    page.check(f"#compare-models input[value='{SECOND_MODEL}']")
+    page.click("#compare-run")
+    page.wait_for_selector(".compare-column >> nth=1", timeout=DONE_TIMEOUT_MS)
+    client = OpenAI(base_url=f"{web_server.base_url}/v1", api_key=web_server.key, max_retries=0, timeout=120)
+    for model in (TINY_MODEL, SECOND_MODEL):
+        expected = client.completions.create(model=model, prompt=PROMPT, temperature=0.8, max_tokens=8, seed=7).choices[0]
+        column = page.locator(f".compare-column[data-model='{model}'] .compare-doc")
+        assert column.inner_text() == PROMPT + expected.text
+        assert column.locator(".tok").count() >= 1
+
+    page.click("#compare-score")
+    page.wait_for_selector(f".compare-column[data-model='{SECOND_MODEL}'] .tok[data-delta]", timeout=DONE_TIMEOUT_MS)
+    scores = {model: client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+              .choices[0].logprobs.token_logprobs for model in (TINY_MODEL, SECOND_MODEL)}
+    deltas = page.eval_on_selector_all(f".compare-column[data-model='{SECOND_MODEL}'] .tok[data-delta]",
+                                       "spans => spans.map(s => Number(s.dataset.delta))")
+    expected_deltas = [b - a for a, b in zip(scores[TINY_MODEL], scores[SECOND_MODEL]) if a is not None]
+    assert deltas == pytest.approx(expected_deltas, abs=1e-4)
+    total = float(page.get_attribute(f".compare-column[data-model='{SECOND_MODEL}']", "data-total"))
+    assert total == pytest.approx(sum(lp for lp in scores[SECOND_MODEL] if lp is not None), abs=1e-3)
+    assert page.js_errors == []
+    screenshot(page, "playground-compare")

@@ -61,9 +61,10 @@ export async function apiJSON(path, options) {
 /**
  * POST a streaming request and call onEvent(parsed JSON) for each SSE `data:` event until `[DONE]`.
  * An error event in the stream (`{"error": …}`) throws an APIProblem. Aborting `signal` closes the
- * connection, which makes the server cancel the generation.
+ * connection, which makes the server cancel the generation. A stream that closes before `[DONE]` was cut
+ * off (the server stopped, the network went): that throws too, unless `endsWithDone` is false.
  */
-export async function streamSSE(path, body, onEvent, signal) {
+export async function streamSSE(path, body, onEvent, signal, { endsWithDone = true } = {}) {
   const response = await apiFetch(path, { method: "POST", body, signal });
   if (!response.ok) throw await problemOf(response);
   const reader = response.body.getReader();
@@ -71,7 +72,8 @@ export async function streamSSE(path, body, onEvent, signal) {
   let buffer = "";
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) break;
+    if (done && !endsWithDone) return;
+    if (done) throw new APIProblem("The answer was cut off: the connection to the server closed before it ended.");
     buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {

@@ -1,9 +1,18 @@
 // The model picker: /v1/models (with each model's status) and /load_model's progress events.
 import { APIProblem, apiJSON, streamSSE } from "./api.js";
 
+/** A model's input modalities as the picker shows them beside its name. */
+export const modalitiesOf = (model) => (model && model.modalities) || [];
+
 export class ModelPicker {
-  /** root: the `[data-model-picker]` element; storageKey: where the last choice is remembered. */
-  constructor(root, storageKey, onError) {
+  /**
+   * root: the `[data-model-picker]` element; storageKey: where this page's last choice is remembered;
+   * suits(model): whether this page can use the model (the others are not offered).
+   * The choice: the last one made on this page, else the server's default model, else the first.
+   */
+  constructor(root, storageKey, onError, suits = () => true) {
+    this.suits = suits;
+    this.onChange = () => {};
     this.select = root.querySelector("[data-model-select]");
     this.badge = root.querySelector("[data-model-status]");
     this.loadButton = root.querySelector("[data-model-load]");
@@ -13,14 +22,19 @@ export class ModelPicker {
     this.onError = onError;
     this.models = new Map();
     this.loading = null;
+    // Loading is for operators (/load_model answers others 403): for them the first request loads the model.
+    this.managesModels = document.body.dataset.managesModels === "true";
     this.select.addEventListener("change", () => {
       localStorage.setItem(this.storageKey, this.select.value);
       this.showStatus();
+      this.onChange();
     });
     this.loadButton.addEventListener("click", () => this.ensureLoaded().catch(this.onError));
   }
 
   get value() { return this.select.value; }
+
+  get model() { return this.models.get(this.select.value) || null; }
 
   set value(id) {
     if (id && this.models.has(id)) {
@@ -30,13 +44,26 @@ export class ModelPicker {
   }
 
   async refresh() {
-    const body = await apiJSON("/v1/models");
-    this.models = new Map(body.data.map((m) => [m.id, m]));
-    const previous = this.select.value || localStorage.getItem(this.storageKey);
-    this.select.replaceChildren(...body.data.map((m) => new Option(m.id, m.id)));
-    if (!body.data.length) this.select.replaceChildren(new Option("No model available", ""));
-    if (previous && this.models.has(previous)) this.select.value = previous;
+    let body;
+    try {
+      body = await apiJSON("/v1/models");
+    } catch (error) {
+      this.select.replaceChildren(new Option(error.status === 403 ? "No access: see the message above" : "No models", ""));
+      throw error;
+    }
+    const usable = body.data.filter((m) => this.suits(m));
+    this.models = new Map(usable.map((m) => [m.id, m]));
+    const choices = [this.select.value, localStorage.getItem(this.storageKey), document.body.dataset.defaultModel];
+    this.select.replaceChildren(...usable.map((m) => {
+      const option = new Option(`${m.id} · ${modalitiesOf(m).join(", ")}`, m.id);
+      option.dataset.modalities = modalitiesOf(m).join(" ");
+      return option;
+    }));
+    if (!usable.length) this.select.replaceChildren(new Option("No model available", ""));
+    const chosen = choices.find((id) => id && this.models.has(id));
+    if (chosen) this.select.value = chosen;
     this.showStatus();
+    this.onChange();
   }
 
   showStatus() {
@@ -45,13 +72,13 @@ export class ModelPicker {
     this.badge.textContent = status;
     this.badge.className = `badge ${status}`;
     this.badge.title = status === "cached" ? "On disk, not in memory: the first request loads it." : "";
-    this.loadButton.hidden = !model || status === "loaded" || this.loading !== null;
+    this.loadButton.hidden = !model || status === "loaded" || this.loading !== null || !this.managesModels;
   }
 
   /** Load the chosen model if it is not in memory yet, showing /load_model's progress. */
   async ensureLoaded() {
     const model = this.models.get(this.select.value);
-    if (!model || model.status === "loaded") return;
+    if (!model || model.status === "loaded" || !this.managesModels) return;
     if (this.loading) return this.loading;
     this.loading = this._load(model).finally(() => {
       this.loading = null;
@@ -82,6 +109,6 @@ export class ModelPicker {
         model.status = "error";
         throw new APIProblem(`Loading ${model.id} failed: ${event.message || "unknown error"}`, { status: 503, code: event.code });
       }
-    });
+    }, undefined, { endsWithDone: false });
   }
 }

@@ -5,7 +5,9 @@
 // hovering shows the top 5; clicking one cuts the text there, puts it in, and continues.
 import { apiJSON, messageOf, streamSSE } from "./api.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
-import { ModelPicker } from "./models.js";
+import { initCompare } from "./compare.js";
+import { ModelPicker, modalitiesOf } from "./models.js";
+import { initViewCode } from "./view-code.js";
 
 const ui = {
   doc: $("doc"), continue: $("continue"), stop: $("stop"), undo: $("undo"), score: $("score"), clear: $("clear"),
@@ -13,7 +15,9 @@ const ui = {
   temperature: $("temperature"), topP: $("top-p"), topK: $("top-k"), seed: $("seed"), stops: $("stop-strings"),
 };
 const ALTERNATIVES = 5;
-const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "playground.model", showError);
+// Models that write text (a speech-to-text model is not one).
+const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "playground.model", showError,
+  (model) => modalitiesOf(model).includes("text"));
 
 let segments = [];      // [{kind: "text"|"token", text, logprob?, top?}]
 const undoStack = [];   // earlier `segments`
@@ -26,6 +30,20 @@ function showError(error) {
 }
 
 const documentText = () => segments.map((s) => s.text).join("");
+
+const DOC_KEY = "playground.doc";
+
+/** The document, kept in this browser across reloads (text and token colours, per user's browser profile). */
+function save() {
+  try { localStorage.setItem(DOC_KEY, JSON.stringify(segments)); } catch (_) { /* over quota: not kept */ }
+}
+
+function load() {
+  try {
+    const kept = JSON.parse(localStorage.getItem(DOC_KEY));
+    if (Array.isArray(kept)) segments = kept.filter((s) => s && typeof s.text === "string");
+  } catch (_) { segments = []; }
+}
 
 function remember() {
   undoStack.push(segments.map((s) => ({ ...s })));
@@ -44,14 +62,15 @@ function undo() {
 
 // --- rendering ---------------------------------------------------------------------------------
 
-function colourOf(logprob) {
+export function colourOf(logprob) {
   if (logprob === null || logprob === undefined) return "";
   const p = Math.exp(logprob);
-  return `hsl(${Math.round(p * 130)}, 75%, ${Math.round(86 - 4 * p)}%)`;
+  return `hsl(${Math.round(p * 130)}, var(--tok-s), var(--tok-l))`;
 }
 
 function render() {
   hidePopover();
+  save();
   ui.doc.replaceChildren(...segments.map((segment, index) => {
     if (segment.kind !== "token") return document.createTextNode(segment.text);
     const span = el("span", { className: "tok", textContent: segment.text });
@@ -85,6 +104,7 @@ function syncFromDom() {
   }
   segments = merged(next);
   for (const [node, segment] of kept) node.dataset.i = segments.indexOf(segment);
+  save();
 }
 
 /** Adjacent text segments joined, empty ones dropped (token segments kept as they are). */
@@ -103,8 +123,8 @@ function merged(list) {
  * The token segments of one generated (or echoed) text, cut at the logprobs' text offsets.
  * A token whose own text is empty (a character split over tokens) gives its text to the next.
  */
-function tokenSegments(text, logprobs, base = 0) {
-  const { token_logprobs: lps, top_logprobs: tops, text_offset: offsets } = logprobs;
+export function tokenSegments(text, logprobs, base = 0) {
+  const { token_logprobs: lps, top_logprobs: tops, text_offset: offsets, tokens = [] } = logprobs;
   const out = [];
   const first = offsets.length ? offsets[0] - base : text.length;
   if (first > 0) out.push({ kind: "text", text: text.slice(0, first) });
@@ -112,13 +132,40 @@ function tokenSegments(text, logprobs, base = 0) {
     const start = offsets[i] - base;
     const end = i + 1 < offsets.length ? offsets[i + 1] - base : text.length;
     const piece = text.slice(start, end);
-    if (piece) out.push({ kind: "token", text: piece, logprob: lps[i], top: topList(tops[i]) });
+    if (piece) out.push({ kind: "token", text: piece, token: tokens[i], logprob: lps[i], top: topList(tops[i]) });
   }
   return out;
 }
 
 function topList(top) {
   return Object.entries(top || {}).sort((a, b) => b[1] - a[1]);
+}
+
+/** The bytes a `bytes:\\x98…` token stands for (a piece of a character), or null for a text token. */
+export function bytesOf(token) {
+  const match = /^bytes:((?:\\x[0-9a-f]{2})+)$/i.exec(token);
+  return match ? match[1].split("\\x").filter(Boolean).map((h) => parseInt(h, 16)) : null;
+}
+
+/** How a token is shown: its text, or its bytes as ⟨e6 97⟩. */
+export function tokenLabel(token) {
+  const bytes = bytesOf(token);
+  return bytes ? `⟨${bytes.map((b) => b.toString(16).padStart(2, "0")).join(" ")}⟩ bytes` : JSON.stringify(token);
+}
+
+/**
+ * The text of `prefix` with `token` after it: a byte piece is put in as its bytes (they complete a
+ * character with the bytes before it); null when they do not make whole characters yet.
+ */
+function withToken(prefix, lead, token) {
+  const bytes = bytesOf(token);
+  if (!bytes) return prefix + token;
+  const all = new Uint8Array([...new TextEncoder().encode(prefix), ...lead, ...bytes]);
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(all);
+  } catch (_) {
+    return null;
+  }
 }
 
 // --- the alternatives popover -------------------------------------------------------------------
@@ -136,7 +183,9 @@ function showPopover(span) {
     ` ${percent(segment.logprob)}`);
   const alternatives = segment.top.slice(0, ALTERNATIVES).map(([token, logprob]) => {
     const button = el("button", { type: "button", className: "alt", title: "Continue from this token" },
-      el("code", { textContent: JSON.stringify(token) }), el("span", { className: "p", textContent: percent(logprob) }));
+      el("code", { textContent: tokenLabel(token) }), el("span", { className: "p", textContent: percent(logprob) }));
+    button.dataset.token = token;
+    if (bytesOf(token)) button.dataset.bytes = "true";
     if (token === segment.text) button.classList.add("chosen");
     button.addEventListener("click", () => branch(Number(span.dataset.i), token, logprob, segment.top));
     return button;
@@ -206,7 +255,7 @@ async function continueText(undoPoint = true) {
   if (undoPoint) remember();
   typing = false;
   const base = segments;
-  const generated = { text: "", token_logprobs: [], top_logprobs: [], text_offset: [] };
+  const generated = { text: "", tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
   const body = { model: picker.value, prompt, max_tokens: intOrNull(ui.maxTokens) ?? 32, logprobs: ALTERNATIVES,
     stream: true, stream_options: { include_usage: true }, ...samplingFields() };
   const controller = new AbortController();
@@ -227,7 +276,7 @@ async function continueText(undoPoint = true) {
       if (!choice) return;
       generated.text += choice.text;
       if (choice.logprobs) {
-        for (const key of ["token_logprobs", "top_logprobs", "text_offset"]) generated[key].push(...choice.logprobs[key]);
+        for (const key of ["tokens", "token_logprobs", "top_logprobs", "text_offset"]) generated[key].push(...choice.logprobs[key]);
       }
       if (choice.finish_reason) finish = choice.finish_reason;
       repaint();
@@ -244,12 +293,28 @@ async function continueText(undoPoint = true) {
   picker.refresh().catch(() => {});
 }
 
-/** Cut the text before token `index`, put `token` there, and continue from it. */
+/** Cut the text before token `index`, put `token` there (a byte piece as its bytes), and continue from it. */
 function branch(index, token, logprob, top) {
   if (running) return;
+  const prefix = segments.slice(0, index).map((s) => s.text).join("");
+  // The token there may be the last byte(s) of a character begun by earlier tokens: those bytes lead.
+  const shown = segments[index];
+  const own = shown && shown.token ? bytesOf(shown.token) : null;
+  const whole = shown ? new TextEncoder().encode(shown.text) : new Uint8Array();
+  const lead = own && own.length < whole.length ? [...whole.slice(0, whole.length - own.length)] : [];
+  const text = withToken(prefix, lead, token);
+  if (text === null) {
+    showError(`${tokenLabel(token)} is part of a character whose other bytes are not in the text: it cannot be put in on its own.`);
+    return;
+  }
   remember();
-  segments = [...segments.slice(0, index), { kind: "token", text: token, logprob, top }];
+  const prefixSegments = segments.slice(0, index);
+  // A byte piece may complete a character the text ends with: the whole character becomes the token.
+  const kept = text.startsWith(prefix) ? prefixSegments : merged([{ kind: "text", text: text.slice(0, -1) }]);
+  const piece = text.startsWith(prefix) ? text.slice(prefix.length) : text.slice(-1);
+  segments = [...kept, { kind: "token", text: piece, logprob, top }];
   render();
+  save();
   continueText(false);
 }
 
@@ -289,6 +354,41 @@ ui.doc.addEventListener("click", (event) => {
   const span = event.target.closest(".tok");
   if (span) showPopover(span);
 });
+ui.doc.addEventListener("focusin", (event) => {
+  const span = event.target.closest(".tok");
+  if (span) showPopover(span);
+});
+// Keyboard: Alt+→ / Alt+← go from token to token (showing its alternatives), Alt+↓ goes into them.
+ui.doc.addEventListener("keydown", (event) => {
+  if (!event.altKey) return;
+  const tokens = [...ui.doc.querySelectorAll(".tok")];
+  const active = ui.doc.querySelector(".tok.active");
+  if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+    event.preventDefault();
+    const at = tokens.indexOf(active);
+    const next = event.key === "ArrowRight" ? tokens[at + 1] || tokens[0] : tokens[at - 1] || tokens[tokens.length - 1];
+    if (next) {
+      showPopover(next);
+      next.scrollIntoView({ block: "nearest" });
+    }
+  } else if (event.key === "ArrowDown" && active && !ui.popover.hidden) {
+    event.preventDefault();
+    const first = ui.popover.querySelector(".alt");
+    if (first) first.focus();
+  }
+});
+ui.popover.addEventListener("keydown", (event) => {
+  const alts = [...ui.popover.querySelectorAll(".alt")];
+  const at = alts.indexOf(document.activeElement);
+  if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+    event.preventDefault();
+    const next = alts[(at + (event.key === "ArrowDown" ? 1 : alts.length - 1)) % alts.length];
+    if (next) next.focus();
+  } else if (event.key === "Escape") {
+    hidePopover();
+    ui.doc.focus();
+  }
+});
 ui.popover.addEventListener("mouseenter", () => clearTimeout(hideTimer));
 ui.popover.addEventListener("mouseleave", hideSoon);
 document.addEventListener("keydown", (event) => {
@@ -310,4 +410,10 @@ ui.clear.addEventListener("click", () => {
   ui.stats.textContent = "";
 });
 
-picker.refresh().then(() => { document.body.dataset.ready = "true"; }).catch(showError);
+load();
+render();
+initViewCode({ model: () => picker.value, prompt: documentText, fields: () => ({
+  max_tokens: intOrNull(ui.maxTokens) ?? 32, logprobs: ALTERNATIVES, ...samplingFields() }) });
+initCompare({ prompt: documentText, fields: () => ({ max_tokens: intOrNull(ui.maxTokens) ?? 32, ...samplingFields() }),
+  onError: showError });
+picker.refresh().catch(showError).finally(() => { document.body.dataset.ready = "true"; });
