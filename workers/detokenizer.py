@@ -11,14 +11,22 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 class IncrementalText:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
+    """`include_stop` keeps the stop string that ended the text (vLLM's include_stop_str_in_output);
+    `skip_special_tokens` / `spaces_between_special_tokens` are passed to the tokenizer's decode."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str], include_stop: bool = False,
+                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
+        self.include_stop = include_stop
+        self.decode_options = {"skip_special_tokens": skip_special_tokens}
+        if not spaces_between_special_tokens:  # the default; fast tokenizers take it only when set
+            self.decode_options["spaces_between_special_tokens"] = False
         self.emitted = 0  # characters of the decoded completion already handed out
         self.text = ""
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(token_ids, clean_up_tokenization_spaces=False, **self.decode_options)
 
     def _held_back(self, text: str) -> int:
         hold = 0
@@ -35,9 +43,11 @@ class IncrementalText:
         """New text to hand out after the latest token, and whether a stop string ended it."""
         self.text = self.decode(completion_ids)
         if self.stop:
-            found = [index for index in (self.text.find(s, max(self.emitted - len(s), 0)) for s in self.stop) if index >= 0]
+            found = [(index, len(s)) for index, s in
+                     ((self.text.find(s, max(self.emitted - len(s), 0)), s) for s in self.stop) if index >= 0]
             if found:
-                end = min(found)
+                index, length = min(found)
+                end = index + length if self.include_stop else index
                 delta = self.text[self.emitted:end] if end > self.emitted else ""
                 self.emitted = max(self.emitted, end)
                 return delta, True

@@ -82,10 +82,13 @@ class PromptScorer:
         self.top_n = top_n
         self.offsets = PrefixOffsets(tokenizer, prompt_ids)
         self.scored = 0  # prompt tokens recorded so far
+        self.entries: list[dict | None] = []  # the same scores by token id (vLLM's prompt_logprobs), see scored()
         self._carry: torch.Tensor | None = None  # logits of the position before the next token
 
     def _texts(self, ids: list[int]) -> list[str]:
         """`token_text` of each id, decoded in one call; only parts of characters take the slow path."""
+        if getattr(self.token_text, "as_ids", False):
+            return [self.token_text(t) for t in ids]
         texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False) if ids else []
         return [self.token_text(t) if REPLACEMENT_CHAR in text else text for t, text in zip(ids, texts)]
 
@@ -104,6 +107,7 @@ class PromptScorer:
         start = 0
         if begin == 0:  # the first token has nothing before it to be scored by
             record(texts[0], None, None, offsets[0])
+            self.entries.append(None)
             start = 1
         if start >= len(ids):
             self.scored = end
@@ -118,7 +122,14 @@ class PromptScorer:
             top_ids, top_values = indices.tolist(), values.tolist()
         top_texts = iter(self._texts([t for row in top_ids for t in row]))
         for row, position in enumerate(range(start, len(ids))):
-            top = {next(top_texts): value for value in top_values[row]}
+            named = [[token_id, next(top_texts), value] for token_id, value in zip(top_ids[row], top_values[row])]
+            self.entries.append({"token_id": ids[position], "token": texts[position], "logprob": chosen[row],
+                                 "top": named})
+            top = {text: value for _, text, value in named}
             top.setdefault(texts[position], chosen[row])
             record(texts[position], chosen[row], top, offsets[position])
         self.scored = end
+
+    def scored(self, top_n: int) -> list[dict | None]:
+        """Every prompt token's score so far, each with its `top_n` most likely alternatives (by id)."""
+        return [None if entry is None else {**entry, "top": entry["top"][:top_n]} for entry in self.entries]

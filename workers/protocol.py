@@ -128,6 +128,19 @@ class JobParams:
     logprobs: int | None = None  # None, or 0..20 top alternatives per token
     echo: bool = False
     suffix: str | None = None
+    # vLLM's extras, with vLLM's meaning (docs/api-parameters.md).
+    stop_token_ids: list[int] = field(default_factory=list)  # a generated id in here ends the choice ("stop")
+    include_stop_str_in_output: bool = False  # the stop string (or stop token's text) stays in the text
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last N tokens (-1: the context)
+    allowed_token_ids: list[int] | None = None  # every generated token is one of these
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>"
+    prompt_logprobs: int | None = None  # score the prompt's tokens, with this many alternatives each
+    # Scheduling: the fair-share scheduler's class ("interactive" or "batch"; OpenAI's service_tier
+    # "flex" and vLLM's priority > 0 are batch), and vLLM's priority number as sent (lower: sooner).
+    priority_class: Literal["interactive", "batch"] = "interactive"
+    priority: int = 0
 
     @classmethod
     def from_wire(cls, params: Mapping[str, Any]) -> JobParams:
@@ -149,6 +162,9 @@ SHARED_REQUEST_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "no_repeat_ngram_size", "logit_bias", "seed", "n", "stop", "ignore_eos", "min_tokens",
     "typical_p", "bad_words", "bad_words_ids", "min_length", "num_beams", "length_penalty", "early_stopping",
+    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+    "truncate_prompt_tokens", "allowed_token_ids", "return_tokens_as_token_ids", "prompt_logprobs",
+    "priority_class", "priority",
 )
 
 
@@ -183,6 +199,8 @@ class Conversation(TypedDict):
     chat_template_kwargs: dict[str, Any]
     add_generation_prompt: bool
     continue_final_message: bool
+    documents: NotRequired[list[dict] | None]  # RAG templates' `documents` (vLLM's chat extra)
+    truncate_to_fit: NotRequired[bool]  # Responses' truncation "auto": drop the oldest turns to fit the context
 
 
 class TextPrompt(TypedDict):
@@ -278,6 +296,15 @@ class Logprobs(TypedDict):
     text_offset: list[int]
 
 
+class PromptLogprob(TypedDict):
+    """One prompt token scored (vLLM's prompt_logprobs entry, before the web side keys it by id)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[list]  # [[token_id, token text, logprob], ...] most likely first
+
+
 class Word(TypedDict):
     """A transcribed word and when it is said, in seconds from the start of the audio."""
 
@@ -295,6 +322,7 @@ class ChoiceDelta(TypedDict):
     logprobs: Logprobs | None
     finish_reason: str | None
     words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
+    prompt_logprobs: NotRequired[list[PromptLogprob | None]]  # on a choice's first delta, when the job asked
 
 
 class Usage(TypedDict):
