@@ -43,6 +43,7 @@ class OpenAIView(RateLimitHeadersMixin, APIView):
     def serializer_context(self) -> dict:
         config = settings.INFERENCE
         return {"max_n": config["MAX_N"], "max_prompts": config["MAX_PROMPTS"], "max_beams": config["MAX_BEAMS"],
+                "max_logprobs": config["MAX_LOGPROBS"],
                 "max_schema_bytes": config["MAX_SCHEMA_BYTES"], "max_schema_depth": config["MAX_SCHEMA_DEPTH"]}
 
 
