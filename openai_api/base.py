@@ -41,10 +41,15 @@ class OpenAIView(RateLimitHeadersMixin, APIView):
         super().initial(request, *args, **kwargs)
 
     def serializer_context(self) -> dict:
-        config = settings.INFERENCE
-        return {"max_n": config["MAX_N"], "max_prompts": config["MAX_PROMPTS"], "max_beams": config["MAX_BEAMS"],
-                "max_logprobs": config["MAX_LOGPROBS"],
-                "max_schema_bytes": config["MAX_SCHEMA_BYTES"], "max_schema_depth": config["MAX_SCHEMA_DEPTH"]}
+        return serializer_context()
+
+
+def serializer_context() -> dict:
+    """The server's request limits, as serializers read them from their context."""
+    config = settings.INFERENCE
+    return {"max_n": config["MAX_N"], "max_prompts": config["MAX_PROMPTS"], "max_beams": config["MAX_BEAMS"],
+            "max_logprobs": config["MAX_LOGPROBS"],
+            "max_schema_bytes": config["MAX_SCHEMA_BYTES"], "max_schema_depth": config["MAX_SCHEMA_DEPTH"]}
 
 
 def sse_frame(payload: dict | str) -> bytes:
@@ -128,13 +133,21 @@ class GenerationView(OpenAIView):
     id_prefix: str
 
     async def post(self, request) -> HttpResponseBase:
+        return await self.generate(request, self.validated(request))
+
+    def validated(self, request):
         serializer = self.serializer_class(data=request.data, context=self.serializer_context())
         serializer.is_valid(raise_exception=True)
+        return serializer
+
+    async def generate(self, request, serializer) -> HttpResponseBase:
+        """Everything after validation: the model, the meter, the job, the answer."""
         data = serializer.validated_data
         model = await resolve_model(data["model"])
         request_id = self.new_request_id()
         meter = request.meter = RequestMeter(request.auth, request.path, request_id)
         meter.check_model(model, data["model"])
+        meter.tags = serializer.usage_tags() if hasattr(serializer, "usage_tags") else {}
         early = self.answer_without_job(data)
         if early is not None:
             return Response(early)

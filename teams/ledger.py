@@ -10,7 +10,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -35,6 +35,7 @@ class UsageEntry:
     finish_reason: str
     cancelled: bool
     error_code: str
+    tags: dict = field(default_factory=dict)  # the request's metadata, user, safety_identifier, service_tier
 
 
 class LedgerWriter:

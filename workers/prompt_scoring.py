@@ -107,14 +107,16 @@ class PromptScorer:
         start = 0
         if begin == 0:  # the first token has nothing before it to be scored by
             record(texts[0], None, None, offsets[0])
-            self.entries.append(None)
+            self.entries.append({"token_id": ids[0], "token": texts[0], "logprob": None, "rank": None, "top": []})
             start = 1
         if start >= len(ids):
             self.scored = end
             return
         logprobs = torch.log_softmax(rows.float(), dim=-1)
         targets = torch.tensor(ids[start:], device=logprobs.device)
-        chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        chosen_column = logprobs.gather(1, targets.unsqueeze(1))
+        chosen = chosen_column.squeeze(1).tolist()
+        ranks = ((logprobs > chosen_column).sum(dim=1) + 1).tolist() if self.entries is not None else []
         top_ids: list[list[int]] = [[] for _ in chosen]
         top_values: list[list[float]] = [[] for _ in chosen]
         if self.top_n > 0:
@@ -124,7 +126,7 @@ class PromptScorer:
         for row, position in enumerate(range(start, len(ids))):
             named = [[token_id, next(top_texts), value] for token_id, value in zip(top_ids[row], top_values[row])]
             self.entries.append({"token_id": ids[position], "token": texts[position], "logprob": chosen[row],
-                                 "top": named})
+                                 "rank": ranks[row], "top": named})
             top = {text: value for _, text, value in named}
             top.setdefault(texts[position], chosen[row])
             record(texts[position], chosen[row], top, offsets[position])
@@ -132,4 +134,4 @@ class PromptScorer:
 
     def scored(self, top_n: int) -> list[dict | None]:
         """Every prompt token's score so far, each with its `top_n` most likely alternatives (by id)."""
-        return [None if entry is None else {**entry, "top": entry["top"][:top_n]} for entry in self.entries]
+        return [{**entry, "top": entry["top"][:top_n]} for entry in self.entries]

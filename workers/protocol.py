@@ -297,11 +297,13 @@ class Logprobs(TypedDict):
 
 
 class PromptLogprob(TypedDict):
-    """One prompt token scored (vLLM's prompt_logprobs entry, before the web side keys it by id)."""
+    """One prompt token scored (vLLM's prompt_logprobs entry, before the web side keys it by id);
+    the first token has nothing before it: logprob and rank None, no alternatives."""
 
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None
+    rank: int | None  # 1: the most likely token there
     top: list[list]  # [[token_id, token text, logprob], ...] most likely first
 
 
@@ -322,7 +324,7 @@ class ChoiceDelta(TypedDict):
     logprobs: Logprobs | None
     finish_reason: str | None
     words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
-    prompt_logprobs: NotRequired[list[PromptLogprob | None]]  # on a choice's first delta, when the job asked
+    prompt_logprobs: NotRequired[list[PromptLogprob]]  # on a choice's first delta, when the job asked
 
 
 class Usage(TypedDict):

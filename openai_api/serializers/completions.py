@@ -6,6 +6,7 @@ from rest_framework import serializers
 from workers.protocol import JobParams, Prompt, to_job_params
 
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .openai_params import usage_tags
 from .sampling import SamplingParamsSerializer
 from .structured import StructuredOutputsField, constrain, output_grammar
 
@@ -93,6 +94,9 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
         params = to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
         return constrain(params, data, [])
+
+    def usage_tags(self) -> dict:
+        return usage_tags(self.validated_data)
 
     def job_prompts(self) -> list[Prompt]:
         """The prompts as the job carries them: strings become {"text", "add_special_tokens"} when BOS is off."""
