@@ -82,7 +82,7 @@ class PromptScorer:
         self.top_n = top_n
         self.offsets = PrefixOffsets(tokenizer, prompt_ids)
         self.scored = 0  # prompt tokens recorded so far
-        self.entries: list[dict | None] = []  # the same scores by token id (vLLM's prompt_logprobs), see scored()
+        self.entries: list[dict | None] = []  # the same scores by token id (vLLM's prompt_logprobs), see by_id()
         self._carry: torch.Tensor | None = None  # logits of the position before the next token
 
     def _texts(self, ids: list[int]) -> list[str]:
@@ -132,6 +132,6 @@ class PromptScorer:
             record(texts[position], chosen[row], top, offsets[position])
         self.scored = end
 
-    def scored(self, top_n: int) -> list[dict | None]:
+    def by_id(self, top_n: int) -> list[dict]:
         """Every prompt token's score so far, each with its `top_n` most likely alternatives (by id)."""
         return [{**entry, "top": entry["top"][:top_n]} for entry in self.entries]

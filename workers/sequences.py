@@ -93,7 +93,7 @@ class Sequence:
         """Echo + logprobs: score the prompt tokens this prefill chunk settles; all go out with the first token."""
         self.prompt_scorer.score_chunk(chunk_logits, self.prompt_logprobs.add)
         if last and self.request.params.prompt_logprobs is not None:
-            self.scored_prompt = self.prompt_scorer.scored(self.request.params.prompt_logprobs)
+            self.scored_prompt = self.prompt_scorer.by_id(self.request.params.prompt_logprobs)
         if last and not self.echo_scoring:
             self.prompt_logprobs = PendingLogprobs()
         elif last:
