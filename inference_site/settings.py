@@ -185,6 +185,9 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    # One name for a choice set several fields share (chat's reasoning_effort and Responses' reasoning.effort).
+    "ENUM_NAME_OVERRIDES": {"ReasoningEffortEnum": "openai_api.serializers.openai_params.REASONING_EFFORTS",
+                            "ReasoningSummaryEnum": "openai_api.serializers.openai_params.SUMMARIES"},
 }
 
 # The inference service's own knobs, all from the environment.

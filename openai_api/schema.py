@@ -40,6 +40,13 @@ FIELD_SCHEMAS = {
                                                           "maxItems": 256},
     "openai_api.serializers.fields.EarlyStoppingField": {"oneOf": [{"type": "boolean"},
                                                                    {"type": "string", "enum": ["never"]}]},
+    "openai_api.serializers.openai_params.ObjectField": OBJECT,
+    "openai_api.serializers.openai_params.MetadataField": {
+        "type": "object", "maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}},
+    "openai_api.serializers.openai_params.ModalitiesField": {"type": "array", "items": {"type": "string",
+                                                                                        "enum": ["text"]}},
+    "openai_api.serializers.chat.DocumentsField": {"type": "array", "items": OBJECT, "maxItems": 256},
+    "openai_api.serializers.fields.TokenIdsField": TOKEN_IDS,
     "openai_api.serializers.structured.StructuredOutputsField": {
         "type": "object", "minProperties": 1, "maxProperties": 4, "additionalProperties": False,
         "description": "exactly one of json (a JSON Schema), regex, choice (strings) or grammar (Lark/GBNF text)",

@@ -15,6 +15,7 @@ IGNORED = "Accepted and ignored: "
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast")
 BATCH_TIERS = ("flex",)  # the fair-share scheduler's batch class
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+SUMMARIES = ("auto", "concise", "detailed")
 THINKING_OFF = ("none", "minimal")  # a template's enable_thinking switch is off for these
 INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
               "message.input_image.image_url", "computer_call_output.output.image_url",
@@ -77,9 +78,9 @@ class ReasoningSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     """Responses' `reasoning`: `effort` switches the template's thinking; summaries are not made (ignored)."""
 
     effort = StrictChoiceField(choices=REASONING_EFFORTS, required=False, allow_null=True)
-    summary = StrictChoiceField(choices=("auto", "concise", "detailed"), required=False, allow_null=True,
+    summary = StrictChoiceField(choices=SUMMARIES, required=False, allow_null=True,
                                 help_text=IGNORED + "the reasoning item carries the model's whole reasoning text.")
-    generate_summary = StrictChoiceField(choices=("auto", "concise", "detailed"), required=False, allow_null=True,
+    generate_summary = StrictChoiceField(choices=SUMMARIES, required=False, allow_null=True,
                                          help_text=IGNORED + "deprecated name of summary.")
 
 
