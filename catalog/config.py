@@ -36,6 +36,7 @@ class WebConfig:
     max_n: int
     max_prompts: int
     max_beams: int
+    max_logprobs: int  # top alternatives a request may ask for per token (vLLM's max_logprobs)
     max_schema_bytes: int
     max_schema_depth: int
     metrics_allow: str  # comma-separated networks that may scrape /metrics without a key
@@ -52,6 +53,9 @@ class WebConfig:
     ledger_replay_seconds: float
     bad_key_limit: int  # wrong bearer keys from one address within `bad_key_window` before it gets 429s
     bad_key_window: float
+    # Stored Responses.
+    responses_max_bytes: int
+    responses_retention_days: float
     # The browser pages.
     default_model: str  # what they open on when the user chose nothing yet
     ui_storage_bytes_per_user: int
@@ -67,7 +71,7 @@ class WebConfig:
             worker_silence_timeout=inference["WORKER_SILENCE_TIMEOUT"], job_resubmits=inference["JOB_RESUBMITS"],
             sse_keepalive_seconds=inference["SSE_KEEPALIVE_SECONDS"], health_timeout=inference["HEALTH_TIMEOUT"],
             max_request_bytes=inference["MAX_REQUEST_BYTES"], max_json_depth=inference["MAX_JSON_DEPTH"],
-            max_n=inference["MAX_N"], max_prompts=inference["MAX_PROMPTS"], max_beams=inference["MAX_BEAMS"],
+            max_n=inference["MAX_N"], max_prompts=inference["MAX_PROMPTS"], max_beams=inference["MAX_BEAMS"], max_logprobs=inference["MAX_LOGPROBS"],
             max_schema_bytes=inference["MAX_SCHEMA_BYTES"], max_schema_depth=inference["MAX_SCHEMA_DEPTH"],
             metrics_allow=inference["METRICS_ALLOW"],
             auth_enabled=inference["AUTH_ENABLED"], key_dir=Path(inference["KEY_DIR"]),
@@ -77,6 +81,8 @@ class WebConfig:
             ledger_write_tries=inference["LEDGER_WRITE_TRIES"], ledger_spool_dir=Path(inference["LEDGER_SPOOL_DIR"]),
             ledger_replay_seconds=inference["LEDGER_REPLAY_SECONDS"],
             bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
+            responses_max_bytes=inference["RESPONSES_MAX_BYTES"],
+            responses_retention_days=inference["RESPONSES_RETENTION_DAYS"],
             default_model=inference["DEFAULT_MODEL"], ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
         )
 

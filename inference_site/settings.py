@@ -201,6 +201,9 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    # One name for a choice set several fields share (chat's reasoning_effort and Responses' reasoning.effort).
+    "ENUM_NAME_OVERRIDES": {"ReasoningEffortEnum": "openai_api.serializers.openai_params.REASONING_EFFORTS",
+                            "ReasoningSummaryEnum": "openai_api.serializers.openai_params.SUMMARIES"},
 }
 
 # The inference service's own knobs, all from the environment.
@@ -274,6 +277,13 @@ INFERENCE = {
     "MAX_SCHEMA_BYTES": env_int("INFERENCE_MAX_SCHEMA_BYTES", 64 * 1024),
     "MAX_SCHEMA_DEPTH": env_int("INFERENCE_MAX_SCHEMA_DEPTH", 32),
     "MAX_BEAMS": env_int("INFERENCE_MAX_BEAMS", 16),
+    # The most logprobs alternatives a request may ask for (completions' logprobs, chat's top_logprobs,
+    # prompt_logprobs), as vLLM's --max-logprobs.
+    "MAX_LOGPROBS": env_int("INFERENCE_MAX_LOGPROBS", 20),
+    # Stored Responses (store: true): kept this many days, and a request whose stored conversation
+    # (earlier turns + this input) would pass this many bytes is refused.
+    "RESPONSES_RETENTION_DAYS": env_float("INFERENCE_RESPONSES_RETENTION_DAYS", 30.0),
+    "RESPONSES_MAX_BYTES": env_int("INFERENCE_RESPONSES_MAX_BYTES", 4 * 1024 * 1024),
     # KV cache memory (MiB) the running sequences may reserve (prompt + max_tokens each); 0: no limit
     # beyond MAX_NUM_SEQS. A sequence waits until its reservation fits beside the running ones'.
     "KV_BUDGET_MB": env_float("INFERENCE_KV_BUDGET_MB", 0.0),

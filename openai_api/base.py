@@ -42,9 +42,15 @@ class OpenAIView(RateLimitHeadersMixin, APIView):
         super().initial(request, *args, **kwargs)
 
     def serializer_context(self) -> dict:
-        config = web_config()
-        return {"max_n": config.max_n, "max_prompts": config.max_prompts, "max_beams": config.max_beams,
-                "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth}
+        return serializer_context()
+
+
+def serializer_context() -> dict:
+    """The server's request limits, as serializers read them from their context."""
+    config = web_config()
+    return {"max_n": config.max_n, "max_prompts": config.max_prompts, "max_beams": config.max_beams,
+            "max_logprobs": config.max_logprobs,
+            "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth}
 
 
 def sse_frame(payload: dict | str) -> bytes:
@@ -129,14 +135,22 @@ class GenerationView(OpenAIView):
     id_prefix: str
 
     async def post(self, request) -> HttpResponseBase:
+        return await self.generate(request, self.validated(request))
+
+    def validated(self, request):
         serializer = self.serializer_class(data=request.data, context=self.serializer_context())
         serializer.is_valid(raise_exception=True)
+        return serializer
+
+    async def generate(self, request, serializer) -> HttpResponseBase:
+        """Everything after validation: the model, the meter, the job, the answer."""
         data = serializer.validated_data
         resolved = await resolve_model(data["model"])
         model = str(resolved)
         request_id = self.new_request_id()
         meter = request.meter = RequestMeter(request.auth, request.path, request_id)
         meter.check_model(model, data["model"])
+        meter.tags = serializer.usage_tags() if hasattr(serializer, "usage_tags") else {}
         early = self.answer_without_job(data)
         if early is not None:
             return Response(early)

@@ -16,32 +16,8 @@ from .base import GenerationView, sse_response
 from .generation import Collected, GenerationStream
 from .output_parsing import OutputParser, Piece
 from .serializers.chat import ChatRequestSerializer
-from .shaping import parser_for, usage_body
-
-
-def chat_logprobs(logprobs: Logprobs | None, top_n: int) -> list[dict]:
-    """The worker's per-token logprobs in Chat Completions' `logprobs.content` shape."""
-    if not logprobs:
-        return []
-
-    def entry(token: str, logprob: float) -> dict:
-        return {"token": token, "logprob": logprob, "bytes": token_bytes(token)}
-
-    content = []
-    for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
-        ranked = sorted((top or {}).items(), key=lambda item: -item[1])[:top_n]
-        content.append({**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in ranked]})
-    return content
-
-
-def token_bytes(token: str) -> list[int]:
-    """A logprobs token's UTF-8 bytes; `bytes:\\xNN…` tokens (part of a character) carry theirs written out."""
-    if token.startswith("bytes:\\x"):
-        try:
-            return list(bytes.fromhex(token[len("bytes:"):].replace("\\x", "")))
-        except ValueError:  # generated text that merely starts with "bytes:\x"
-            pass
-    return list(token.encode("utf-8"))
+from .shaping import chat_logprobs, parser_for, usage_body
+from .vllm_shapes import RunningUsage, prompt_logprobs_body
 
 
 def piece_delta(piece: Piece) -> dict:
@@ -53,6 +29,17 @@ def piece_delta(piece: Piece) -> dict:
 
 def final_reason(reason: str | None, has_tool_calls: bool) -> str | None:
     return "tool_calls" if reason == "stop" and has_tool_calls else reason
+
+
+def echo_text(data: dict) -> str:
+    """vLLM's chat `echo`: the content of a final assistant message (else nothing)."""
+    messages = data.get("messages") or []
+    if not data.get("echo") or not messages or messages[-1]["role"] != "assistant":
+        return ""
+    content = messages[-1].get("content") or ""
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content
 
 
 def assistant_message(reasoning: str, content: str, tool_calls: list) -> dict:
@@ -73,7 +60,13 @@ class ChatShaper:
         self.with_logprobs = data["logprobs"]
         self.top_n = data.get("top_logprobs") or 0
         self.with_token_ids = data["return_token_ids"]
-        self.include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+        stream_options = data.get("stream_options") or {}
+        self.include_usage = bool(stream_options.get("include_usage"))
+        self.continuous_usage = self.include_usage and bool(stream_options.get("continuous_usage_stats"))
+        self.usage = RunningUsage(sum(started.get("prompt_tokens") or ()))
+        self.with_prompt_logprobs = data.get("prompt_logprobs") is not None
+        self.prompt_logprobs: list | None = None
+        self.echo = echo_text(data)
         self.parse_tools = parse_tools
         self.open_block = (started.get("open_blocks") or [""])[0]
         self.prompt_token_ids = (started.get("prompt_token_ids") or [None])[0]
@@ -91,11 +84,12 @@ class ChatShaper:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
         chunk = {**self.base, "object": "chat.completion.chunk", "choices": [choice]}
         if self.include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = self.usage.body() if self.continuous_usage else None
         return chunk
 
     def _delta_chunks(self, delta: ChoiceDelta) -> list[dict]:
         index, parser = delta["index"], self._parser(delta["index"])
+        self.usage.add(delta["token_ids"])
         pieces = parser.feed(delta["text"])
         if delta["finish_reason"]:
             pieces += parser.finish()
@@ -120,9 +114,15 @@ class ChatShaper:
             if self.with_token_ids and index == 0:
                 first["prompt_token_ids"] = self.prompt_token_ids
             yield first
+            if self.echo:  # vLLM's chat echo: the final assistant message's content comes first
+                yield self._chunk(index, {"content": self.echo})
         async for event in stream.events():
             for delta in event.get("choices", ()):
-                for chunk in self._delta_chunks(delta):
+                chunks = self._delta_chunks(delta)
+                if self.with_prompt_logprobs and delta.get("prompt_logprobs") is not None:
+                    chunks = chunks or [self._chunk(delta["index"], {})]
+                    chunks[0]["prompt_logprobs"] = prompt_logprobs_body(delta["prompt_logprobs"])
+                for chunk in chunks:
                     yield chunk
             if self.include_usage and "usage" in event:
                 yield {**self.base, "object": "chat.completion.chunk", "choices": [], "usage": usage_body(event["usage"])}
@@ -131,7 +131,9 @@ class ChatShaper:
         parser = self.new_parser()
         pieces = parser.feed(merged["text"]) + parser.finish()
         reasoning = "".join(piece.text for piece in pieces if piece.kind == "reasoning")
-        content = "".join(piece.text for piece in pieces if piece.kind == "content")
+        content = self.echo + "".join(piece.text for piece in pieces if piece.kind == "content")
+        if merged.get("prompt_logprobs") is not None:
+            self.prompt_logprobs = merged["prompt_logprobs"]
         tool_calls = parser.tool_calls
         choice = {
             "index": merged["index"],
@@ -148,6 +150,8 @@ class ChatShaper:
                 "choices": [self._choice(choice) for choice in answer.choices], "usage": usage_body(answer.usage)}
         if self.with_token_ids:
             body["prompt_token_ids"] = self.prompt_token_ids
+        if self.with_prompt_logprobs:
+            body["prompt_logprobs"] = prompt_logprobs_body(self.prompt_logprobs)
         return body
 
 

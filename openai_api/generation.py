@@ -221,6 +221,8 @@ def merge_delta(merged: dict[int, protocol.ChoiceDelta], delta: protocol.ChoiceD
         return
     current["text"] += delta["text"]
     current["token_ids"].extend(delta["token_ids"])
+    if delta.get("prompt_logprobs") is not None:
+        current["prompt_logprobs"] = delta["prompt_logprobs"]
     current["finish_reason"] = delta["finish_reason"] or current["finish_reason"]
     if delta["logprobs"] is not None:
         if current["logprobs"] is None:

@@ -2,7 +2,7 @@
 
 OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
 error), `loaded_on` (worker names), `size_bytes` on disk and the input `modalities` it takes
-(text, image, audio, video).
+(text, image, audio, video), and vLLM's `root`, `parent` and `max_model_len`.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from catalog.selectors import canonical_repo_id, listed_models
 from teams.errors import ModelNotAllowed
 
 from .base import OpenAIView
+from .server_info import config_max_model_len
 
 
 def model_object(model: CacheEntry, state: dict) -> dict:
@@ -27,6 +28,9 @@ def model_object(model: CacheEntry, state: dict) -> dict:
         "loaded_on": state["loaded_on"],
         "size_bytes": model.size_on_disk,
         "modalities": list(model.modalities),
+        "root": model.repo_id,  # vLLM's: the model a name serves (aliases and adapters point to theirs)
+        "parent": None,
+        "max_model_len": config_max_model_len(model.snapshot_path),
     }
 
 

@@ -1,7 +1,10 @@
-"""`POST /v1/responses`: the Responses API over the same chat job, stateless.
+"""`POST /v1/responses`: the Responses API over the same chat job.
 
 One state machine (`ResponseBuilder`) turns parsed pieces into output items and the OpenAI
-event sequence; the non-streamed answer is the final `response` of that same sequence.
+event sequence; the non-streamed answer is the final `response` of that same sequence. With
+`store` (the default) the answer is kept (openai_api.response_store); `background` runs it on
+(openai_api.response_runs) while the client polls; the stored-response endpoints are in
+openai_api.response_views (ResponsesView too).
 """
 from __future__ import annotations
 
@@ -9,15 +12,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-from rest_framework.response import Response
-
 from protocol import ChoiceDelta, Usage
 
-from .base import GenerationView, sse_response
-from .generation import GenerationStream, new_request_id
+from .generation import GenerationStream
 from .output_parsing import OutputParser, Piece
-from .serializers.responses import ResponsesRequestSerializer
-from .shaping import parser_for
+from .shaping import chat_logprobs, parser_for
 
 
 def item_id(prefix: str) -> str:
@@ -27,8 +26,12 @@ def item_id(prefix: str) -> str:
 class ResponseBuilder:
     """Output items and events of one response; `events()` yields them in OpenAI's order."""
 
-    def __init__(self, response_id: str, model: str, data: dict, parser: OutputParser) -> None:
+    def __init__(self, response_id: str, model: str, data: dict, parser: OutputParser | None) -> None:
         self.parser = parser
+        self.with_logprobs = "message.output_text.logprobs" in (data.get("include") or ())
+        self.top_n = data.get("top_logprobs") or 0
+        self.max_tool_calls = data.get("max_tool_calls")
+        self.tool_calls = 0
         self.sequence = 0
         self.output: list[dict] = []
         self.current: dict | None = None  # the open reasoning or message item
@@ -41,10 +44,25 @@ class ResponseBuilder:
             "temperature": data.get("temperature"), "top_p": data.get("top_p"),
             "tools": data.get("tools") or [], "tool_choice": data.get("tool_choice") or "auto",
             "parallel_tool_calls": data.get("parallel_tool_calls", True) is not False,
-            "previous_response_id": None, "store": False, "metadata": data.get("metadata") or {},
+            "previous_response_id": data.get("previous_response_id"), "store": bool(data.get("store")),
+            "metadata": data.get("metadata") or {},
             "text": {"format": {"type": (data.get("response_format") or {}).get("type", "text")}},
-            "usage": None, "user": data.get("user"),
+            "usage": None, "user": data.get("user"), "background": bool(data.get("background")),
+            "reasoning": {"effort": (data.get("reasoning") or {}).get("effort"), "summary": None},
+            "service_tier": data.get("service_tier") or "default", "top_logprobs": data.get("top_logprobs") or 0,
+            "truncation": data.get("truncation") or "disabled", "max_tool_calls": self.max_tool_calls,
+            "safety_identifier": data.get("safety_identifier"), "prompt_cache_key": data.get("prompt_cache_key"),
         }
+
+    def queued(self) -> dict:
+        """The response as a background request first answers it."""
+        self.status = "queued"
+        return self._snapshot()
+
+    def failed(self, code: str, message: str) -> dict:
+        self.status = "failed"
+        self.response["error"] = {"code": code, "message": message}
+        return self._snapshot()
 
     def _event(self, kind: str, **fields) -> dict:
         self.sequence += 1
@@ -82,7 +100,7 @@ class ResponseBuilder:
         if item["type"] == "reasoning":
             yield self._event("response.reasoning_text.done", text=part["text"], **common)
         else:
-            yield self._event("response.output_text.done", text=part["text"], logprobs=[], **common)
+            yield self._event("response.output_text.done", text=part["text"], logprobs=part["logprobs"], **common)
         yield self._event("response.content_part.done", part=dict(part), **common)
         item["status"] = "completed"
         yield self._event("response.output_item.done", output_index=index, item=item)
@@ -93,9 +111,12 @@ class ResponseBuilder:
         if delta["finish_reason"]:
             self.finish_reason = delta["finish_reason"]
             pieces += self.parser.finish()
-        yield from self.pieces(pieces)
+        logprobs = chat_logprobs(delta["logprobs"], self.top_n) if self.with_logprobs else []
+        yield from self.pieces(pieces, logprobs)
 
-    def pieces(self, pieces: list[Piece]) -> Iterator[dict]:
+    def pieces(self, pieces: list[Piece], logprobs: list[dict] | None = None) -> Iterator[dict]:
+        """`logprobs`: the step's tokens, given to the step's first answer text (a step's tokens make one piece
+        of text, except where a tag closes reasoning; the tokens of reasoning are not output_text's)."""
         for piece in pieces:
             if piece.kind == "tool_call":
                 yield from self._function_call(piece)
@@ -108,9 +129,14 @@ class ResponseBuilder:
             if piece.kind == "reasoning":
                 yield self._event("response.reasoning_text.delta", delta=piece.text, **common)
             else:
-                yield self._event("response.output_text.delta", delta=piece.text, logprobs=[], **common)
+                step_logprobs, logprobs = logprobs or [], []
+                item["content"][0]["logprobs"].extend(step_logprobs)
+                yield self._event("response.output_text.delta", delta=piece.text, logprobs=step_logprobs, **common)
 
     def _function_call(self, piece: Piece) -> Iterator[dict]:
+        self.tool_calls += 1
+        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
+            return  # max_tool_calls: calls past it are dropped
         yield from self._close()
         call, index = piece.tool_call, len(self.output)
         item = {"type": "function_call", "id": item_id("fc"), "call_id": call.id, "name": call.name,
@@ -144,8 +170,9 @@ class ResponseBuilder:
             yield self._event("response.completed", response=self._snapshot())
 
 
-async def response_events(builder: ResponseBuilder, stream: GenerationStream) -> AsyncIterator[dict]:
-    """The whole event sequence of one response, from the worker's deltas."""
+async def response_events(builder: ResponseBuilder, stream: GenerationStream,
+                          on_done=None) -> AsyncIterator[dict]:
+    """The whole event sequence of one response, from the worker's deltas; `on_done(response)` at the end."""
     for event in builder.start():
         yield event
     usage: Usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -155,23 +182,20 @@ async def response_events(builder: ResponseBuilder, stream: GenerationStream) ->
                 yield out
         usage = event.get("usage", usage)
     for event in builder.finish(usage):
+        if on_done is not None and event["type"] in ("response.completed", "response.incomplete"):
+            await on_done(event["response"])
         yield event
 
 
-class ResponsesView(GenerationView):
-    serializer_class = ResponsesRequestSerializer
+async def collect_response(builder: ResponseBuilder, stream: GenerationStream) -> dict:
+    """The final response object of a whole (non-streamed) answer."""
+    answer = await stream.collect()
+    # The same event sequence over the joined answer; its last event carries the final response.
+    events = [*builder.start(), *(e for choice in answer.choices for e in builder.delta(choice)),
+              *builder.finish(answer.usage)]
+    return events[-1]["response"]
 
-    def new_request_id(self) -> str:
-        return new_request_id("resp").replace("-", "_")
 
-    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
-        data = serializer.validated_data
-        parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
-        builder = ResponseBuilder(request_id, model, data, parser)
-        if data["stream"]:
-            return sse_response(response_events(builder, stream), stream)
-        answer = await stream.collect()
-        # The same event sequence over the joined answer; its last event carries the final response.
-        events = [*builder.start(), *(e for choice in answer.choices for e in builder.delta(choice)),
-                  *builder.finish(answer.usage)]
-        return Response(events[-1]["response"])
+def builder_for(serializer, request_id: str, model: str, stream: GenerationStream) -> ResponseBuilder:
+    parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
+    return ResponseBuilder(request_id, model, serializer.validated_data, parser)

@@ -40,6 +40,13 @@ FIELD_SCHEMAS = {
                                                           "maxItems": 256},
     "openai_api.serializers.fields.EarlyStoppingField": {"oneOf": [{"type": "boolean"},
                                                                    {"type": "string", "enum": ["never"]}]},
+    "openai_api.serializers.openai_params.ObjectField": OBJECT,
+    "openai_api.serializers.openai_params.MetadataField": {
+        "type": "object", "maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}},
+    "openai_api.serializers.openai_params.ModalitiesField": {"type": "array", "items": {"type": "string",
+                                                                                        "enum": ["text"]}},
+    "openai_api.serializers.chat.DocumentsField": {"type": "array", "items": OBJECT, "maxItems": 256},
+    "openai_api.serializers.fields.TokenIdsField": TOKEN_IDS,
     "openai_api.serializers.structured.StructuredOutputsField": {
         "type": "object", "minProperties": 1, "maxProperties": 4, "additionalProperties": False,
         "description": "exactly one of json (a JSON Schema), regex, choice (strings) or grammar (Lark/GBNF text)",
@@ -96,19 +103,27 @@ def responses(streams: bool, media_type: str = "application/json", text_types: t
 
 
 def _view_extension(target: str, method: str, request: str | None, streams: bool, summary: str,
-                    media_type: str = "application/json", text_types: tuple[str, ...] = ()) -> type:
+                    media_type: str = "application/json", text_types: tuple[str, ...] = (),
+                    also: dict[str, str] | None = None) -> type:
+    """`also`: more methods of the same view, each with its summary (no request body, a JSON answer)."""
     def view_replacement(self):
         serializer = _serializer(request) if request else None
-        schema = extend_schema(request=serializer, responses=responses(streams, media_type, text_types),
-                               summary=summary,
-                               operation_id=summary.lower().replace(" ", "_").replace("/", ""))
+        schemas = {method: extend_schema(request=serializer, responses=responses(streams, media_type, text_types),
+                                         summary=summary, operation_id=_operation_id(summary))}
+        for other, other_summary in (also or {}).items():
+            schemas[other] = extend_schema(request=None, responses=responses(False), summary=other_summary,
+                                           operation_id=_operation_id(other_summary))
         # A subclass: extend_schema_view wraps inherited handlers in plain (sync) functions, which on
         # the served class itself would turn the async views sync.
         documented = type(self.target_class.__name__, (self.target_class,), {"__module__": __name__})
-        return extend_schema_view(**{method: schema})(documented)
+        return extend_schema_view(**schemas)(documented)
 
     return type(target.rsplit(".", 1)[1] + "Schema", (OpenApiViewExtension,),
                 {"target_class": target, "view_replacement": view_replacement})
+
+
+def _operation_id(summary: str) -> str:
+    return summary.lower().replace(" ", "_").replace("/", "")
 
 
 def _serializer(dotted: str):
@@ -125,8 +140,14 @@ VIEW_EXTENSIONS = [
                     True, "Create completion"),
     _view_extension("openai_api.chat.ChatCompletionsView", "post", SERIALIZERS + "chat.ChatRequestSerializer",
                     True, "Create chat completion"),
-    _view_extension("openai_api.responses.ResponsesView", "post", SERIALIZERS + "responses.ResponsesRequestSerializer",
+    _view_extension("openai_api.response_views.ResponsesView", "post", SERIALIZERS + "responses.ResponsesRequestSerializer",
                     True, "Create response"),
+    _view_extension("openai_api.response_views.StoredResponseView", "get", None, False, "Retrieve response",
+                    also={"delete": "Delete response"}),
+    _view_extension("openai_api.response_views.CancelResponseView", "post", None, False, "Cancel response"),
+    _view_extension("openai_api.response_views.InputItemsView", "get", None, False, "List input items"),
+    _view_extension("openai_api.server_info.VersionView", "get", None, False, "Version"),
+    _view_extension("openai_api.server_info.TokenizerInfoView", "get", None, False, "Tokenizer info"),
     _view_extension("openai_api.tokenization.TokenizeView", "post", SERIALIZERS + "tokenize.TokenizeRequestSerializer",
                     False, "Tokenize"),
     _view_extension("openai_api.tokenization.DetokenizeView", "post",

@@ -17,9 +17,13 @@ class TokenizeView(GenerationView):
     id_prefix = "tok"
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
-        await stream.collect()
+        answer = await stream.collect()
         tokens = stream.started["prompt_token_ids"][0]
-        return Response({"tokens": tokens, "count": len(tokens), "max_model_len": stream.started.get("max_model_len")})
+        body = {"tokens": tokens, "count": len(tokens), "max_model_len": stream.started.get("max_model_len")}
+        if serializer.validated_data["return_token_strs"]:
+            scored = (answer.choices[0].get("prompt_logprobs") if answer.choices else None) or []
+            body["token_strs"] = [entry["token"] for entry in scored]
+        return Response(body)
 
 
 class DetokenizeView(GenerationView):

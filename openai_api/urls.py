@@ -7,18 +7,24 @@ from .health import health, live
 from .metrics import MetricsView
 from .model_list import ModelDetailView, ModelListView
 from .model_loading import LoadModelView, UnloadModelView
-from .responses import ResponsesView
+from .response_views import CancelResponseView, InputItemsView, ResponsesView, StoredResponseView
+from .server_info import TokenizerInfoView, VersionView
 from .tokenization import DetokenizeView, TokenizeView
 
 urlpatterns = [
     path("health", health),
     path("metrics", MetricsView.as_view()),
     path("health/live", live),
+    path("version", VersionView.as_view()),
+    path("tokenizer_info", TokenizerInfoView.as_view()),
     path("tokenize", TokenizeView.as_view()),
     path("detokenize", DetokenizeView.as_view()),
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
+    path("v1/responses/<str:response_id>", StoredResponseView.as_view()),
+    path("v1/responses/<str:response_id>/input_items", InputItemsView.as_view()),
+    path("v1/responses/<str:response_id>/cancel", CancelResponseView.as_view()),
     path("v1/audio/transcriptions", TranscriptionsView.as_view()),
     path("v1/audio/translations", TranslationsView.as_view()),
     path("load_model", LoadModelView.as_view()),

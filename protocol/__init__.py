@@ -58,6 +58,7 @@ from protocol.jobs import (  # noqa: F401
     Started,
     ErrorMessage,
     Logprobs,
+    PromptLogprob,
     Word,
     ChoiceDelta,
     Usage,

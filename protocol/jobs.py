@@ -38,6 +38,8 @@ class Conversation(TypedDict):
     chat_template_kwargs: dict[str, Any]
     add_generation_prompt: bool
     continue_final_message: bool
+    documents: NotRequired[list[dict] | None]  # RAG templates' `documents` (vLLM's chat extra)
+    truncate_to_fit: NotRequired[bool]  # Responses' truncation "auto": drop the oldest turns to fit the context
 
 
 class TextPrompt(TypedDict):
@@ -133,6 +135,17 @@ class Logprobs(TypedDict):
     text_offset: list[int]
 
 
+class PromptLogprob(TypedDict):
+    """One prompt token scored (vLLM's prompt_logprobs entry, before the web side keys it by id);
+    the first token has nothing before it: logprob and rank None, no alternatives."""
+
+    token_id: int
+    token: str
+    logprob: float | None
+    rank: int | None  # 1: the most likely token there
+    top: list[list]  # [[token_id, token text, logprob], ...] most likely first
+
+
 class Word(TypedDict):
     """A transcribed word and when it is said, in seconds from the start of the audio."""
 
@@ -150,6 +163,7 @@ class ChoiceDelta(TypedDict):
     logprobs: Logprobs | None
     finish_reason: str | None
     words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
+    prompt_logprobs: NotRequired[list[PromptLogprob]]  # on a choice's first delta, when the job asked
 
 
 class Usage(TypedDict):

@@ -54,6 +54,19 @@ class JobParams:
     logprobs: int | None = None  # None, or 0..20 top alternatives per token
     echo: bool = False
     suffix: str | None = None
+    # vLLM's extras, with vLLM's meaning (docs/api-parameters.md).
+    stop_token_ids: list[int] = field(default_factory=list)  # a generated id in here ends the choice ("stop")
+    include_stop_str_in_output: bool = False  # the stop string (or stop token's text) stays in the text
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last N tokens (-1: the context)
+    allowed_token_ids: list[int] | None = None  # every generated token is one of these
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>"
+    prompt_logprobs: int | None = None  # score the prompt's tokens, with this many alternatives each
+    # Scheduling: the fair-share scheduler's class ("interactive" or "batch"; OpenAI's service_tier
+    # "flex" and vLLM's priority > 0 are batch), and vLLM's priority number as sent (lower: sooner).
+    priority_class: Literal["interactive", "batch"] = "interactive"
+    priority: int = 0
     stream: bool = True  # False: the client reads the whole answer at once, so the worker sends its first
     # token (time to first token is still measured) and then the rest when done, not a message per step
 
@@ -81,6 +94,9 @@ SHARED_REQUEST_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "no_repeat_ngram_size", "logit_bias", "seed", "n", "stop", "ignore_eos", "min_tokens",
     "typical_p", "bad_words", "bad_words_ids", "min_length", "num_beams", "length_penalty", "early_stopping",
+    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+    "truncate_prompt_tokens", "allowed_token_ids", "return_tokens_as_token_ids", "prompt_logprobs",
+    "priority_class", "priority",
 )
 
 

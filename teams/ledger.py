@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from django.db import close_old_connections
@@ -45,6 +45,7 @@ class UsageEntry:
     finish_reason: str
     cancelled: bool
     error_code: str
+    tags: dict = field(default_factory=dict)  # the request's metadata, user, safety_identifier, service_tier
 
 
 class LedgerWriter:

@@ -44,6 +44,7 @@ class RequestMeter:
         self.first_token_ms: int | None = None
         self.finish_reasons: list[str] = []
         self.finished = False
+        self.tags: dict = {}  # the request's own labels for its ledger row (metadata, user, ...)
 
     def check_model(self, model: str, asked_as: str | None = None) -> None:
         """`model` as resolved (aliases followed); a model it may not use does not exist for it
@@ -110,7 +111,7 @@ class RequestMeter:
             prompt_tokens=prompt, completion_tokens=completion, time_to_first_token_ms=self.first_token_ms,
             duration_ms=int((time.monotonic() - self.clock) * 1000), status_code=status_code,
             finish_reason=",".join(sorted(set(self.finish_reasons))), cancelled=cancelled,
-            error_code=error_code or "",
+            error_code=error_code or "", tags=self.tags,
         ))
         if self.admitted and not self.ticket.empty:
             # Shielded: a client that vanishes cancels this task, and the slot must still be freed.

@@ -103,6 +103,8 @@ class UsageRecord(models.Model):
     finish_reason = models.CharField(max_length=30, blank=True)
     cancelled = models.BooleanField(default=False)
     error_code = models.CharField(max_length=100, blank=True)
+    tags = models.JSONField(default=dict, blank=True,
+                            help_text="The request's own labels: metadata, user, safety_identifier, service_tier.")
 
     class Meta:
         indexes = [models.Index(fields=["team", "created_at"]), models.Index(fields=["key", "created_at"])]

@@ -147,3 +147,13 @@ def test_each_row_is_warped_exactly_as_hugging_face_warps_it_alone():
             off = value == (0 if warp is not _top_p else 1.0) or (warp is _min_p and value == 0.0)
             alone = scores[row:row + 1] if off else warper(value)(None, scores[row:row + 1].clone())
             assert torch.equal(batched[row], alone[0]), (warp.__name__, value)
+
+
+def test_an_allowed_token_set_is_honoured_beside_batched_rows():
+    """vLLM's allowed_token_ids: the row keeps to its set while the other rows are batched."""
+    torch.manual_seed(3)
+    logits = torch.randn(2, VOCAB)
+    samplers = [sampler(dict(temperature=0, allowed_token_ids=[11, 12])), sampler(dict(temperature=0))]
+    choices = choose_batch(samplers, logits, [([1], []), ([1], [])], [None, None])
+    assert choices[0].token_id in (11, 12)
+    assert choices[1].token_id == int(logits[1].argmax())

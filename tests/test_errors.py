@@ -44,7 +44,7 @@ BAD_BODIES = [
     ({"model": TINY_MODEL, "prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"model": TINY_MODEL, "prompt": "hi", "n": 0}, "n"),
     ({"model": TINY_MODEL, "prompt": "hi", "n": 1000}, "n"),
-    ({"model": TINY_MODEL, "prompt": "hi", "logprobs": 6}, "logprobs"),
+    ({"model": TINY_MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),  # over max_logprobs (20)
     ({"model": TINY_MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": TINY_MODEL, "prompt": "hi", "stop": [1, 2]}, "stop"),
     ({"model": TINY_MODEL, "prompt": "hi", "stop": [""]}, "stop"),

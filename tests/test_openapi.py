@@ -14,6 +14,9 @@ OPERATIONS = {
     ("/tokenize", "post"), ("/detokenize", "post"), ("/load_model", "post"), ("/unload_model", "post"),
     ("/v1/models", "get"), ("/v1/models/{model_id}", "get"), ("/metrics", "get"), ("/v1/key", "get"),
     ("/v1/audio/transcriptions", "post"), ("/v1/audio/translations", "post"),
+    ("/v1/responses/{response_id}", "get"), ("/v1/responses/{response_id}", "delete"),
+    ("/v1/responses/{response_id}/cancel", "post"), ("/v1/responses/{response_id}/input_items", "get"),
+    ("/version", "get"), ("/tokenizer_info", "get"),
 }
 
 
@@ -22,7 +25,7 @@ def test_schema_describes_every_endpoint_from_the_serializers(server):
     assert schema["openapi"].startswith("3.1")
     assert {(path, method) for path, item in schema["paths"].items() for method in item} == OPERATIONS
     completion = schema["components"]["schemas"]["CompletionRequestRequest"]["properties"]
-    assert completion["temperature"]["maximum"] == 2 and completion["logprobs"]["maximum"] == 5
+    assert completion["temperature"]["maximum"] == 2 and completion["logprobs"]["minimum"] == 0
     assert "add_special_tokens" in completion and "prompt" in completion
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 

@@ -141,7 +141,6 @@ def post(server, body):
 @pytest.mark.parametrize("body,param", [
     ({"model": TINY_MODEL}, "input"),
     ({"model": TINY_MODEL, "input": []}, "input"),
-    ({"model": TINY_MODEL, "input": "hi", "previous_response_id": "resp_123"}, "previous_response_id"),
     ({"model": TINY_MODEL, "input": "hi", "bogus": True}, "bogus"),
     ({"model": TINY_MODEL, "input": [{"type": "computer_call"}]}, "input[0].type"),
     ({"model": TINY_MODEL, "input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),

@@ -12,6 +12,7 @@ from protocol import Conversation, JobParams, to_job_params
 from .content import invalid
 from .conversation import ConversationSerializer, MessagesField
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .openai_params import ChatOpenAIParamsSerializer, legacy_functions, thinking_kwargs, usage_tags
 from .sampling import SamplingParamsSerializer
 from .structured import ResponseFormatField, StructuredOutputsField, constrain, output_grammar
 
@@ -37,22 +38,43 @@ class ToolChoiceField(serializers.Field):
 
 
 
-class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, SamplingParamsSerializer):
+class DocumentsField(serializers.Field):
+    """vLLM's `documents` for RAG chat templates: a list of objects (e.g. {"title", "text"})."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list) or len(data) > 256 or not all(isinstance(doc, dict) for doc in data):
+            raise serializers.ValidationError("documents must be a list of at most 256 objects.")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, ChatOpenAIParamsSerializer,
+                            SamplingParamsSerializer):
     messages = MessagesField(required=False)
     prompt = StrictCharField(required=False)
     max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0)
     max_completion_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0)
     logprobs = StrictBooleanField(required=False, default=False)
-    top_logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=20)
+    top_logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0,
+                                      help_text="0 to the server's max_logprobs (20 by default)")
+    echo = StrictBooleanField(required=False, default=False,
+                              help_text="vLLM's: the final assistant message's content starts the answer")
+    documents = DocumentsField(required=False, allow_null=True)
     tool_choice = ToolChoiceField(required=False, allow_null=True)
     parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
     response_format = ResponseFormatField(required=False, allow_null=True)
     structured_outputs = StructuredOutputsField(required=False, allow_null=True)
     return_token_ids = StrictBooleanField(required=False, default=False)
 
+    def validate_top_logprobs(self, value: int | None) -> int | None:
+        return self.check_logprobs(value)
+
     def validate(self, attrs: dict) -> dict:
         if ("messages" in attrs) == ("prompt" in attrs):
             raise invalid("messages", "Send either messages or prompt (exactly one).")
+        legacy_functions(attrs)
         if "prompt" in attrs and not attrs["prompt"]:
             raise invalid("prompt", "prompt must not be empty.")
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
@@ -62,6 +84,7 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         self.check_min_tokens(attrs, requested_max_tokens(attrs))
         self.validate_template_options(attrs)
         self._validate_tool_choice(attrs)
+        self.common(attrs)
         self.validate_beams(attrs)
         attrs["structured"] = output_grammar(attrs, attrs.get("tools") or [], self.context)
         return attrs
@@ -69,8 +92,8 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
     @staticmethod
     def _validate_tool_choice(attrs: dict) -> None:
         choice, tools = attrs.get("tool_choice"), attrs.get("tools") or []
-        if choice == "required" and not tools:
-            raise invalid("tool_choice", 'tool_choice "required" needs tools.')
+        if choice in ("required", "auto") and not tools:  # as OpenAI and vLLM
+            raise invalid("tool_choice", f'tool_choice "{choice}" needs tools.')
         if isinstance(choice, dict):
             name = choice["function"]["name"]
             if name not in {tool["function"]["name"] for tool in tools}:
@@ -86,8 +109,16 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Sa
         data = self.validated_data
         if "prompt" in data:
             return [data["prompt"]]
-        extra = {"response_format": data["response_format"]} if data.get("response_format") else {}
-        return [self.conversation(extra)]
+        extra = thinking_kwargs(data.get("reasoning_effort"))
+        if data.get("response_format"):
+            extra["response_format"] = data["response_format"]
+        conversation = self.conversation(extra)
+        if data.get("documents"):
+            conversation["documents"] = data["documents"]
+        return [conversation]
+
+    def usage_tags(self) -> dict:
+        return usage_tags(self.validated_data)
 
     def job_params(self) -> JobParams:
         data = self.validated_data

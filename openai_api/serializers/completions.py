@@ -6,6 +6,7 @@ from rest_framework import serializers
 from protocol import JobParams, Prompt, to_job_params
 
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .openai_params import usage_tags
 from .sampling import SamplingParamsSerializer
 from .structured import StructuredOutputsField, constrain, output_grammar
 
@@ -58,7 +59,8 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
     prompt = PromptField()
     suffix = StrictCharField(required=False, allow_null=True, allow_blank=True)
     max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0)
-    logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=5)
+    logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0,
+                                  help_text="0 to the server's max_logprobs (20 by default, as vLLM)")
     echo = StrictBooleanField(required=False, default=False)
     best_of = StrictIntegerField(required=False, allow_null=True, min_value=1)
     return_token_ids = StrictBooleanField(required=False, default=False)
@@ -66,8 +68,13 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
                                             help_text="add the tokenizer's special tokens (BOS) to string prompts")
     structured_outputs = StructuredOutputsField(required=False, allow_null=True)
 
+    def validate_logprobs(self, value: int | None) -> int | None:
+        return self.check_logprobs(value)
+
     def validate(self, attrs: dict) -> dict:
         best_of = attrs.get("best_of")
+        if attrs.get("use_beam_search") and best_of is not None:  # vLLM's beam width may be best_of
+            attrs["n_beams_from"], attrs["best_of"], best_of = best_of, None, None
         if best_of is not None and best_of != attrs.get("n", 1):
             raise serializers.ValidationError({"best_of": ["best_of is only supported when equal to n."]})
         if attrs.get("stream") and best_of not in (None, 1) and best_of != attrs.get("n", 1):
@@ -76,6 +83,7 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
             raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
         max_tokens = attrs.get("max_tokens")
         self.check_min_tokens(attrs, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+        self.common(attrs, attrs.pop("n_beams_from", None))
         self.validate_beams(attrs)
         attrs["structured"] = output_grammar(attrs, [], self.context)
         return attrs
@@ -86,6 +94,9 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
         params = to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
         return constrain(params, data, [])
+
+    def usage_tags(self) -> dict:
+        return usage_tags(self.validated_data)
 
     def job_prompts(self) -> list[Prompt]:
         """The prompts as the job carries them: strings become {"text", "add_special_tokens"} when BOS is off."""

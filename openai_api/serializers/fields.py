@@ -104,6 +104,25 @@ class TokenSequencesField(serializers.Field):
         return value
 
 
+class TokenIdsField(serializers.Field):
+    """A list of up to `max_items` non-negative token ids (stop_token_ids, allowed_token_ids); the worker
+    checks them against the vocabulary."""
+
+    def __init__(self, max_items: int = 256, min_items: int = 0, **kwargs) -> None:
+        self.max_items, self.min_items = max_items, min_items
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not (isinstance(data, list) and self.min_items <= len(data) <= self.max_items
+                and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in data)):
+            raise serializers.ValidationError(
+                f"Must be a list of {self.min_items} to {self.max_items} non-negative token ids.")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
 class EarlyStoppingField(serializers.Field):
     """Hugging Face's early_stopping: true, false or "never"."""
 
@@ -154,3 +173,7 @@ class RejectUnknownFieldsMixin:
 
 class StreamOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     include_usage = StrictBooleanField(required=False, default=False)
+    continuous_usage_stats = StrictBooleanField(required=False, default=False,
+                                                help_text="vLLM's: with include_usage, usage so far on every chunk")
+    include_obfuscation = StrictBooleanField(required=False, default=False,
+                                             help_text="Accepted and ignored: chunks are never padded.")

@@ -1,6 +1,7 @@
 """`POST /v1/responses` request: input items turned into the chat messages the worker's template renders.
 
-Stateless: nothing is stored, so `previous_response_id` is refused with a clear 400.
+With `previous_response_id`, the view hands the stored turns to `continue_from()` once it has
+read them (openai_api.response_store), and they come before this request's input.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from protocol import Conversation, JobParams, to_job_params
 from .content import invalid
 from .conversation import TemplateKwargsField, clean_message, clean_tool
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .openai_params import ResponsesOpenAIParamsSerializer, thinking_kwargs, usage_tags
 from .sampling import SamplingParamsSerializer
 from .structured import ResponseFormatField, constrain, output_grammar
 
@@ -81,27 +83,41 @@ def chat_tool(tool, index: int) -> dict:
     return clean_tool({"type": "function", "function": function}, index)
 
 
-class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerializer):
+def input_items(items) -> list[dict]:
+    """This turn's input as items (a string is one user message), as GET .../input_items lists them."""
+    if isinstance(items, str):
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": items}]}]
+    return [dict(item) for item in items]
+
+
+class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParamsSerializer, SamplingParamsSerializer):
     input = serializers.JSONField()
     instructions = StrictCharField(required=False, allow_null=True, allow_blank=True)
     max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1)
     tools = serializers.JSONField(required=False, allow_null=True)
     tool_choice = serializers.JSONField(required=False, allow_null=True)
     parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
-    previous_response_id = StrictCharField(required=False, allow_null=True)
-    store = StrictBooleanField(required=False, allow_null=True)
-    metadata = serializers.DictField(child=StrictCharField(max_length=512), required=False, allow_null=True)
+    previous_response_id = StrictCharField(required=False, allow_null=True, max_length=100)
     text = serializers.JSONField(required=False, allow_null=True)
     chat_template_kwargs = TemplateKwargsField(required=False, allow_null=True)
 
     def validate(self, attrs: dict) -> dict:
-        if attrs.get("previous_response_id"):
-            raise invalid("previous_response_id", "This server is stateless and stores no responses: "
-                          "send the whole conversation in `input` instead of previous_response_id.")
+        if attrs.get("store") is None:
+            attrs["store"] = True  # OpenAI's default
+        if attrs.get("background"):
+            if not attrs["store"]:
+                raise invalid("background", "background responses must be stored: store cannot be false.")
+            if attrs.get("stream"):
+                raise invalid("background", "background and stream together are not supported: poll "
+                              "GET /v1/responses/{id} instead.")
+        if attrs.get("conversation") is not None and attrs.get("previous_response_id"):
+            raise invalid("conversation", "Send conversation or previous_response_id, not both.")
         if attrs.get("n", 1) != 1:
             raise invalid("n", "The Responses API returns one output; n must be 1.")
         self.check_min_tokens(attrs, attrs.get("max_output_tokens"))
+        self.common(attrs)
         attrs["messages"] = input_messages(attrs["input"], attrs.get("instructions"))
+        attrs["input_items"] = input_items(attrs["input"])
         tools = attrs.get("tools") or []
         if not isinstance(tools, list):
             raise invalid("tools", "tools must be a list.")
@@ -143,13 +159,37 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSeriali
     def parse_tools(self) -> bool:
         return bool(self.validated_data["chat_tools"]) and self.validated_data.get("tool_choice") != "none"
 
+    def continue_from(self, prior_items: list[dict]) -> None:
+        """Put the stored turns (previous input and output items) before this request's input."""
+        data = self.validated_data
+        data["prior_items"] = prior_items
+        data["messages"] = input_messages([*prior_items, *data["input_items"]], data.get("instructions"))
+
+    @property
+    def logprobs(self) -> int | None:
+        """Top alternatives per output token, when `include` asks for output_text logprobs."""
+        data = self.validated_data
+        if "message.output_text.logprobs" in (data.get("include") or ()):
+            return data.get("top_logprobs") or 0
+        return None
+
     def job_prompts(self) -> list[Conversation]:
         data = self.validated_data
-        kwargs = {"response_format": data["response_format"]} if data.get("response_format") else {}
-        return [{"messages": data["messages"], "tools": data["chat_tools"] or None,
-                 "chat_template_kwargs": {**kwargs, **(data.get("chat_template_kwargs") or {})},
-                 "add_generation_prompt": True, "continue_final_message": False}]
+        kwargs = thinking_kwargs((data.get("reasoning") or {}).get("effort"))
+        if data.get("response_format"):
+            kwargs["response_format"] = data["response_format"]
+        conversation: Conversation = {
+            "messages": data["messages"], "tools": data["chat_tools"] or None,
+            "chat_template_kwargs": {**kwargs, **(data.get("chat_template_kwargs") or {})},
+            "add_generation_prompt": True, "continue_final_message": False}
+        if data.get("truncation") == "auto":
+            conversation["truncate_to_fit"] = True
+        return [conversation]
 
     def job_params(self) -> JobParams:
         data = self.validated_data
-        return constrain(to_job_params(data, max_tokens=data.get("max_output_tokens")), data, data["chat_tools"])
+        params = to_job_params(data, max_tokens=data.get("max_output_tokens"), logprobs=self.logprobs)
+        return constrain(params, data, data["chat_tools"])
+
+    def usage_tags(self) -> dict:
+        return usage_tags(self.validated_data)

@@ -13,8 +13,10 @@ from .fields import (
     StrictFloatField,
     StrictIntegerField,
     StringListField,
+    TokenIdsField,
     TokenSequencesField,
 )
+from .openai_params import priority_class
 
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1  # token counts and ids beyond this fit no model; the worker checks the model's own limits
@@ -48,6 +50,44 @@ class SamplingParamsSerializer(serializers.Serializer):
     num_beams = StrictIntegerField(required=False, allow_null=True, min_value=1)
     length_penalty = StrictFloatField(required=False, allow_null=True, min_value=-10.0, max_value=10.0)
     early_stopping = EarlyStoppingField(required=False, allow_null=True)
+    use_beam_search = StrictBooleanField(required=False, default=False,
+                                         help_text="vLLM's: beam search n wide (num_beams = max(n, best_of))")
+    # vLLM's extras, as vLLM honours them (docs/api-parameters.md).
+    stop_token_ids = TokenIdsField(required=False, allow_null=True)
+    include_stop_str_in_output = StrictBooleanField(required=False, default=False)
+    skip_special_tokens = StrictBooleanField(required=False, default=True)
+    spaces_between_special_tokens = StrictBooleanField(required=False, default=True)
+    truncate_prompt_tokens = StrictIntegerField(required=False, allow_null=True, min_value=-1, max_value=INT32_MAX)
+    allowed_token_ids = TokenIdsField(max_items=1_000_000, min_items=1, required=False, allow_null=True)
+    return_tokens_as_token_ids = StrictBooleanField(required=False, default=False)
+    prompt_logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0)
+    priority = StrictIntegerField(required=False, allow_null=True, min_value=-INT32_MAX, max_value=INT32_MAX,
+                                  help_text="vLLM's (lower: sooner); above 0 is the batch priority class")
+
+    def validate_truncate_prompt_tokens(self, value: int | None) -> int | None:
+        if value == 0:
+            raise serializers.ValidationError("Must be at least 1, or -1 for the model's context.")
+        return value
+
+    def validate_prompt_logprobs(self, value: int | None) -> int | None:
+        return self.check_logprobs(value)
+
+    def check_logprobs(self, value: int | None) -> int | None:
+        """At most the server's max_logprobs alternatives per token (vLLM's limit, 20 by default)."""
+        limit = self.context.get("max_logprobs", 20)
+        if value is not None and value > limit:
+            raise serializers.ValidationError(f"Ensure this value is less than or equal to {limit} (max_logprobs).")
+        return value
+
+    def common(self, attrs: dict, n_beams_from: int | None = None) -> None:
+        """What every generation endpoint settles alike: the priority class, vLLM's use_beam_search."""
+        attrs["priority_class"] = priority_class(attrs)
+        if attrs.get("use_beam_search") and not attrs.get("num_beams"):
+            width = max(attrs.get("n", 1), n_beams_from or 1)
+            if width > 1:
+                attrs["num_beams"] = width
+            else:  # a one-wide beam search is greedy decoding
+                attrs["temperature"] = 0.0
 
     def validate_typical_p(self, value: float | None) -> float | None:
         if value is not None and value <= 0.0:

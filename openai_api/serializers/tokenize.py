@@ -17,6 +17,8 @@ class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer
     prompt = StrictCharField(required=False, allow_blank=True)
     messages = MessagesField(required=False)
     add_special_tokens = StrictBooleanField(required=False, default=True)
+    return_token_strs = StrictBooleanField(required=False, default=False,
+                                           help_text="vLLM's: also each token as text (token_strs)")
 
     def validate(self, attrs: dict) -> dict:
         if ("messages" in attrs) == ("prompt" in attrs):
@@ -31,8 +33,9 @@ class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer
         return [{"text": data["prompt"], "add_special_tokens": data["add_special_tokens"]}]
 
     def job_params(self) -> JobParams:
-        """A zero-token job: the worker tokenizes, reports the ids in `started`, and finishes."""
-        return JobParams(max_tokens=0)
+        """A zero-token job: the worker tokenizes, reports the ids in `started`, and finishes; with
+        return_token_strs the prompt is also scored, for each token's text (prompt_logprobs)."""
+        return JobParams(max_tokens=0, prompt_logprobs=0 if self.validated_data["return_token_strs"] else None)
 
 
 class DetokenizeRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):

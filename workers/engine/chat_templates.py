@@ -103,6 +103,8 @@ def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conver
     if template is None and not getattr(tokenizer, "chat_template", None):
         template = default_template or FALLBACK_TEMPLATE
     kwargs = {**server_template_kwargs(templates), **(conversation.get("chat_template_kwargs") or {})}
+    if conversation.get("documents"):
+        kwargs["documents"] = conversation["documents"]
     try:
         text = tokenizer.apply_chat_template(
             conversation["messages"],
@@ -122,6 +124,22 @@ def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conver
     if not ids:
         raise JobError(400, "The rendered conversation is empty.", "messages", "empty_prompt")
     return RenderedPrompt(ids, text, open_block(text))
+
+
+def render_fitting(tokenizer: PreTrainedTokenizerBase, conversation: Conversation, templates: TemplateSettings,
+                   budget: int) -> RenderedPrompt:
+    """Responses' truncation "auto": drop the oldest turns (never a leading system message, never the
+    last turn) until the rendered prompt has at most `budget` tokens; what still does not fit is
+    left for the context check to refuse."""
+    messages = list(conversation["messages"])
+    rendered = render_conversation(tokenizer, conversation, templates)
+    first = 1 if messages and messages[0]["role"] == "system" else 0
+    while len(rendered.ids) > budget and len(messages) - first > 1:
+        del messages[first]
+        while len(messages) - first > 1 and messages[first]["role"] == "tool":
+            del messages[first]  # a tool result without its call would confuse the template
+        rendered = render_conversation(tokenizer, {**conversation, "messages": messages}, templates)
+    return rendered
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Conversation | TextPrompt | TokenIdsPrompt,

@@ -16,23 +16,31 @@ from transformers import PreTrainedTokenizerBase
 REPLACEMENT_CHAR = "\ufffd"
 
 
-def text_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
-    """`tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)`, called on the
-    Rust tokenizer directly where the class adds nothing to it (the Python wrapper costs more than the decode)."""
+def text_decoder(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, clean_up_tokenization_spaces=False, ...)`, called on the Rust tokenizer
+    directly where the class adds nothing to it (the Python wrapper costs more than the decode)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     backend = getattr(tokenizer, "_tokenizer", None)
-    plain = (isinstance(tokenizer, TokenizersBackend) and backend is not None
+    plain = (isinstance(tokenizer, TokenizersBackend) and backend is not None and spaces_between_special_tokens
              and type(tokenizer).decode is TokenizersBackend.decode and type(tokenizer)._decode is TokenizersBackend._decode)
     if plain:
-        return lambda ids: backend.decode(ids, skip_special_tokens=True)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    options = {"skip_special_tokens": skip_special_tokens}
+    if not spaces_between_special_tokens:  # the default; fast tokenizers take it only when set
+        options["spaces_between_special_tokens"] = False
+    return lambda ids: tokenizer.decode(ids, clean_up_tokenization_spaces=False, **options)
 
 
 class IncrementalText:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str],
-                 decode: Callable[[list[int]], str] | None = None) -> None:
-        self.decode = decode or text_decoder(tokenizer)
+    """`include_stop` keeps the stop string that ended the text (vLLM's include_stop_str_in_output);
+    `skip_special_tokens` / `spaces_between_special_tokens` are passed to the tokenizer's decode."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str], include_stop: bool = False,
+                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
+        self.decode = text_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+        self.include_stop = include_stop
         self.stop = [s for s in stop if s]
         self.emitted = 0  # characters of the decoded completion already handed out
         self.text = ""  # the whole completion decoded (a trailing unfinished character as "\ufffd")
@@ -67,9 +75,11 @@ class IncrementalText:
         """New text to hand out after the latest token, and whether a stop string ended it."""
         self._advance(completion_ids)
         if self.stop:
-            found = [index for index in (self.text.find(s, max(self.emitted - len(s), 0)) for s in self.stop) if index >= 0]
+            found = [(index, len(s)) for index, s in
+                     ((self.text.find(s, max(self.emitted - len(s), 0)), s) for s in self.stop) if index >= 0]
             if found:
-                end = min(found)
+                index, length = min(found)
+                end = index + length if self.include_stop else index
                 delta = self.text[self.emitted:end] if end > self.emitted else ""
                 self.emitted = max(self.emitted, end)
                 return delta, True

@@ -82,10 +82,13 @@ class PromptScorer:
         self.top_n = top_n
         self.offsets = PrefixOffsets(tokenizer, prompt_ids)
         self.scored = 0  # prompt tokens recorded so far
+        self.entries: list[dict | None] = []  # the same scores by token id (vLLM's prompt_logprobs), see by_id()
         self._carry: torch.Tensor | None = None  # logits of the position before the next token
 
     def _texts(self, ids: list[int]) -> list[str]:
         """`token_text` of each id, decoded in one call; only parts of characters take the slow path."""
+        if getattr(self.token_text, "as_ids", False):
+            return [self.token_text(t) for t in ids]
         texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False) if ids else []
         return [self.token_text(t) if REPLACEMENT_CHAR in text else text for t, text in zip(ids, texts)]
 
@@ -104,13 +107,16 @@ class PromptScorer:
         start = 0
         if begin == 0:  # the first token has nothing before it to be scored by
             record(texts[0], None, None, offsets[0])
+            self.entries.append({"token_id": ids[0], "token": texts[0], "logprob": None, "rank": None, "top": []})
             start = 1
         if start >= len(ids):
             self.scored = end
             return
         logprobs = torch.log_softmax(rows.float(), dim=-1)
         targets = torch.tensor(ids[start:], device=logprobs.device)
-        chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        chosen_column = logprobs.gather(1, targets.unsqueeze(1))
+        chosen = chosen_column.squeeze(1).tolist()
+        ranks = ((logprobs > chosen_column).sum(dim=1) + 1).tolist() if self.entries is not None else []
         top_ids: list[list[int]] = [[] for _ in chosen]
         top_values: list[list[float]] = [[] for _ in chosen]
         if self.top_n > 0:
@@ -118,7 +124,14 @@ class PromptScorer:
             top_ids, top_values = indices.tolist(), values.tolist()
         top_texts = iter(self._texts([t for row in top_ids for t in row]))
         for row, position in enumerate(range(start, len(ids))):
-            top = {next(top_texts): value for value in top_values[row]}
+            named = [[token_id, next(top_texts), value] for token_id, value in zip(top_ids[row], top_values[row])]
+            self.entries.append({"token_id": ids[position], "token": texts[position], "logprob": chosen[row],
+                                 "rank": ranks[row], "top": named})
+            top = {text: value for _, text, value in named}
             top.setdefault(texts[position], chosen[row])
             record(texts[position], chosen[row], top, offsets[position])
         self.scored = end
+
+    def by_id(self, top_n: int) -> list[dict]:
+        """Every prompt token's score so far, each with its `top_n` most likely alternatives (by id)."""
+        return [{**entry, "top": entry["top"][:top_n]} for entry in self.entries]

@@ -119,7 +119,7 @@ class ModelRunner:
         if sibling.max_tokens > 0:
             sibling.state = clone_cache(self.loaded.model.config, source.state)
         sibling.prefilled = len(sibling.prompt_ids)
-        if sibling.wants_prompt_logprobs and source.pending_logprobs is not None:
+        if sibling.wants_prompt_logprobs:
             sibling.copy_prompt_logprobs(source)
 
     def join(self, sequences: list[Sequence]) -> None:

@@ -45,6 +45,7 @@ class SamplingParams:
     ignore_eos: bool
     min_tokens: int
     logprobs: int | None
+    allowed_token_ids: list[int] | None = None
 
     @classmethod
     def from_job(cls, params: JobParams, model_defaults: dict) -> "SamplingParams":
@@ -70,6 +71,7 @@ class SamplingParams:
             ignore_eos=params.ignore_eos,
             min_tokens=int(params.min_tokens),
             logprobs=params.logprobs,
+            allowed_token_ids=list(params.allowed_token_ids) if params.allowed_token_ids else None,
         )
 
     @property
@@ -101,6 +103,7 @@ class Sampler:
             self.processors.append(NoRepeatNGramLogitsProcessor(params.no_repeat_ngram_size))
         if params.bad_words_ids:
             self.processors.append(NoBadWordsLogitsProcessor(params.bad_words_ids, eos_token_ids or None))
+        self.allowed: torch.Tensor | None = None  # vLLM's allowed_token_ids as a [vocab] mask, built on first use
         self.warpers = []
         if not params.greedy:
             if params.top_k > 0:
@@ -115,10 +118,10 @@ class Sampler:
     @property
     def batchable(self) -> bool:
         """Whether `batch_sampling.choose_batch` can take this row with others: nothing that needs the
-        row's history or its own processors (penalties, bad words, logit bias, typical-p)."""
+        row's history or its own processors (penalties, bad words, logit bias, typical-p, an allowed-token set)."""
         params = self.params
         return not (self.processors or params.presence_penalty or params.frequency_penalty or params.logit_bias
-                    or (not params.greedy and params.typical_p < 1.0))
+                    or params.allowed_token_ids or (not params.greedy and params.typical_p < 1.0))
 
     def choose(self, logits: torch.Tensor, prompt_ids: list[int], completion_ids: list[int],
                allowed: torch.Tensor | None = None) -> TokenChoice | None:
@@ -139,6 +142,11 @@ class Sampler:
             scores[0, ids] += torch.tensor(list(params.logit_bias.values()), device=scores.device, dtype=scores.dtype)
         if self.eos_token_ids and (params.ignore_eos or len(completion_ids) < params.min_tokens):
             scores[0, self.eos_token_ids] = -float("inf")
+        if params.allowed_token_ids:
+            if self.allowed is None or self.allowed.shape[0] != scores.shape[-1]:
+                self.allowed = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+                self.allowed[torch.tensor(params.allowed_token_ids, device=scores.device)] = True
+            allowed = self.allowed if allowed is None else allowed.to(scores.device) & self.allowed
         if allowed is not None:
             scores[0].masked_fill_(~allowed.to(scores.device), -float("inf"))
             if not bool(torch.isfinite(scores).any()):

@@ -10,7 +10,7 @@ import torch
 
 import protocol
 from protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, Structured, SubmitMessage, Usage
-from workers.engine.chat_templates import render_prompt
+from workers.engine.chat_templates import render_fitting, render_prompt
 from workers.engine.config import TemplateSettings
 from workers.engine.constraints import Constraint
 from workers.engine.detokenizer import IncrementalText
@@ -18,7 +18,7 @@ from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
 from workers.engine.prompt_scoring import PromptScorer
 from workers.engine.sampling import Sampler, SamplingParams, TokenChoice
-from workers.engine.token_text import TokenText, settled_length
+from workers.engine.token_text import TokenIdText, TokenText, settled_length
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,11 @@ class Sequence:
         self.sampler = sampler
         self.max_tokens = max_tokens
         self.suffix = suffix
-        self.text = IncrementalText(request.model.tokenizer, stop)
+        params = request.params
+        self.stop_token_ids = set(params.stop_token_ids)
+        self.include_stop = params.include_stop_str_in_output
+        self.text = IncrementalText(request.model.tokenizer, stop, params.include_stop_str_in_output,
+                                    params.skip_special_tokens, params.spaces_between_special_tokens)
         self.completion_ids: list[int] = []
         self.state = None  # the runner's per-sequence model state (KV cache)
         self.media_inputs: dict | None = None  # processor tensors the prompt's prefill takes (pixel_values, …)
@@ -63,10 +67,13 @@ class Sequence:
         self.pending_text = echo_text
         self.pending_ids: list[int] = []
         self.pending_logprobs: PendingLogprobs | None = PendingLogprobs() if sampler.params.logprobs is not None else None
-        self.wants_prompt_logprobs = request.echo and self.pending_logprobs is not None
+        self.echo_scoring = request.echo and self.pending_logprobs is not None
+        self.wants_prompt_logprobs = self.echo_scoring or params.prompt_logprobs is not None
         self.prompt_logprobs = PendingLogprobs()  # scored prompt tokens, held until the prefill ends
+        self.scored_prompt: list[protocol.PromptLogprob | None] | None = None  # vLLM's prompt_logprobs
+        top_n = max(sampler.params.logprobs or 0, params.prompt_logprobs or 0)
         self.prompt_scorer = PromptScorer(request.model.tokenizer, request.token_text, prompt_ids, self.echo_length,
-                                          sampler.params.logprobs or 0) if self.wants_prompt_logprobs else None
+                                          top_n) if self.wants_prompt_logprobs else None
         self.sent_final = False
         self.constraint: Constraint | None = None  # set once the request's grammar is compiled
 
@@ -85,16 +92,22 @@ class Sequence:
     def record_prompt_chunk(self, chunk_logits: torch.Tensor, last: bool) -> None:
         """Echo + logprobs: score the prompt tokens this prefill chunk settles; all go out with the first token."""
         self.prompt_scorer.score_chunk(chunk_logits, self.prompt_logprobs.add)
-        if last:
+        if last and self.request.params.prompt_logprobs is not None:
+            self.scored_prompt = self.prompt_scorer.by_id(self.request.params.prompt_logprobs)
+        if last and not self.echo_scoring:
+            self.prompt_logprobs = PendingLogprobs()
+        elif last:
             merged = self.prompt_logprobs
             for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 getattr(merged, name).extend(getattr(self.pending_logprobs, name))
             self.pending_logprobs, self.prompt_logprobs = merged, PendingLogprobs()
 
     def copy_prompt_logprobs(self, source: "Sequence") -> None:
+        self.scored_prompt = source.scored_prompt
         theirs = source.pending_logprobs
-        self.pending_logprobs = PendingLogprobs(list(theirs.tokens), list(theirs.token_logprobs),
-                                                list(theirs.top_logprobs), list(theirs.text_offset))
+        if theirs is not None:
+            self.pending_logprobs = PendingLogprobs(list(theirs.tokens), list(theirs.token_logprobs),
+                                                    list(theirs.top_logprobs), list(theirs.text_offset))
 
     def abort(self) -> None:
         """The client is gone: stop without producing anything more."""
@@ -119,13 +132,16 @@ class Sequence:
             self.pending_logprobs.add(self._token_text(choice.token_id), choice.logprob, self._top(choice), offset_before)
         params = self.sampler.params
         hit_eos = choice.token_id in self.sampler.eos_token_ids and not params.ignore_eos
-        delta, stopped = self.text.update(self.completion_ids)
+        hit_stop_id = choice.token_id in self.stop_token_ids
+        # As vLLM: a stop token's own text is left out unless include_stop_str_in_output.
+        shown = self.completion_ids[:-1] if hit_stop_id and not self.include_stop else self.completion_ids
+        delta, stopped = self.text.update(shown)
         self.pending_text += delta
         if self.constraint is not None and not hit_eos and not self.constraint.consume(choice.token_id):
             self.dead_end(self.constraint.error or "token refused")
         elif stopped:
             self.finish("stop", flush=False)
-        elif hit_eos or (self.constraint is not None and self.constraint.complete):
+        elif hit_eos or hit_stop_id or (self.constraint is not None and self.constraint.complete):
             self.finish("stop")
         elif len(self.completion_ids) >= self.max_tokens:
             self.finish("length")
@@ -155,6 +171,8 @@ class Sequence:
             "logprobs": self.pending_logprobs.as_dict() if self.pending_logprobs is not None else None,
             "finish_reason": self.finish_reason,
         }
+        if self.scored_prompt is not None:
+            delta["prompt_logprobs"], self.scored_prompt = self.scored_prompt, None
         self.pending_text, self.pending_ids = "", []
         if self.pending_logprobs is not None:
             self.pending_logprobs = PendingLogprobs()
@@ -169,9 +187,9 @@ class Request:
         self.request_id: str = job["request_id"]
         self.reply_channel: str = job["reply_channel"]
         self.model = model
-        self.token_text = TokenText(model.tokenizer)
         self.arrived = time.monotonic()
-        params = JobParams.from_wire(job["params"])
+        params = self.params = JobParams.from_wire(job["params"])
+        self.token_text = TokenIdText() if params.return_tokens_as_token_ids else TokenText(model.tokenizer)
         self.echo = params.echo
         self.streamed = params.stream  # False: published when the first token comes and when done
         self.answered = False  # something was published
@@ -179,7 +197,8 @@ class Request:
             raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
                            "/v1/audio/transcriptions.", "model", "unsupported_model")
         self.media_inputs: list[dict | None] = []  # per prompt
-        self.prompt_ids = [self._tokenize(prompt, templates) for prompt in job["prompts"]]
+        self.prompt_ids = [self._truncate(self._tokenize(prompt, templates, params.max_tokens), index)
+                           for index, prompt in enumerate(job["prompts"])]
         max_tokens = self._max_tokens(params.max_tokens)
         self._check_limits(max_tokens, params)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
@@ -208,12 +227,26 @@ class Request:
     # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
     open_blocks: tuple[str, ...] = ()
 
-    def _tokenize(self, prompt: Prompt, templates: TemplateSettings) -> list[int]:
+    def _truncate(self, ids: list[int], index: int) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (-1: the model's context)."""
+        keep = self.params.truncate_prompt_tokens
+        if keep is None:
+            return ids
+        keep = self.model.max_model_len if keep < 0 else keep
+        if self.media_inputs[index] is not None and keep < len(ids):
+            raise JobError(400, "truncate_prompt_tokens cannot cut a prompt with images, audio or video.",
+                           "truncate_prompt_tokens", "invalid_value")
+        return ids[-keep:] if keep < len(ids) else ids
+
+    def _tokenize(self, prompt: Prompt, templates: TemplateSettings, max_tokens: int | None = None) -> list[int]:
         if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
             from workers.engine.media_prompts import has_media, render_media_conversation
 
             if has_media(prompt):
                 rendered = render_media_conversation(self.model, prompt, templates)
+            elif prompt.get("truncate_to_fit"):
+                budget = self.model.max_model_len - (max_tokens or 1)
+                rendered = render_fitting(self.model.tokenizer, prompt, templates, budget)
             else:
                 rendered = render_prompt(self.model.tokenizer, prompt, templates)
             self.open_blocks = (*self.open_blocks, rendered.open_block)
@@ -229,7 +262,10 @@ class Request:
 
     def _check_beam_request(self, num_beams: int, params: JobParams) -> None:
         unsupported = [name for name, on in (("logprobs", params.logprobs is not None),
-                                              ("structured outputs", bool(params.structured))) if on]
+                                              ("structured outputs", bool(params.structured)),
+                                              ("prompt_logprobs", params.prompt_logprobs is not None),
+                                              ("allowed_token_ids", bool(params.allowed_token_ids)),
+                                              ("stop_token_ids", bool(params.stop_token_ids))) if on]
         if unsupported:
             raise JobError(400, f"Beam search (num_beams > 1) does not support {unsupported[0]}.", "num_beams",
                            "unsupported_parameter")
@@ -290,10 +326,12 @@ class Request:
         for name, value, most, what in bounds:
             if value > most:
                 raise JobError(400, f"{name} must be at most {what}, {most}; got {value}.", name, "invalid_value")
-        bad = [t for ids in params.bad_words_ids for t in ids if not 0 <= int(t) < vocab]
-        if bad:
-            raise JobError(400, f"Invalid token id {bad[0]} in bad_words_ids: the vocabulary has {vocab} tokens.",
-                           "bad_words_ids", "invalid_token_id")
+        for name, ids in (("bad_words_ids", [t for ids in params.bad_words_ids for t in ids]),
+                          ("stop_token_ids", params.stop_token_ids), ("allowed_token_ids", params.allowed_token_ids or [])):
+            bad = [t for t in ids if not 0 <= int(t) < vocab]
+            if bad:
+                raise JobError(400, f"Invalid token id {bad[0]} in {name}: the vocabulary has {vocab} tokens.",
+                               name, "invalid_token_id")
 
     @property
     def finished(self) -> bool:

@@ -53,6 +53,15 @@ class TokenText:
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
 
+class TokenIdText:
+    """vLLM's return_tokens_as_token_ids: every logprobs token is named `token_id:<id>`."""
+
+    as_ids = True
+
+    def __call__(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
 def settled_length(text: str) -> int:
     """Characters of decoded text before a trailing unfinished character ("\\ufffd"): where the next token starts."""
     return len(text.rstrip(REPLACEMENT_CHAR))
