@@ -50,6 +50,7 @@ from protocol.jobs import (  # noqa: F401
     TokenIdsPrompt,
     AudioPrompt,
     Prompt,
+    TeamShare,
     SubmitMessage,
     RouteAckMessage,
     AliveMessage,

@@ -71,6 +71,13 @@ class AudioPrompt(TypedDict):
 Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
 
 
+class TeamShare(TypedDict):
+    """A job's team as the engine's fair-share scheduler weighs it (workers/engine/fair_share.py)."""
+
+    name: str
+    share: float  # the team's weight (default 1): equal shares get equal parts of a full box
+
+
 class SubmitMessage(TypedDict):
     type: Literal["generation.submit"]
     request_id: str
@@ -81,6 +88,7 @@ class SubmitMessage(TypedDict):
     routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
     route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
     accept_by: NotRequired[float]  # wall-clock time after which the web side no longer waits: drop it
+    team: NotRequired[TeamShare]  # whose share of the box it runs in (absent: the anonymous share)
 
 
 class RouteAckMessage(TypedDict):
@@ -183,9 +191,12 @@ class DoneMessage(TypedDict):
 
 
 def submit_message(request_id: str, reply_channel: str, model: ModelRef, prompts: list[Prompt],
-                   params: JobParams) -> SubmitMessage:
-    return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model.to_wire(),
-            "prompts": prompts, "params": params.to_wire()}
+                   params: JobParams, team: TeamShare | None = None) -> SubmitMessage:
+    job: SubmitMessage = {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel,
+                          "model": model.to_wire(), "prompts": prompts, "params": params.to_wire()}
+    if team is not None:
+        job["team"] = team
+    return job
 
 
 def accepted_message(worker: str) -> AcceptedMessage:

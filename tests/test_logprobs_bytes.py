@@ -2,7 +2,7 @@
 tokens still join to the text and `text_offset` stays consistent; `add_special_tokens` turns BOS off."""
 from __future__ import annotations
 
-from openai_api.chat import token_bytes
+from openai_api.shaping import token_bytes
 
 from .conftest import TINY_MODEL
 

@@ -198,6 +198,7 @@ class Engine:
             # is never starved by a fast model's Python-bound steps.
             time.sleep(0)
         self.metrics.queues(self.requests.values(), self.scheduler.waiting)
+        self.metrics.teams(self.scheduler.in_flight(), self.scheduler.waiting)
         return busy
 
     def _fail_all(self, message: dict) -> None:
@@ -358,7 +359,7 @@ class Engine:
             self.beams.submit(request)  # beside the batch, in a thread of its own
             return
         self.requests[request.request_id] = request
-        self.scheduler.waiting.extend(seq for seq in request.sequences if not seq.finished)
+        self.scheduler.enqueue([seq for seq in request.sequences if not seq.finished])
         self._publish(request)
 
     def _check_compiles(self) -> None:

@@ -42,10 +42,25 @@ PREFIX_CACHE_QUERIES = Counter("vllm:prefix_cache_queries", "Prompt tokens looke
 PREFIX_CACHE_HITS = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (hit rate: hits / queries).",
                             MODEL)
 BATCH_SIZE = Histogram("inference_batch_size", "Sequences decoded together in one engine step.", buckets=BATCH_BUCKETS)
+# Per team (labels bounded by the number of teams): the fair-share scheduler's view.
+TEAM = ["team"]
+TEAM_RUNNING = Gauge("inference_team_sequences_running", "Sequences of the team in the batch or prefilling.", TEAM,
+                     multiprocess_mode="livesum")
+TEAM_WAITING = Gauge("inference_team_sequences_waiting", "Sequences of the team waiting for a slot (paused ones too).",
+                     TEAM, multiprocess_mode="livesum")
+TEAM_TOKENS = Counter("inference_team_generation_tokens", "Tokens generated for the team.", TEAM)
+TEAM_TTFT = Histogram("inference_team_time_to_first_token_seconds", "Time from a request's arrival to its first token.",
+                      TEAM, buckets=LATENCY_BUCKETS)
+TEAM_PREEMPTED = Counter("inference_team_preemptions", "Sequences of the team paused to give their slot to others.", TEAM)
 STEP = Histogram("inference_step_seconds", "Wall time of one engine step: decode, publish, prefill.",
                  buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0))
 MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on a worker.", MODEL,
                        buckets=LOAD_BUCKETS)
+
+
+def team_label(team: str) -> str:
+    """A team's label: its name; jobs that name none (auth off, a worker's own) count as "default"."""
+    return team or "default"
 
 
 def label(model: str) -> str:
@@ -61,6 +76,7 @@ class EngineMetrics:
         self._scheduled: set[str] = set()  # request ids whose prefill began
         self._last_token: dict[int, float] = {}  # id(sequence) -> when its last token came
         self._gauges: dict[str, tuple[int, int]] = {}  # model -> (running, waiting) last set
+        self._team_gauges: dict[str, tuple[int, int]] = {}
         self._itl: dict[str, object] = {}  # model key -> its ITL histogram child (labels() costs per call)
 
     def scheduled(self, request) -> None:
@@ -73,6 +89,9 @@ class EngineMetrics:
         """Each of `sequences` just took one token."""
         now = time.monotonic() if now is None else now
         last_token = self._last_token
+        per_team = Tally(seq.request.team for seq in sequences if hasattr(seq.request, "team"))
+        for team, count in per_team.items():
+            TEAM_TOKENS.labels(team_label(team)).inc(count)
         for seq in sequences:
             request = seq.request
             last = last_token.get(id(seq))
@@ -84,7 +103,23 @@ class EngineMetrics:
             elif request.request_id not in self._first_token:
                 self._first_token.add(request.request_id)
                 TTFT.labels(label(request.model_name)).observe(now - request.arrived)
+                TEAM_TTFT.labels(team_label(getattr(request, "team", ""))).observe(now - request.arrived)
             last_token[id(seq)] = now
+
+    @staticmethod
+    def preempted(seq) -> None:
+        TEAM_PREEMPTED.labels(team_label(seq.team)).inc()
+
+    def teams(self, in_flight, waiting) -> None:
+        """Each team's running and waiting sequences, after a step; gauges move on change."""
+        counts: dict[str, tuple[int, int]] = {}
+        running, queued = Tally(seq.team for seq in in_flight), Tally(seq.team for seq in waiting)
+        for team in set(self._team_gauges) | set(running) | set(queued):
+            counts[team] = (running[team], queued[team])
+            if self._team_gauges.get(team) != counts[team]:
+                TEAM_RUNNING.labels(team_label(team)).set(running[team])
+                TEAM_WAITING.labels(team_label(team)).set(queued[team])
+        self._team_gauges = counts
 
     def step(self, batch_size: int) -> None:
         if batch_size:

@@ -134,6 +134,17 @@ class ModelRunner:
             seq.state = None  # its keys/values now live in the batch
         self.batch_rows.extend(sequences)
 
+    def pause(self, sequences: list[Sequence]) -> None:
+        """Take running sequences out of the batch, each keeping its keys/values (`seq.state`) to rejoin
+        later exactly where it stopped (`join`): preemption by the scheduler, nothing recomputed."""
+        leaving = {id(seq) for seq in sequences}
+        rows = [i for i, seq in enumerate(self.batch_rows) if id(seq) in leaving]
+        for row in rows:
+            self.batch_rows[row].state = self.batch.row_cache(row)
+        if rows:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(rows)]
+        self.solo_rows = [seq for seq in self.solo_rows if id(seq) not in leaving]  # solo rows keep their state
+
     # --- decode ------------------------------------------------------------
     def drop_finished(self) -> None:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]

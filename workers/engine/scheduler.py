@@ -8,13 +8,13 @@ Plain Python + torch: the engine owns requests and publishing, this owns the bat
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import torch
 
 from workers.engine.config import EngineConfig
 from workers.engine.batch_sampling import choose_batch
 from workers.engine.constraints import masks_for
+from workers.engine.fair_share import FairQueue
 from workers.engine.metrics import EngineMetrics
 from workers.engine.prefill_pacing import PrefillPacer
 from workers.engine.runner import ModelRunner
@@ -27,14 +27,19 @@ class Scheduler:
         self.metrics = metrics
         self.max_num_seqs = config.max_num_seqs
         self.kv_budget_bytes = config.kv_budget_bytes
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = FairQueue()  # by team and class: who starts next (workers/engine/fair_share.py)
         self.prefilling: list[Sequence] = []
         self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
+
+    def enqueue(self, sequences: list[Sequence]) -> None:
+        """New sequences wait in their team's line."""
+        self.waiting.extend(sequences, running=self.in_flight())
 
     def decode(self) -> list[Sequence]:
         """Drop finished rows, let waiting sequences in, and give every running sequence its next token."""
         for runner in self.runners.values():
             runner.drop_finished()
+        self._preempt()
         self._let_waiting_in()
         decoded: list[Sequence] = []
         started = time.perf_counter()
@@ -44,31 +49,51 @@ class Scheduler:
             decoded.extend(seq for seq, _ in pairs)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
+        for seq in decoded:
+            self.waiting.charge(seq, generated=1)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)
         return decoded
 
+    def _preempt(self) -> None:
+        """Pause the running rows that waiting sequences are owed (batch rows for interactive newcomers,
+        an over-share team's rows for an under-share team); each keeps its keys/values and waits at
+        the front of its team's line."""
+        self.prefilling = [seq for seq in self.prefilling if not seq.finished]
+        decoding = [seq for runner in self.runners.values() for seq in runner.rows if not seq.finished]
+        victims = [seq for seq in self.waiting.to_preempt([*self.prefilling, *decoding], self.max_num_seqs)
+                   if seq in decoding]
+        for name, runner in self.runners.items():
+            mine = [seq for seq in victims if seq.request.model_name == name]
+            runner.pause(mine)
+            for seq in mine:
+                seq.paused = True
+                self.waiting.put_back(seq)
+                self.metrics.preempted(seq)
+
     def _let_waiting_in(self) -> None:
-        """In arrival order, while a sequence slot is free and its KV reservation fits the budget."""
+        """Whoever the fair queue says goes next, while a sequence slot is free and its KV reservation fits
+        the budget; a paused sequence rejoins the batch at once (its keys/values kept)."""
         self.prefilling = [seq for seq in self.prefilling if not seq.finished]
         running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
         budget = self.kv_budget_bytes
-        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self._in_flight())
-        while self.waiting and running < self.max_num_seqs:
-            seq = self.waiting[0]
-            if seq.finished:
-                self.waiting.popleft()
-                continue
+        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self.in_flight())
+        while running < self.max_num_seqs and (seq := self.waiting.peek()) is not None:
             needed = 0 if budget is None else self._kv_reservation(seq)
             if budget is not None and running and reserved + needed > budget:
                 break  # it waits for running sequences to finish (alone, it always runs)
-            self.waiting.popleft()
-            self.prefilling.append(seq)
-            self.metrics.scheduled(seq.request)
+            self.waiting.pop()
+            if seq.paused:
+                seq.paused = False
+                self.runners[seq.request.model_name].join([seq])
+            else:
+                self.prefilling.append(seq)
+                self.waiting.charge(seq, prompt_tokens=len(seq.prompt_ids))
+                self.metrics.scheduled(seq.request)
             running += 1
             reserved += needed
 
-    def _in_flight(self) -> list[Sequence]:
+    def in_flight(self) -> list[Sequence]:
         return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
 
     def _kv_reservation(self, seq: Sequence) -> int:

@@ -76,6 +76,20 @@ class Sequence:
                                           top_n) if self.wants_prompt_logprobs else None
         self.sent_final = False
         self.constraint: Constraint | None = None  # set once the request's grammar is compiled
+        self.paused = False  # preempted: out of the batch with its keys/values in `state`, waiting to rejoin
+
+    # Who the scheduler serves it for (workers/engine/fair_share.py).
+    @property
+    def team(self) -> str:
+        return self.request.team
+
+    @property
+    def share(self) -> float:
+        return self.request.share
+
+    @property
+    def priority_class(self) -> str:
+        return self.request.priority_class
 
     @property
     def finished(self) -> bool:
@@ -192,6 +206,10 @@ class Request:
         self.token_text = TokenIdText() if params.return_tokens_as_token_ids else TokenText(model.tokenizer)
         self.echo = params.echo
         self.streamed = params.stream  # False: published when the first token comes and when done
+        team = job.get("team") or {}
+        self.team: str = team.get("name", "")  # fair share: whose line it waits in, with what weight
+        self.share: float = float(team.get("share", 1.0))
+        self.priority_class: str = params.priority_class
         self.answered = False  # something was published
         if model.kind == "speech":
             raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "

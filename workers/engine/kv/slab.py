@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from workers.engine.kv.batch import layer_tensors
+from workers.engine.kv.batch import cache_from_tensors, layer_tensors
 
 
 class SlabLayer(DynamicLayer):
@@ -173,6 +173,13 @@ class SlabKV:
         self.start = self.end - max(self.lengths) if self.lengths else self.end
         self._view()
         return order
+
+    def row_cache(self, row: int) -> DynamicCache:
+        """A copy of one row's keys/values as its own cache (a paused sequence keeps it until it rejoins)."""
+        length = self.lengths[row]
+        return cache_from_tensors(self.config, [
+            (keys[row:row + 1, :, self.end - length:self.end].clone(), values[row:row + 1, :, self.end - length:self.end].clone())
+            for keys, values in zip(self.keys, self.values)])
 
     def decode_inputs(self, last_tokens: list[int]) -> dict:
         """Model kwargs for one decode step: each row's last token at its own position."""

@@ -1,0 +1,156 @@
+"""Fair share and priority inside the engine: the real engine and tiny model, no server.
+
+A full box (few slots) flooded by one team: another team's request starts within a step or two,
+interactive work pauses batch work, and every paused sequence resumes to exactly the tokens it
+would have produced uninterrupted (greedy equal to `model.generate`).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from huggingface_hub import constants
+
+import protocol
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.engine.fair_share import FairQueue
+
+from .conftest import TINY_MODEL
+
+
+@dataclass
+class Waiting:
+    """What the queue reads of a sequence."""
+
+    team: str
+    share: float = 1.0
+    priority_class: str = "interactive"
+    finished: bool = False
+
+
+def test_the_least_served_team_goes_next_and_an_idle_team_cannot_bank_credit():
+    queue = FairQueue()
+    flood = [Waiting("a") for _ in range(5)]
+    queue.extend(flood)
+    first = queue.pop()
+    queue.charge(first, prompt_tokens=100, generated=50)
+    late = Waiting("b")
+    queue.extend([late], running=[first])  # b rejoins at the least active counter (a's), not at 0
+    assert queue.counters["b"] == queue.counters["a"]
+    queue.charge(queue.pop(), generated=1)  # a tie goes by name: a, then b is the least served
+    assert queue.pop() is late
+
+
+def test_batch_waits_while_interactive_waits_and_shares_weigh_the_choice():
+    queue = FairQueue()
+    batch, interactive = Waiting("a", priority_class="batch"), Waiting("b")
+    queue.extend([batch, interactive])
+    assert queue.pop() is interactive and queue.pop() is batch
+    heavy, light = Waiting("h", share=3.0), Waiting("l", share=1.0)
+    queue.extend([heavy, light])
+    queue.charge(heavy, generated=30)  # 60 weighted tokens / 3 = 20
+    queue.charge(light, generated=15)  # 30 / 1 = 30
+    assert queue.pop() is heavy
+
+
+def test_a_team_alone_keeps_the_whole_box_and_a_newcomer_takes_one_row_from_the_richest():
+    queue = FairQueue()
+    running = [Waiting("a") for _ in range(4)]
+    assert queue.to_preempt(running, slots=4) == []  # nobody waits
+    queue.extend([Waiting("a")], running=running)
+    assert queue.to_preempt(running, slots=4) == []  # only a waits: a keeps its rows
+    queue.extend([Waiting("b")], running=running)
+    assert queue.to_preempt(running, slots=4) == [running[-1]]
+    batch_rows = [Waiting("c", priority_class="batch") for _ in range(4)]
+    queue = FairQueue()
+    queue.extend([Waiting("d"), Waiting("d")], running=batch_rows)
+    assert queue.to_preempt(batch_rows, slots=4) == batch_rows[-2:][::-1]
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.messages: dict[str, list[tuple[float, dict]]] = {}
+        self.changed = threading.Condition()
+
+    def emit(self, channel: str, message: dict) -> None:
+        with self.changed:
+            self.messages.setdefault(channel, []).append((time.monotonic(), message))
+            self.changed.notify_all()
+
+    def done(self, channel: str) -> bool:
+        return any(m["type"] in (protocol.DONE, protocol.ERROR) for _, m in self.messages.get(channel, []))
+
+    def wait_all(self, channels: list[str], timeout: float = 120.0) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: all(self.done(c) for c in channels), timeout)
+
+    def tokens(self, channel: str) -> list[int]:
+        return [t for _, m in self.messages[channel] if m["type"] in (protocol.DELTA, protocol.DONE)
+                for choice in m["choices"] for t in choice["token_ids"]]
+
+    def wait_tokens(self, channel: str, timeout: float = 60.0) -> None:
+        """Until the channel's job produced a token (it is running)."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(
+                m["type"] in (protocol.DELTA, protocol.DONE) for _, m in self.messages.get(channel, [])), timeout)
+
+    def first_token_at(self, channel: str) -> float:
+        return next(at for at, m in self.messages[channel]
+                    if m["type"] in (protocol.DELTA, protocol.DONE) and any(c["token_ids"] for c in m["choices"]))
+
+    def done_at(self, channel: str) -> float:
+        return next(at for at, m in self.messages[channel] if m["type"] == protocol.DONE)
+
+
+@pytest.fixture(scope="module")
+def small_box(hf_cache):
+    """An engine with 4 slots: a flood of one team fills it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        outbox = Outbox()
+        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=4))
+        engine.start()
+        yield engine, outbox
+        engine.stop()
+
+
+def submit(engine: Engine, prompt: str, team: str, max_tokens: int, priority_class: str = "interactive",
+           share: float = 1.0) -> str:
+    reply = f"reply.{uuid.uuid4().hex}"
+    params = protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, priority_class=priority_class)
+    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL),
+                                          [prompt], params, team={"name": team, "share": share}))
+    return reply
+
+
+def test_another_teams_request_starts_beside_a_flood_and_everyone_gets_their_own_tokens(small_box, reference):
+    engine, outbox = small_box
+    flood_prompts = [f"Flood {i}: once upon a time" for i in range(8)]
+    flood = [submit(engine, p, "a", 200) for p in flood_prompts]
+    outbox.wait_tokens(flood[0])  # the flood runs (four rows) and waits (four more)
+    b = submit(engine, "A short question", "b", 4)
+    outbox.wait_all(flood + [b])
+    assert outbox.tokens(b) == reference.greedy(reference.encode("A short question"), 4, min_new_tokens=4)
+    # b finished while most of the flood was still going: it did not wait behind the queued four
+    assert sum(outbox.done_at(f) > outbox.done_at(b) for f in flood) >= 6
+    for prompt, reply in zip(flood_prompts, flood):  # paused and resumed rows lost nothing
+        assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 200, min_new_tokens=200)
+
+
+def test_interactive_work_pauses_batch_work_which_then_finishes_unchanged(small_box, reference):
+    engine, outbox = small_box
+    batch_prompts = [f"Batch line {i} says" for i in range(4)]
+    batch = [submit(engine, p, "research", 200, "batch") for p in batch_prompts]
+    outbox.wait_tokens(batch[0])
+    started = time.monotonic()
+    chat = submit(engine, "Hello there", "product", 6)
+    outbox.wait_all(batch + [chat])
+    assert outbox.tokens(chat) == reference.greedy(reference.encode("Hello there"), 6, min_new_tokens=6)
+    assert outbox.done_at(chat) < min(outbox.done_at(r) for r in batch)  # it did not wait for a free slot
+    assert outbox.first_token_at(chat) - started < 5.0
+    for prompt, reply in zip(batch_prompts, batch):
+        assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 200, min_new_tokens=200)
