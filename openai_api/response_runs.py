@@ -108,7 +108,8 @@ async def _generate(response_id: str, principal: Principal, body: dict, history:
     serializer.continue_from(history)
     data = serializer.validated_data
     try:
-        model = await resolve_model(data["model"])
+        resolved = await resolve_model(data["model"])
+        model = str(resolved)
     except Exception as exc:  # the model went away since the request was taken
         return ResponseBuilder(response_id, data["model"], data, None).failed("model_not_found", str(exc))
     builder = ResponseBuilder(response_id, model, data, None)
@@ -118,7 +119,7 @@ async def _generate(response_id: str, principal: Principal, body: dict, history:
     meter.tags = serializer.usage_tags()
     job_id = f"{response_id}.{uuid.uuid4().hex[:8]}"  # a run taken over after a restart is a new job
     try:
-        stream = await open_generation(job_id, model, serializer.job_prompts(), serializer.job_params(), meter)
+        stream = await open_generation(job_id, resolved, serializer.job_prompts(), serializer.job_params(), meter)
         return await collect_response(builder_for(serializer, response_id, model, stream), stream)
     except APIError as exc:
         return builder.failed(exc.code or "server_error", exc.message)

@@ -29,7 +29,7 @@ class ResponsesView(GenerationView):
         serializer = self.validated(request)
         await response_runs.continue_conversation(serializer, request.auth)
         if serializer.validated_data["background"]:
-            model = await resolve_model(serializer.validated_data["model"])
+            model = str(await resolve_model(serializer.validated_data["model"]))
             return Response(await response_runs.start_background(serializer, request, self.new_request_id(), model))
         return await self.generate(request, serializer)
 

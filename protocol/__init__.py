@@ -32,6 +32,7 @@ from protocol.params import (  # noqa: F401
     NEUTRAL_SAMPLING,
     MODEL_SAMPLING_KEYS,
     SHARED_REQUEST_FIELDS,
+    rest_of_context,
     to_job_params,
 )
 from protocol.jobs import (  # noqa: F401

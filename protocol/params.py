@@ -100,6 +100,15 @@ SHARED_REQUEST_FIELDS = (
 )
 
 
+def rest_of_context(prompt_lengths: list[int], max_model_len: int | None) -> int:
+    """The completion a job without `max_tokens` may have (as vLLM): what the context leaves after its
+    longest prompt (every choice of every prompt gets the same). Unknown context length: 0. The worker
+    generates up to it and the team limiter reserves it, so both count the same."""
+    if max_model_len is None or not prompt_lengths:
+        return 0
+    return max(max_model_len - max(prompt_lengths), 0)
+
+
 def to_job_params(request: Mapping[str, Any], **endpoint: Any) -> JobParams:
     """A validated request as job parameters (as vLLM's `to_sampling_params`).
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from protocol import rest_of_context
+
 from ..principal import Scope
 
 MINUTE = 60
@@ -108,12 +110,9 @@ class LimitExceeded(Exception):
 
 def reservation_size(prompt_tokens: list[int], max_tokens: int | None, n: int, max_model_len: int | None) -> int:
     """The most a job can use: every prompt, plus n completions of at most max_tokens each
-    (no max_tokens: the rest of the context after that prompt)."""
-    total = 0
-    for length in prompt_tokens:
-        cap = max_tokens if max_tokens is not None else max(0, (max_model_len or length) - length)
-        total += length + n * cap
-    return total
+    (no max_tokens: the rest of the context after the longest prompt, as the worker generates)."""
+    cap = max_tokens if max_tokens is not None else rest_of_context(prompt_tokens, max_model_len)
+    return sum(prompt_tokens) + len(prompt_tokens) * n * cap
 
 
 # A kind (requests, tokens) with no limit still gets its three headers, so every response has

@@ -15,7 +15,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from workers.engine.sampling import TokenChoice
-from workers.engine.sequences import Request
+from workers.engine.sequences import GenerationJob
 
 
 class _Cancelled(StoppingCriteria):
@@ -26,7 +26,7 @@ class _Cancelled(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
-def beam_generate_kwargs(request: Request, prompt_index: int) -> dict:
+def beam_generate_kwargs(request: GenerationJob, prompt_index: int) -> dict:
     """generate()'s arguments for one prompt of a beam request (deterministic: no sampling)."""
     beam = request.beam
     choices = [seq for seq in request.sequences if seq.prompt_index == prompt_index]
@@ -42,7 +42,7 @@ def beam_generate_kwargs(request: Request, prompt_index: int) -> dict:
     return kwargs
 
 
-def run_beam_search(request: Request, cancelled: threading.Event) -> None:
+def run_beam_search(request: GenerationJob, cancelled: threading.Event) -> None:
     """Generate every prompt's beams and feed the best `n` to its choices."""
     model = request.model
     with torch.inference_mode():
@@ -71,9 +71,9 @@ class BeamRunner:
     def __init__(self, on_done: Callable[[str], None]) -> None:
         self.on_done = on_done
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="beam-search")
-        self.running: dict[str, tuple[Request, threading.Event, Future]] = {}
+        self.running: dict[str, tuple[GenerationJob, threading.Event, Future]] = {}
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: GenerationJob) -> None:
         cancelled = threading.Event()
         future = self._pool.submit(run_beam_search, request, cancelled)
         self.running[request.request_id] = (request, cancelled, future)
@@ -85,7 +85,7 @@ class BeamRunner:
             entry[1].set()
         return entry is not None
 
-    def take(self, request_id: str) -> tuple[Request, BaseException | None] | None:
+    def take(self, request_id: str) -> tuple[GenerationJob, BaseException | None] | None:
         """The finished request (and its error, if generate failed); None if it was cancelled."""
         entry = self.running.pop(request_id, None)
         if entry is None:

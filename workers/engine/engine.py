@@ -27,14 +27,15 @@ from protocol import failpoints
 from workers.engine.beam_search import BeamRunner
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_share import ThreadGovernor
-from workers.engine.errors import JobError, ModelBusyError, ModelLoadError
+from workers.engine.errors import JobError, ModelLoadError
 from workers.engine.grammars import GrammarCompiler, PendingGrammars
-from workers.engine.loading import LOAD_FINISHED, Listener, Loader, PendingLoad
+from workers.engine.loading import LOAD_FINISHED, Loader
+from workers.engine.model_control import ModelControl
 from workers.engine.metrics import EngineMetrics
 from workers.engine.model_manager import ModelManager
 from protocol import ModelRef
 from workers.engine.scheduler import Scheduler
-from workers.engine.sequences import Request
+from workers.engine.sequences import GenerationJob
 from workers.engine.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
 from workers.engine.transcription import Transcription, is_audio_prompt
 
@@ -58,16 +59,17 @@ class Engine:
         self.max_num_seqs = config.max_num_seqs
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
-                                    config.memory_budget_bytes, _also(EngineMetrics.model_loaded, on_model_event),
+                                    config.memory_budget_bytes, _both_callbacks(EngineMetrics.model_loaded, on_model_event),
                                     prefix_cache_bytes=config.prefix_cache_bytes, max_rows=config.max_num_seqs)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self.loader = Loader(self.manager, self._wake)
+        self.models_control = ModelControl(self.manager, self.loader, emit, name, self._busy, self._admit, self._refuse_load)
         self._idle_checked = 0.0
         self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
                                         lambda: self._inbox.put(WAKE))
         self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, GenerationJob] = {}
         self.scheduler = Scheduler(self.runners, self.metrics, config)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled: dict[str, float] = {}
@@ -238,9 +240,9 @@ class Engine:
             elif message["type"] == BEAM_DONE:
                 self._beam_done(message["request_id"])
             elif message["type"] in CONTROL_TYPES:
-                self._control(message)
+                self.models_control.handle(message)
             elif message["type"] == LOAD_FINISHED:
-                self._load_finished(message["model"])
+                self.models_control.finished(message["model"])
 
     def _cancel(self, request_id: str) -> None:
         now = time.monotonic()
@@ -261,25 +263,6 @@ class Engine:
     def _busy(self) -> set[str]:
         return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
 
-    def _load(self, ref: ModelRef, requested_by: str, listener: Listener | None = None) -> PendingLoad:
-        """Start loading `ref` off this thread (or join the load under way); may raise ModelLoadError."""
-        return self.loader.start(ref, self._busy(), requested_by, listener)
-
-    def _load_finished(self, name: str) -> None:
-        """Admit the jobs that waited for the model, answer the load requests; or refuse them all."""
-        pending, loaded, error = self.loader.finish(name)
-        for listener in pending.listeners:
-            if error is None:
-                listener({"status": "ready", "model": name, "cached": False})
-            else:
-                listener({"status": "error", "model": name, "message": str(error),
-                          "code": getattr(error, "code", "internal_error")})
-        for job in pending.jobs:
-            if error is None:
-                self._admit(job)
-            else:
-                self._refuse_load(job, error)
-
     def _refuse_load(self, job: dict, error: Exception) -> None:
         if job["request_id"] in self._cancelled:
             self._job_done(job["request_id"])
@@ -290,36 +273,6 @@ class Engine:
             self._refuse(job, protocol.error_message(
                 500, "The worker failed to load the model.", None, "internal_error"))
 
-    def _control(self, message: dict) -> None:
-        """Load, unload or reconfigure models; progress goes to the message's reply channel, if any."""
-        kind = message["type"]
-        if kind == protocol.MODEL_SETTINGS:
-            self.manager.configure(message.get("settings") or {})
-            return
-        ref = ModelRef.from_wire(message["model"])
-        name = ref.key
-        reply = message.get("reply_channel")
-
-        def send(event: protocol.ModelEvent) -> None:
-            if reply:
-                self.emit(reply, protocol.progress_message(self.name, event))
-
-        requested_by = message.get("requested_by") or "control"
-        try:
-            if kind == protocol.MODEL_LOAD and name in self.models:
-                self.manager.use(name)
-                send({"status": "ready", "model": name, "cached": True})
-            elif kind == protocol.MODEL_LOAD:
-                self._load(ref, requested_by, send)
-            else:
-                unloaded = self.manager.unload(name, self._busy(), requested_by)
-                send({"status": "unloaded" if unloaded else "not_loaded", "model": name})
-        except (ModelBusyError, ModelLoadError) as exc:
-            send({"status": "error", "model": name, "message": str(exc), "code": exc.code})
-        except Exception as exc:
-            logger.exception("model control %s %s failed", kind, name)
-            send({"status": "error", "model": name, "message": f"The worker failed: {exc}", "code": "internal_error"})
-
     def _admit(self, job: protocol.SubmitMessage) -> None:
         request_id = job["request_id"]
         if request_id in self._cancelled:
@@ -329,13 +282,13 @@ class Engine:
         name = ref.key
         try:
             if name not in self.models:  # admitted once the model is in; other streams go on meanwhile
-                self._load(ref, "request").jobs.append(job)
+                self.models_control.load(ref, "request").jobs.append(job)
                 return
             model = self.manager.use(name)
             if is_audio_prompt(job["prompts"][0]):
                 request = Transcription(job, model)
             else:
-                request = Request(job, model, self.config.templates)
+                request = GenerationJob(job, model, self.config.templates)
             request.model_name = name
             self._finish_empty_sequences(request)
         except JobError as exc:
@@ -353,7 +306,7 @@ class Engine:
             return
         self._start(request)
 
-    def _start(self, request: Request) -> None:
+    def _start(self, request: GenerationJob) -> None:
         self.emit(request.reply_channel, request.started_message())
         if request.beam is not None:
             self.beams.submit(request)  # beside the batch, in a thread of its own
@@ -387,7 +340,7 @@ class Engine:
         self._job_done(job["request_id"])
         self.emit(job["reply_channel"], message)
 
-    def _finish_empty_sequences(self, request: Request) -> None:
+    def _finish_empty_sequences(self, request: GenerationJob) -> None:
         """max_tokens = 0: nothing to generate; echo + logprobs still prefills (in chunks) to score the prompt."""
         for seq in request.sequences:
             if seq.max_tokens == 0 and not seq.wants_prompt_logprobs:
@@ -418,7 +371,7 @@ class Engine:
         for request in list(self.requests.values()):
             self._publish(request)
 
-    def _fail(self, request: Request) -> None:
+    def _fail(self, request: GenerationJob) -> None:
         self.requests.pop(request.request_id, None)
         for seq in request.sequences:
             seq.abort()
@@ -426,7 +379,7 @@ class Engine:
         self.metrics.forget(request)
         self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
 
-    def _publish(self, request: Request) -> None:
+    def _publish(self, request: GenerationJob) -> None:
         """One message per request per step: its new deltas, and the usage when it is done."""
         if request.request_id not in self.requests:
             return
@@ -448,7 +401,7 @@ class Engine:
             self.emit(request.reply_channel, protocol.delta_message(deltas))
 
 
-def _also(first: Callable[[dict], None], then: Callable[[dict], None] | None) -> Callable[[dict], None]:
+def _both_callbacks(first: Callable[[dict], None], then: Callable[[dict], None] | None) -> Callable[[dict], None]:
     """One callback that calls both (the second may be None)."""
     def both(event: dict) -> None:
         first(event)

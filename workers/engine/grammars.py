@@ -178,7 +178,7 @@ class PendingGrammars:
         return bool(self._pending)
 
     def add(self, request) -> None:
-        """Start compiling (or find cached) a workers.engine.sequences.Request's grammar; `wake` is called when it is ready."""
+        """Start compiling (or find cached) a workers.engine.sequences.GenerationJob's grammar; `wake` is called when it is ready."""
         model = request.model
         future = self.compiler.submit(request.model_name, model.tokenizer, model.vocab_size, request.structured)
         self._pending[request.request_id] = (request, future, time.monotonic() + self.compiler.timeout)

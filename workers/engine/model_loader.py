@@ -236,15 +236,15 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             with _weights_progress(report):
                 model = model_class.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
-        raise ModelLoadError(f"The model `{ref}` does not exist or could not be read: {exc}", not_found=True) from exc
+        raise ModelLoadError(f"The model `{ref.key}` does not exist or could not be read: {exc}", not_found=True) from exc
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"The model `{ref}` could not be loaded: {exc}") from exc
+        raise ModelLoadError(f"The model `{ref.key}` could not be loaded: {exc}") from exc
     model.to(torch_device)
     model.eval()
     defaults, eos_ids = _generation_defaults(repo_id, revision)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
-    logger.info("loaded %s on %s as %s in %.1fs", ref, torch_device, torch_dtype, time.monotonic() - started)
+    logger.info("loaded %s on %s as %s in %.1fs", ref.key, torch_device, torch_dtype, time.monotonic() - started)
     return LoadedModel(
         model_id=repo_id,
         revision=revision,

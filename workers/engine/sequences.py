@@ -1,4 +1,4 @@
-"""A job as the engine holds it: one Request with a Sequence per returned choice."""
+"""A job as the engine holds it: one GenerationJob with a Sequence per returned choice (a job, not an HTTP request)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 import protocol
+from protocol import rest_of_context
 from protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, Structured, SubmitMessage, Usage
 from workers.engine.chat_templates import render_fitting, render_prompt
 from workers.engine.config import TemplateSettings
@@ -44,7 +45,7 @@ class PendingLogprobs:
 class Sequence:
     """One choice being generated: its tokens, its sampler, its text, its model state."""
 
-    def __init__(self, request: "Request", index: int, prompt_index: int, prompt_ids: list[int], echo_text: str,
+    def __init__(self, request: "GenerationJob", index: int, prompt_index: int, prompt_ids: list[int], echo_text: str,
                  sampler: Sampler, max_tokens: int, stop: list[str], suffix: str | None) -> None:
         self.request = request
         self.index = index
@@ -194,7 +195,7 @@ class Sequence:
         return delta
 
 
-class Request:
+class GenerationJob:
     """One submitted job: its prompts tokenized and checked, one Sequence per choice."""
 
     def __init__(self, job: SubmitMessage, model: LoadedModel, templates: TemplateSettings) -> None:
@@ -318,7 +319,7 @@ class Request:
         """None (chat's default, as vLLM): whatever the context leaves after the longest prompt."""
         if requested is not None:
             return int(requested)
-        return max(self.model.max_model_len - max(len(ids) for ids in self.prompt_ids), 0)
+        return rest_of_context([len(ids) for ids in self.prompt_ids], self.model.max_model_len)
 
     def _check_limits(self, max_tokens: int, params: JobParams) -> None:
         limit = self.model.max_model_len

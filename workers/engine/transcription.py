@@ -8,7 +8,7 @@ ready. A window is exactly `model.generate(features, attention_mask=…, languag
 processor's features, so the output equals the model's own (with `return_token_timestamps=True`
 where word timestamps are asked for: workers.media.word_timestamps).
 
-The job looks like a `sequences.Request` to the engine (request_id, reply_channel, model_name,
+The job looks like a `sequences.GenerationJob` to the engine (request_id, reply_channel, model_name,
 no sequences, no `structured` grammar, no `beam`, finished, take_deltas, usage, started_message).
 """
 from __future__ import annotations
