@@ -52,6 +52,13 @@ class WebConfig:
     ledger_replay_seconds: float
     bad_key_limit: int  # wrong bearer keys from one address within `bad_key_window` before it gets 429s
     bad_key_window: float
+    # The Batch API (openai_api.batches).
+    batch_files_dir: Path
+    batch_file_max_bytes: int
+    batch_max_lines: int
+    batch_concurrency: int  # lines one process runs at once, over all its batches
+    batch_poll_seconds: float
+    batch_lost_after: float  # a runner silent this long has died: its batches are taken over
 
     @classmethod
     def from_settings(cls, inference: Mapping[str, Any]) -> WebConfig:
@@ -74,6 +81,9 @@ class WebConfig:
             ledger_write_tries=inference["LEDGER_WRITE_TRIES"], ledger_spool_dir=Path(inference["LEDGER_SPOOL_DIR"]),
             ledger_replay_seconds=inference["LEDGER_REPLAY_SECONDS"],
             bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
+            batch_files_dir=Path(inference["BATCH_FILES_DIR"]), batch_file_max_bytes=inference["BATCH_FILE_MAX_BYTES"],
+            batch_max_lines=inference["BATCH_MAX_LINES"], batch_concurrency=inference["BATCH_CONCURRENCY"],
+            batch_poll_seconds=inference["BATCH_POLL_SECONDS"], batch_lost_after=inference["BATCH_LOST_AFTER"],
         )
 
 

@@ -166,12 +166,17 @@ class ResponsesView(GenerationView):
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data
-        parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
-        builder = ResponseBuilder(request_id, model, data, parser)
         if data["stream"]:
+            parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
+            builder = ResponseBuilder(request_id, model, data, parser)
             return sse_response(response_events(builder, stream), stream)
+        return Response(await self.whole_body(serializer, request_id, model, stream))
+
+    async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
+        parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
+        builder = ResponseBuilder(request_id, model, serializer.validated_data, parser)
         answer = await stream.collect()
         # The same event sequence over the joined answer; its last event carries the final response.
         events = [*builder.start(), *(e for choice in answer.choices for e in builder.delta(choice)),
                   *builder.finish(answer.usage)]
-        return Response(events[-1]["response"])
+        return events[-1]["response"]
