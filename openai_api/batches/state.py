@@ -7,6 +7,7 @@ result is recorded, and counted, exactly once.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -20,6 +21,8 @@ from teams.principal import Principal
 
 from .files import delete_file, write_file
 from .models import Batch, BatchLine
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ def claim_batches(runner: str, lost_after: float) -> list[str]:
                .filter(Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale) | Q(runner=""))
                .values_list("pk", "runner", "heartbeat_at")[:100])
     for pk, old_runner, old_beat in orphans:
-        Batch.objects.filter(pk=pk, runner=old_runner, heartbeat_at=old_beat).update(runner=runner, heartbeat_at=now)
+        if Batch.objects.filter(pk=pk, runner=old_runner, heartbeat_at=old_beat).update(runner=runner, heartbeat_at=now):
+            logger.warning("batch %s: its runner %s fell silent; taken over by %s", pk, old_runner or "-", runner)
     return list(Batch.objects.filter(status__in=Batch.ACTIVE, runner=runner).values_list("pk", flat=True))
 
 
