@@ -77,10 +77,12 @@ def read_lines(client: OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(text) for text in client.files.content(file_id).text.splitlines()]
 
 
-def ledger_rows(env: dict, request_ids: list[str]) -> list[dict]:
-    """The team ledger's rows for these request ids (after its writer's batching has flushed them)."""
-    script = ("import json; from teams.models import UsageRecord; "
-              f"print(json.dumps(list(UsageRecord.objects.filter(request_id__in={request_ids!r})"
+def ledger_rows(env: dict, request_ids: list[str] | None = None, since: int | None = None) -> list[dict]:
+    """The team ledger's rows for these request ids, or of every request that started at `since` or later."""
+    where = f"request_id__in={request_ids!r}" if request_ids is not None else \
+        f"created_at__gte=datetime.fromtimestamp({since}, timezone.utc)"
+    script = ("import json; from datetime import datetime, timezone; from teams.models import UsageRecord; "
+              f"print(json.dumps(list(UsageRecord.objects.filter({where})"
               ".values('request_id', 'endpoint', 'status_code', 'cancelled', 'prompt_tokens', 'completion_tokens'))))")
     return json.loads(manage(env, "shell", "-c", script).stdout.strip().splitlines()[-1])
 
@@ -213,6 +215,7 @@ def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, bat
     client = sdk(live)
     bodies = [{"model": TINY_MODEL, "prompt": f"Story {i}:", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
               for i in range(8)]
+    time.sleep(1.1)  # the ledger check below counts every request from the batch's creation (whole seconds) on
     batch = submit(client, [line(f"r-{i}", "/v1/completions", body) for i, body in enumerate(bodies)],
                    "/v1/completions")
     deadline = time.monotonic() + 120
@@ -230,15 +233,20 @@ def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, bat
         assert done.status == "completed" and done.request_counts.completed == 8 and done.request_counts.failed == 0
         output = read_lines(client, done.output_file_id)
         assert [entry["custom_id"] for entry in output] == [f"r-{i}" for i in range(8)]
+        # No line ran to its end twice: since the batch began, the ledger's served requests are the output's
+        # lines, once each (the lines killed in flight left no row; they ran again from the start).
+        ids = sorted(entry["response"]["request_id"] for entry in output)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            served = sorted(row["request_id"] for row in ledger_rows(env, since=batch.created_at)
+                            if row["status_code"] == 200 and not row["cancelled"])
+            if len(served) >= len(ids):
+                break
+            time.sleep(0.5)
+        assert served == ids
         for entry, body in zip(output, bodies):
             direct = client.completions.create(**{k: v for k, v in body.items() if k != "ignore_eos"},
                                                extra_body={"ignore_eos": True})
             assert entry["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
-        # No line ran to its end twice: the ledger's served rows of this batch's model calls are the output's.
-        ids = [entry["response"]["request_id"] for entry in output]
-        deadline = time.monotonic() + 15
-        while len(rows := ledger_rows(env, ids)) < len(ids) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert sorted(row["request_id"] for row in rows) == sorted(ids)
     finally:
         again.stop()
