@@ -59,6 +59,13 @@ class WebConfig:
     # The browser pages.
     default_model: str  # what they open on when the user chose nothing yet
     ui_storage_bytes_per_user: int
+    # The Batch API (openai_api.batches).
+    batch_files_dir: Path
+    batch_file_max_bytes: int
+    batch_max_lines: int
+    batch_concurrency: int  # lines one process runs at once, over all its batches
+    batch_poll_seconds: float
+    batch_lost_after: float  # a runner silent this long has died: its batches are taken over
 
     @classmethod
     def from_settings(cls, inference: Mapping[str, Any]) -> WebConfig:
@@ -84,6 +91,9 @@ class WebConfig:
             responses_max_bytes=inference["RESPONSES_MAX_BYTES"],
             responses_retention_days=inference["RESPONSES_RETENTION_DAYS"],
             default_model=inference["DEFAULT_MODEL"], ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
+            batch_files_dir=Path(inference["BATCH_FILES_DIR"]), batch_file_max_bytes=inference["BATCH_FILE_MAX_BYTES"],
+            batch_max_lines=inference["BATCH_MAX_LINES"], batch_concurrency=inference["BATCH_CONCURRENCY"],
+            batch_poll_seconds=inference["BATCH_POLL_SECONDS"], batch_lost_after=inference["BATCH_LOST_AFTER"],
         )
 
 

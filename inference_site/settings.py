@@ -330,6 +330,15 @@ INFERENCE = {
     # A request body that stops arriving (Content-Length larger than what is sent) is answered 408
     # after this many seconds without a byte.
     "BODY_READ_TIMEOUT": env_float("INFERENCE_BODY_READ_TIMEOUT", 5.0),
+    # The Batch API (docs/batch.md): where uploaded and produced files are kept, the largest upload and
+    # the most lines a batch may have, lines one process runs at once, how often a runner looks for
+    # work and beats, and how long a silent runner's batches wait before another process takes them.
+    "BATCH_FILES_DIR": os.environ.get("INFERENCE_BATCH_FILES_DIR", str(VAR_DIR / "batch-files")),
+    "BATCH_FILE_MAX_BYTES": env_int("INFERENCE_BATCH_FILE_MAX_BYTES", 100 * 1024 * 1024),
+    "BATCH_MAX_LINES": env_int("INFERENCE_BATCH_MAX_LINES", 50000),
+    "BATCH_CONCURRENCY": env_int("INFERENCE_BATCH_CONCURRENCY", 8),
+    "BATCH_POLL_SECONDS": env_float("INFERENCE_BATCH_POLL_SECONDS", 2.0),
+    "BATCH_LOST_AFTER": env_float("INFERENCE_BATCH_LOST_AFTER", 30.0),
     # Bearer keys: failed attempts from one address within the window before it gets 429s.
     "BAD_KEY_LIMIT": env_int("INFERENCE_BAD_KEY_LIMIT", 50),
     "BAD_KEY_WINDOW": env_float("INFERENCE_BAD_KEY_WINDOW", 60.0),

@@ -4,7 +4,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from adrf.views import APIView
 from channels.db import database_sync_to_async
@@ -21,21 +23,27 @@ from .errors import APIError, error_body, unavailable
 from .generation import GenerationStream, new_request_id, open_generation
 
 logger = logging.getLogger(__name__)
+PriorityClass = Literal["interactive", "batch"]
 
 
 class OpenAIView(RateLimitHeadersMixin, APIView):
     """Async DRF view; bodies over the configured limit get 413 before parsing. Every response
     to an authenticated request carries OpenAI's x-ratelimit-* headers (`teams.response_headers`)."""
 
+    buffers_body = True  # False: a view that streams its (multipart) body itself, bounded by `body_limit`
+
+    def body_limit(self, request) -> int:
+        return web_config().max_request_bytes
+
     def initial(self, request, *args, **kwargs):
-        limit = web_config().max_request_bytes
+        limit = self.body_limit(request)
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0
         # The body is read (and kept) before authentication: session auth's CSRF check may read the
         # request's stream, after which Django no longer gives the body.
-        too_large = declared > limit or len(request._request.body) > limit
+        too_large = declared > limit or (self.buffers_body and len(request._request.body) > limit)
         self.perform_authentication(request)  # before the 413, so that it carries the caller's rate-limit headers
         if too_large:
             raise APIError(413, f"Request body too large: the limit is {limit} bytes.", code="request_too_large")
@@ -135,27 +143,43 @@ class GenerationView(OpenAIView):
     id_prefix: str
 
     async def post(self, request) -> HttpResponseBase:
-        return await self.generate(request, self.validated(request))
+        return await self.generate(request, self.validated(request.data))
 
-    def validated(self, request):
-        serializer = self.serializer_class(data=request.data, context=self.serializer_context())
+    def validated(self, body: dict):
+        serializer = self.serializer_class(data=body, context=self.serializer_context())
         serializer.is_valid(raise_exception=True)
         return serializer
 
     async def generate(self, request, serializer) -> HttpResponseBase:
         """Everything after validation: the model, the meter, the job, the answer."""
+        def meter_for(request_id: str) -> RequestMeter:
+            request.meter = RequestMeter(request.auth, request.path, request_id)
+            return request.meter
+
+        job = await self.start(serializer, meter_for)
+        if job.early is not None:
+            return Response(job.early)
+        return await self.respond(job.serializer, job.request_id, job.model, job.stream)
+
+    async def start(self, serializer, meter_for: Callable[[str], RequestMeter],
+                    priority_class: PriorityClass = "interactive") -> Job:
+        """The pipeline from a validated request up to an open job; the batch runner
+        (`openai_api.batches.lines`) shares it, at `batch` priority."""
         data = serializer.validated_data
         resolved = await resolve_model(data["model"])
         model = str(resolved)
         request_id = self.new_request_id()
-        meter = request.meter = RequestMeter(request.auth, request.path, request_id)
+        meter = meter_for(request_id)
         meter.check_model(model, data["model"])
         meter.tags = serializer.usage_tags() if hasattr(serializer, "usage_tags") else {}
         early = self.answer_without_job(data)
         if early is not None:
-            return Response(early)
-        stream = await open_generation(request_id, resolved, serializer.job_prompts(), serializer.job_params(), meter)
-        return await self.respond(serializer, request_id, model, stream)
+            return Job(serializer, request_id, model, None, early)
+        params = serializer.job_params()
+        if priority_class == "batch":  # a request may ask for batch itself (service_tier "flex"), never the reverse
+            params = replace(params, priority_class="batch")
+        stream = await open_generation(request_id, resolved, serializer.job_prompts(), params, meter)
+        return Job(serializer, request_id, model, stream)
 
     def new_request_id(self) -> str:
         return new_request_id(self.id_prefix)
@@ -165,3 +189,18 @@ class GenerationView(OpenAIView):
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream) -> HttpResponseBase:
         raise NotImplementedError
+
+    async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
+        """The non-streamed answer's body (a `stream: false` response, a batch line's `response.body`)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Job:
+    """A request on its way: validated, metered, and either sent (`stream`) or answered at once (`early`)."""
+
+    serializer: object
+    request_id: str
+    model: str
+    stream: GenerationStream | None
+    early: dict | None = None

@@ -161,7 +161,11 @@ class ChatCompletionsView(GenerationView):
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data
-        shaper = ChatShaper(request_id, model, data, serializer.parse_tools, stream.started)
         if data["stream"]:
+            shaper = ChatShaper(request_id, model, data, serializer.parse_tools, stream.started)
             return sse_response(shaper.chunks(stream), stream)
-        return Response(shaper.body(await stream.collect()))
+        return Response(await self.whole_body(serializer, request_id, model, stream))
+
+    async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
+        shaper = ChatShaper(request_id, model, serializer.validated_data, serializer.parse_tools, stream.started)
+        return shaper.body(await stream.collect())

@@ -87,4 +87,8 @@ class CompletionsView(GenerationView):
         shaper = CompletionShaper(request_id, model, data, stream.started)
         if data["stream"]:
             return sse_response(shaper.chunks(stream), stream)
-        return Response(shaper.body(await stream.collect()))
+        return Response(await self.whole_body(serializer, request_id, model, stream))
+
+    async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
+        shaper = CompletionShaper(request_id, model, serializer.validated_data, stream.started)
+        return shaper.body(await stream.collect())

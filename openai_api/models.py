@@ -1,4 +1,4 @@
-"""Stored Responses (`store: true`): a response, the input items of its turn, and the turns before it.
+"""The API's own rows. Stored Responses (`store: true`): a response, the input items of its turn, and the turns before it.
 
 Each row holds the whole conversation up to its turn (`history`), so `previous_response_id` is
 one read, and `INFERENCE_RESPONSES_MAX_BYTES` bounds what a chain can grow to. Rows belong to a
@@ -37,3 +37,7 @@ class StoredResponse(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.status})"
+
+
+# The Batch API's files, batches and lines live beside their code.
+from .batches.models import Batch, BatchLine, StoredFile  # noqa: E402,F401

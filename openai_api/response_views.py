@@ -26,7 +26,7 @@ class ResponsesView(GenerationView):
         return new_request_id("resp").replace("-", "_")
 
     async def post(self, request):
-        serializer = self.validated(request)
+        serializer = self.validated(request.data)
         await response_runs.continue_conversation(serializer, request.auth)
         if serializer.validated_data["background"]:
             model = str(await resolve_model(serializer.validated_data["model"]))
@@ -42,6 +42,10 @@ class ResponsesView(GenerationView):
         if store is not None:
             await store(response)
         return Response(response)
+
+    async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
+        """A batch line's answer: the non-streamed response (batch lines are not stored)."""
+        return await collect_response(builder_for(serializer, request_id, model, stream), stream)
 
 
 class StoredResponseView(OpenAIView):

@@ -1,6 +1,8 @@
 from django.urls import path
 
 from .audio import TranscriptionsView, TranslationsView
+from .batches.views import (BatchCancelView, BatchDetailView, BatchesView, FileContentView, FileDetailView,
+                            FilesView)
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
 from .health import health, live
@@ -27,6 +29,12 @@ urlpatterns = [
     path("v1/responses/<str:response_id>/cancel", CancelResponseView.as_view()),
     path("v1/audio/transcriptions", TranscriptionsView.as_view()),
     path("v1/audio/translations", TranslationsView.as_view()),
+    path("v1/files", FilesView.as_view()),
+    path("v1/files/<str:file_id>", FileDetailView.as_view()),
+    path("v1/files/<str:file_id>/content", FileContentView.as_view()),
+    path("v1/batches", BatchesView.as_view()),
+    path("v1/batches/<str:batch_id>", BatchDetailView.as_view()),
+    path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view()),
     path("load_model", LoadModelView.as_view()),
     path("unload_model", UnloadModelView.as_view()),
     path("v1/models", ModelListView.as_view()),

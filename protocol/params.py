@@ -69,6 +69,7 @@ class JobParams:
     priority: int = 0
     stream: bool = True  # False: the client reads the whole answer at once, so the worker sends its first
     # token (time to first token is still measured) and then the rest when done, not a message per step
+    priority_class: Literal["interactive", "batch"] = "interactive"  # batch: runs in what interactive work leaves
 
     @classmethod
     def from_wire(cls, params: Mapping[str, Any]) -> JobParams:

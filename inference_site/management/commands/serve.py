@@ -80,6 +80,9 @@ class Command(BaseCommand):
             from teams.ledger import LedgerWriter
 
             LedgerWriter.get()  # replays usage a killed process left in the spool, before the first request
+            from openai_api.batches.runner import start_runner
+
+            start_runner()  # resumes the batches a stopped process left (docs/batch.md)
             if not no_worker:
                 from workers.adapter.runtime import run_worker
 

@@ -1,0 +1,74 @@
+"""One batch line through the endpoints' own pipeline: the view's serializer, model resolution, the
+team's meter (limits, reservation, ledger row) and the same answer body, at `batch` priority.
+
+A line's refusal or failure becomes its output line's `response` (status and OpenAI error body), as
+the endpoint would have answered it; what is worth waiting out (a rate limit, no worker, a lost
+worker) is tried again until the batch ends.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import replace
+
+from teams.metering import RequestMeter
+from teams.principal import Principal
+
+from ..chat import ChatCompletionsView
+from ..completions import CompletionsView
+from ..errors import exception_handler
+from ..response_views import ResponsesView
+
+logger = logging.getLogger(__name__)
+VIEWS = {"/v1/completions": CompletionsView, "/v1/chat/completions": ChatCompletionsView,
+         "/v1/responses": ResponsesView}
+MAX_WAIT = 30.0  # seconds between tries, at most
+MAX_TRIES = 60  # a line refused this often (503s, rate limits) goes to the error file as it was last answered
+
+
+def batch_principal(principal: Principal) -> Principal:
+    """The caller as a batch line counts: against the team's tokens and budget, not its requests per
+    minute or parallel slots (the runner's own concurrency bounds those)."""
+    scopes = tuple(replace(scope, rpm=None, max_parallel=None) for scope in principal.scopes)
+    return replace(principal, scopes=scopes)
+
+
+async def answer(principal: Principal, url: str, body: dict) -> tuple[int, str, dict]:
+    """(status, request id, body) of one request made as the endpoint would answer it, never streamed."""
+    view = VIEWS[url]()
+    meters: list[RequestMeter] = []
+
+    def meter_for(request_id: str) -> RequestMeter:
+        meters.append(RequestMeter(principal, url, request_id))
+        return meters[-1]
+
+    try:
+        job = await view.start(view.validated({**body, "stream": False}), meter_for, priority_class="batch")
+        if job.early is not None:
+            return 200, job.request_id, job.early
+        return 200, job.request_id, await view.whole_body(job.serializer, job.request_id, job.model, job.stream)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        response = exception_handler(exc, {})
+        request_id = meters[-1].request_id if meters else f"batch_req_{secrets.token_hex(12)}"
+        return response.status_code, request_id, dict(response.data)
+
+
+async def run_line(principal: Principal, url: str, custom_id: str, body: dict) -> tuple[dict, bool]:
+    """(the output line, whether it goes to the error file); waits out what passes and tries again."""
+    wait = 1.0
+    for tries in range(1, MAX_TRIES + 1):
+        status, request_id, answer_body = await answer(principal, url, body)
+        code = (answer_body.get("error") or {}).get("code") if status >= 400 else None
+        passing = status == 503 or (status == 429 and code == "rate_limit_exceeded")
+        if passing and tries < MAX_TRIES:
+            logger.info("batch line %s: %s (%s), trying again in %.0fs", custom_id, status, code, wait)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, MAX_WAIT)
+            continue
+        line = {"id": f"batch_req_{secrets.token_hex(12)}", "custom_id": custom_id,
+                "response": {"status_code": status, "request_id": request_id, "body": answer_body}, "error": None}
+        return line, status >= 400
+    raise AssertionError("unreachable")

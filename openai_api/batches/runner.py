@@ -1,0 +1,142 @@
+"""The batch runner: one asyncio task per web process, beside the server (`serve` starts it, and any
+Batch API call starts it in a process that has none).
+
+Every BATCH_POLL_SECONDS it beats for the batches it holds and takes over those whose runner has been
+silent BATCH_LOST_AFTER seconds (a process that died or was restarted), then runs each held batch:
+validate its input, run its pending lines (BATCH_CONCURRENCY at once over every batch of the process,
+so a batch never floods the workers' queue), then write its output and error files. Everything a
+restart needs is in the database: lines already done are never run again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
+from catalog.config import web_config
+from protocol.tasks import watch
+
+from . import service, state
+from .lines import batch_principal, run_line
+from .models import Batch
+
+logger = logging.getLogger(__name__)
+RUNNER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def db(function):
+    return database_sync_to_async(function, thread_sensitive=False)
+
+
+class BatchRunner:
+    _instance: BatchRunner | None = None
+
+    def __init__(self) -> None:
+        self.batches: dict[str, asyncio.Task] = {}
+        self.slots = asyncio.Semaphore(max(1, web_config().batch_concurrency))
+        self.wake = asyncio.Event()
+        self.loop_task: asyncio.Task | None = None
+
+    @classmethod
+    def get(cls) -> BatchRunner:
+        if cls._instance is None or cls._instance.loop_task is None or cls._instance.loop_task.done():
+            cls._instance = cls()
+            cls._instance.loop_task = watch(cls._instance.run_forever(), "the batch runner",
+                                            lambda reason: None)  # the next API call or tick starts a new one
+        return cls._instance
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                logger.warning("batch runner tick failed", exc_info=True)
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), web_config().batch_poll_seconds)
+            except TimeoutError:
+                pass
+
+    async def tick(self) -> None:
+        held = await db(state.claim_batches)(RUNNER_ID, web_config().batch_lost_after)
+        for batch_id in held:
+            task = self.batches.get(batch_id)
+            if task is None or task.done():
+                self.batches[batch_id] = watch(self.run_batch(batch_id), f"batch {batch_id}")
+        for batch_id in [b for b, task in self.batches.items() if task.done()]:
+            del self.batches[batch_id]
+
+    async def submit(self, batch_id: str) -> None:
+        """A batch just created: this process takes it now."""
+        await db(state.take_new)(batch_id, RUNNER_ID)
+        self.wake.set()
+
+    async def run_batch(self, batch_id: str) -> None:
+        current = await db(state.state)(batch_id)
+        if current.status == Batch.VALIDATING:
+            await db(service.validate_input)(batch_id)
+            current = await db(state.state)(batch_id)
+        if current.status == Batch.IN_PROGRESS:
+            await self.run_lines(batch_id, current)
+            current = await db(state.state)(batch_id)
+        if current.runner != RUNNER_ID:
+            return
+        if current.status == Batch.IN_PROGRESS and current.expires_at <= timezone.now():
+            await db(state.expire_pending)(batch_id)
+            await db(state.finalize)(batch_id, RUNNER_ID, Batch.EXPIRED)
+        elif current.status == Batch.IN_PROGRESS:
+            await db(state.mark)(batch_id, RUNNER_ID, Batch.FINALIZING, finalizing_at=timezone.now())
+            await db(state.finalize)(batch_id, RUNNER_ID, Batch.COMPLETED)
+        elif current.status == Batch.FINALIZING:  # a runner died while finalizing
+            await db(state.finalize)(batch_id, RUNNER_ID, Batch.COMPLETED)
+        elif current.status == Batch.CANCELLING:
+            await db(state.finalize)(batch_id, RUNNER_ID, Batch.CANCELLED)
+        logger.info("batch %s done", batch_id)
+
+    async def run_lines(self, batch_id: str, current: state.BatchState) -> None:
+        """Pending lines, at most BATCH_CONCURRENCY running per batch (and per process), until none is
+        left, the batch is cancelled or expires, or another runner took it."""
+        principal = batch_principal(await db(state.principal_of)(current))
+        running: dict[asyncio.Task, int] = {}
+        limit = max(1, web_config().batch_concurrency)
+        try:
+            while True:
+                current = await db(state.state)(batch_id)
+                if (current.status != Batch.IN_PROGRESS or current.runner != RUNNER_ID
+                        or current.expires_at <= timezone.now()):
+                    return
+                if len(running) < limit:
+                    pending = await db(state.pending_lines)(batch_id, set(running.values()), limit - len(running))
+                    for pk, _, custom_id, body in pending:
+                        task = asyncio.ensure_future(self.one_line(batch_id, pk, principal, current.endpoint,
+                                                                   custom_id, body))
+                        running[task] = pk
+                if not running:
+                    return
+                done, _ = await asyncio.wait(running, timeout=web_config().batch_poll_seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    del running[task]
+                    if not task.cancelled() and task.exception() is not None:
+                        logger.error("batch %s: a line failed", batch_id, exc_info=task.exception())
+        finally:
+            for task in running:  # cancelled or taken over: lines not done stay pending
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+
+    async def one_line(self, batch_id: str, pk: int, principal, url: str, custom_id: str, body: dict) -> None:
+        async with self.slots:
+            line, is_error = await run_line(principal, url, custom_id, body)
+        # Shielded: a cancel arriving now must not lose a finished line (it would run again).
+        await asyncio.shield(db(state.record_line)(batch_id, pk, line, is_error))
+
+
+def start_runner() -> BatchRunner:
+    """The process's runner, started if it is not running (in the running event loop)."""
+    return BatchRunner.get()
