@@ -155,6 +155,7 @@ SCENARIOS = {
     "memory": "KV memory and tok/s at 32 streams of 2k-token prompts, vs another git ref's server (bench/memory.py)",
     "prefix": "TTFT after a 1,500-token shared prefix: a prefix-cache miss vs a hit (bench/prefix.py)",
     "mixed": "Poisson arrivals of 32-2048-token prompts / 16-512-token outputs, ours vs the peer (bench/mixed.py)",
+    "fairness": "teams sharing one box: B beside A's and C's floods and beside a Batch API batch, shares, batch vs direct (bench/fairness.py)",
     "overhead": "the engine's host cost: the tiny model, 64 x 128 tokens at once, ours vs raw padded generate (bench/overhead.py)",
     "contention": "c1/c16/... rounds on one server beside busy processes, vs raw under the same load (bench/contention.py)",
 }
