@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 Emit = Callable[[str, dict], None]
 CANCEL_MEMORY_SECONDS = 300.0
 IDLE_CHECK_SECONDS = 0.5
+GAUGE_SECONDS = 0.1  # the queue gauges are set at most this often while busy (counting costs per step)
 CONTROL_TYPES = (protocol.MODEL_LOAD, protocol.MODEL_UNLOAD, protocol.MODEL_SETTINGS)
 WAKE = {"type": "engine.wake"}  # a grammar compiled, or a beam search ended: look again
 BEAM_DONE = "engine.beam_done"
@@ -66,6 +67,7 @@ class Engine:
         self.loader = Loader(self.manager, self._wake)
         self.models_control = ModelControl(self.manager, self.loader, emit, name, self._busy, self._admit, self._refuse_load)
         self._idle_checked = 0.0
+        self._gauges_set = 0.0
         self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
                                         lambda: self._inbox.put(WAKE))
         self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
@@ -199,8 +201,10 @@ class Engine:
             # Hand the GIL over once per step so the event loop (HTTP, channel layer)
             # is never starved by a fast model's Python-bound steps.
             time.sleep(0)
-        self.metrics.queues(self.requests.values(), self.scheduler.waiting)
-        self.metrics.teams(self.scheduler.in_flight(), self.scheduler.waiting)
+        if not self.requests or time.monotonic() - self._gauges_set >= GAUGE_SECONDS:
+            self._gauges_set = time.monotonic()
+            self.metrics.queues(self.requests.values(), self.scheduler.waiting)
+            self.metrics.teams(self.scheduler.in_flight(), self.scheduler.waiting)
         return busy
 
     def _fail_all(self, message: dict) -> None:

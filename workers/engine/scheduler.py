@@ -49,8 +49,7 @@ class Scheduler:
             decoded.extend(seq for seq, _ in pairs)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
-        for seq in decoded:
-            self.waiting.charge(seq, generated=1)
+        self.waiting.charge_step(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)
         return decoded
