@@ -51,6 +51,7 @@ from protocol.jobs import (  # noqa: F401
     AudioPrompt,
     Prompt,
     SubmitMessage,
+    TeamRef,
     RouteAckMessage,
     AliveMessage,
     CancelMessage,

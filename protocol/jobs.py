@@ -71,6 +71,13 @@ class AudioPrompt(TypedDict):
 Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
 
 
+class TeamRef(TypedDict):
+    """Whose job it is, for the engine's fair share: the team's name and its weight (teams' `share`, > 0)."""
+
+    name: str
+    share: float
+
+
 class SubmitMessage(TypedDict):
     type: Literal["generation.submit"]
     request_id: str
@@ -81,6 +88,7 @@ class SubmitMessage(TypedDict):
     routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
     route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
     accept_by: NotRequired[float]  # wall-clock time after which the web side no longer waits: drop it
+    team: NotRequired[TeamRef]  # the team it counts against (absent: a job of no team, e.g. a test's)
 
 
 class RouteAckMessage(TypedDict):
@@ -183,9 +191,12 @@ class DoneMessage(TypedDict):
 
 
 def submit_message(request_id: str, reply_channel: str, model: ModelRef, prompts: list[Prompt],
-                   params: JobParams) -> SubmitMessage:
-    return {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel, "model": model.to_wire(),
-            "prompts": prompts, "params": params.to_wire()}
+                   params: JobParams, team: TeamRef | None = None) -> SubmitMessage:
+    message: SubmitMessage = {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel,
+                              "model": model.to_wire(), "prompts": prompts, "params": params.to_wire()}
+    if team is not None:
+        message["team"] = {"name": str(team["name"]), "share": float(team["share"])}
+    return message
 
 
 def accepted_message(worker: str) -> AcceptedMessage:
