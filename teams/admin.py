@@ -17,8 +17,23 @@ from .models import APIKey, Membership, Team, UsageRecord
 from .usage_report import usage_report_view
 
 
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        """A key belongs to a member of its team: like `team_member remove`, keep a member holding keys."""
+        super().clean()
+        for form in self.deleted_forms:
+            membership = form.instance
+            if membership.pk is None:
+                continue
+            keys = services.member_keys(membership.team, membership.user)
+            if keys.exists():
+                names = ", ".join(f"{key.name} ({key.prefix}…)" for key in keys)
+                raise ValidationError(f"{membership.user} holds keys in this team: {names}. Revoke them first.")
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    formset = MembershipFormSet
     extra = 1
     autocomplete_fields = ("user",)
 
@@ -49,8 +64,13 @@ class APIKeyForm(forms.ModelForm):
         fields = ("name", "team", "user", "allowed_models", "rpm", "tpm", "max_parallel", "expires_at", "manage_models",
                   "service_tier")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["service_tier"].required = False  # left out: interactive
+
     def clean(self):
         data = super().clean()
+        data["service_tier"] = data.get("service_tier") or APIKey.INTERACTIVE
         team = data.get("team")
         if team is not None:
             try:

@@ -229,3 +229,30 @@ def test_share_and_service_tier_in_key_status_and_the_admin_usage_page(live):
 def test_create_team_refuses_a_share_of_zero(live):
     result = manage(live.env, "create_team", "zero", "--share", "0", check=False)
     assert result.returncode == 1 and "A share is a weight above 0" in result.stderr
+
+
+def test_admin_adds_a_member_and_keeps_one_holding_keys_from_removal(live):
+    from .test_teams import admin_client
+    http = admin_client(live)
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        team_id = db.execute("select id from teams_team where name = 'light'").fetchone()[0]
+        bob = db.execute("select id from auth_user where username = 'bob'").fetchone()[0]
+    url = f"/admin/teams/team/{team_id}/change/"
+    team = {"name": "light", "allowed_models": "[]", "budget_period_days": "30", "share": "1.0",
+            "memberships-INITIAL_FORMS": "0", "memberships-TOTAL_FORMS": "1",
+            "memberships-0-team": str(team_id), "memberships-0-user": str(bob), "memberships-0-role": "member"}
+    added = http.post(url, data={**team, "csrfmiddlewaretoken": http.cookies["csrftoken"]})
+    assert added.status_code == 200 and "errornote" not in added.text
+    assert member_names(live, "light") == ["bob"]
+
+    manage(live.env, "create_api_key", "bob-key", "--team", "light", "--user", "bob")
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        membership = db.execute("select id from teams_membership where team_id = ?", (team_id,)).fetchone()[0]
+    removing = {**team, "memberships-INITIAL_FORMS": "1", "memberships-0-id": str(membership),
+                "memberships-0-DELETE": "on", "csrfmiddlewaretoken": http.cookies["csrftoken"]}
+    kept = http.post(url, data=removing)
+    assert "bob holds keys in this team: bob-key (sk-inf-" in kept.text
+    assert member_names(live, "light") == ["bob"]
+
+    assert manage(live.env, "team_member", "remove", "light", "bob", "--revoke-keys").returncode == 0
+    assert member_names(live, "light") == []
