@@ -9,6 +9,7 @@ closes: `cancel()` ends every request, whichever way it went.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -260,13 +261,14 @@ async def open_generation(request_id: str, model: protocol.ModelRef, prompts: li
     """
     if meter is None:
         return await _open(request_id, model, prompts, params)
+    team, params = for_principal(meter, params)
     try:
         await meter.admit()
     except LimitExceeded as exc:
         await meter.finish(429, exc.code)
         raise
     try:
-        stream = await _open(request_id, model, prompts, params)
+        stream = await _open(request_id, model, prompts, params, team)
     except APIError as exc:
         await meter.finish(exc.status, exc.code or "")
         raise
@@ -286,6 +288,16 @@ async def open_generation(request_id: str, model: protocol.ModelRef, prompts: li
     return stream
 
 
+def for_principal(meter: RequestMeter, params: protocol.JobParams) -> tuple[protocol.TeamRef, protocol.JobParams]:
+    """The job's team (name and fair-share weight) and its params as the principal's key sets them:
+    every request of a `batch` key runs at batch priority, whatever it asked."""
+    principal = meter.principal
+    team: protocol.TeamRef = {"name": principal.team.name, "share": principal.team.share}
+    if principal.key is not None and principal.key.service_tier == "batch" and params.priority_class != "batch":
+        params = dataclasses.replace(params, priority_class="batch")
+    return team, params
+
+
 def settle_unless_claimed(stream: GenerationStream, within: float = HANDOFF_SECONDS) -> None:
     """A client that vanishes after the view returns and before its response starts reading the
     stream leaves no code to end it (Django drops the unstarted response): this does, so the job
@@ -299,10 +311,10 @@ def settle_unless_claimed(stream: GenerationStream, within: float = HANDOFF_SECO
 
 
 async def _open(request_id: str, model: protocol.ModelRef, prompts: list[protocol.Prompt],
-                params: protocol.JobParams) -> GenerationStream:
+                params: protocol.JobParams, team: protocol.TeamRef | None = None) -> GenerationStream:
     layer = get_channel_layer()
     reply_channel = await layer.new_channel("reply.")
-    stream = GenerationStream(layer, protocol.submit_message(request_id, reply_channel, model, prompts, params))
+    stream = GenerationStream(layer, protocol.submit_message(request_id, reply_channel, model, prompts, params, team))
     # In the request's log context: ties its X-Request-Id to the job id the worker's lines name.
     logger.info("job %s submitted for %s", request_id, model)
     await stream.open_or_resubmit()

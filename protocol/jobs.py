@@ -71,11 +71,12 @@ class AudioPrompt(TypedDict):
 Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
 
 
-class TeamShare(TypedDict):
-    """A job's team as the engine's fair-share scheduler weighs it (workers/engine/fair_share.py)."""
+class TeamRef(TypedDict):
+    """Whose job it is, for the engine's fair share (workers/engine/fair_share.py): the team's name and
+    its weight (teams' `share`, > 0; equal shares get equal parts of a full box)."""
 
     name: str
-    share: float  # the team's weight (default 1): equal shares get equal parts of a full box
+    share: float
 
 
 class SubmitMessage(TypedDict):
@@ -88,7 +89,7 @@ class SubmitMessage(TypedDict):
     routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
     route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
     accept_by: NotRequired[float]  # wall-clock time after which the web side no longer waits: drop it
-    team: NotRequired[TeamShare]  # whose share of the box it runs in (absent: the anonymous share)
+    team: NotRequired[TeamRef]  # the team it counts against (absent: a job of no team, e.g. a test's)
 
 
 class RouteAckMessage(TypedDict):
@@ -191,12 +192,12 @@ class DoneMessage(TypedDict):
 
 
 def submit_message(request_id: str, reply_channel: str, model: ModelRef, prompts: list[Prompt],
-                   params: JobParams, team: TeamShare | None = None) -> SubmitMessage:
-    job: SubmitMessage = {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel,
-                          "model": model.to_wire(), "prompts": prompts, "params": params.to_wire()}
+                   params: JobParams, team: TeamRef | None = None) -> SubmitMessage:
+    message: SubmitMessage = {"type": SUBMIT, "request_id": request_id, "reply_channel": reply_channel,
+                              "model": model.to_wire(), "prompts": prompts, "params": params.to_wire()}
     if team is not None:
-        job["team"] = team
-    return job
+        message["team"] = {"name": str(team["name"]), "share": float(team["share"])}
+    return message
 
 
 def accepted_message(worker: str) -> AcceptedMessage:

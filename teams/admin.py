@@ -17,8 +17,23 @@ from .models import APIKey, Membership, Team, UsageRecord
 from .usage_report import usage_report_view
 
 
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        """A key belongs to a member of its team: like `team_member remove`, keep a member holding keys."""
+        super().clean()
+        for form in self.deleted_forms:
+            membership = form.instance
+            if membership.pk is None:
+                continue
+            keys = services.member_keys(membership.team, membership.user)
+            if keys.exists():
+                names = ", ".join(f"{key.name} ({key.prefix}…)" for key in keys)
+                raise ValidationError(f"{membership.user} holds keys in this team: {names}. Revoke them first.")
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    formset = MembershipFormSet
     extra = 1
     autocomplete_fields = ("user",)
 
@@ -26,7 +41,7 @@ class MembershipInline(admin.TabularInline):
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = ("name", "model_list", "rpm", "tpm", "max_parallel", "token_budget", "budget_period_days",
-                    "member_count", "key_count")
+                    "share", "member_count", "key_count")
     search_fields = ("name",)
     inlines = [MembershipInline]
 
@@ -46,10 +61,16 @@ class TeamAdmin(admin.ModelAdmin):
 class APIKeyForm(forms.ModelForm):
     class Meta:
         model = APIKey
-        fields = ("name", "team", "user", "allowed_models", "rpm", "tpm", "max_parallel", "expires_at", "manage_models")
+        fields = ("name", "team", "user", "allowed_models", "rpm", "tpm", "max_parallel", "expires_at", "manage_models",
+                  "service_tier")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["service_tier"].required = False  # left out: interactive
 
     def clean(self):
         data = super().clean()
+        data["service_tier"] = data.get("service_tier") or APIKey.INTERACTIVE
         team = data.get("team")
         if team is not None:
             try:
@@ -65,8 +86,9 @@ class APIKeyForm(forms.ModelForm):
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
     form = APIKeyForm
-    list_display = ("name", "team", "user", "prefix", "created_at", "last_used_at", "expires_at", "status")
-    list_filter = ("team", ("revoked_at", admin.EmptyFieldListFilter))
+    list_display = ("name", "team", "user", "prefix", "service_tier", "created_at", "last_used_at", "expires_at",
+                    "status")
+    list_filter = ("team", "service_tier", ("revoked_at", admin.EmptyFieldListFilter))
     search_fields = ("name", "prefix", "team__name", "user__username")
     readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     actions = ["revoke"]
@@ -99,8 +121,8 @@ class APIKeyAdmin(admin.ModelAdmin):
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
     list_display = ("created_at", "team", "key", "user", "model", "endpoint", "prompt_tokens", "completion_tokens",
-                    "time_to_first_token_ms", "duration_ms", "status_code", "finish_reason", "cancelled", "error_code")
-    list_filter = ("team", "model", "endpoint", "status_code", "cancelled")
+                    "time_to_first_token_ms", "duration_ms", "status_code", "refused", "finish_reason", "cancelled", "error_code")
+    list_filter = ("team", "model", "endpoint", "status_code", "refused", "cancelled")
     search_fields = ("request_id", "key__prefix", "key__name")
     date_hierarchy = "created_at"
     change_list_template = "admin/teams/usagerecord/change_list.html"

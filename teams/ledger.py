@@ -6,6 +6,8 @@ batch at a time, every few hundred milliseconds, trying LEDGER_WRITE_TRIES times
 Rows that still fail (database down) or that found the queue full stay in the spool and are
 replayed into the database, deduplicated by request id, every LEDGER_REPLAY_SECONDS, as are the
 segments of a process killed with -9. What is still queued is written at interpreter exit.
+Until its batch is committed, each row is also noted in the pending store (teams/pending_usage.py),
+which `/v1/key` adds to the database's rows, so usage shows as soon as a response ends.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from catalog.config import web_config
 from protocol import failpoints
 
 from .ledger_spool import Segment, Spool
+from .pending_usage import LocalPending, PendingRow, RedisPending, pending_store
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,13 @@ class UsageEntry:
     cancelled: bool
     error_code: str
     tags: dict = field(default_factory=dict)  # the request's metadata, user, safety_identifier, service_tier
+    refused: bool = False  # turned away without running (see RequestMeter.finish): not a served request
+
+    def pending(self) -> PendingRow | None:
+        if self.team_id is None:
+            return None
+        return PendingRow(self.request_id, self.team_id, self.key_id, self.created_at.timestamp(),
+                          self.prompt_tokens, self.completion_tokens, self.refused)
 
 
 class LedgerWriter:
@@ -53,13 +63,15 @@ class LedgerWriter:
     _lock = threading.Lock()
 
     def __init__(self, batch_size: int, flush_seconds: float, queue_max: int = 10000, put_wait: float = 1.0,
-                 tries: int = 3, spool_dir: str = "", replay_seconds: float = 5.0) -> None:
+                 tries: int = 3, spool_dir: str = "", replay_seconds: float = 5.0,
+                 pending: LocalPending | RedisPending | None = None) -> None:
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
         self.put_wait = put_wait
         self.tries = tries
         self.replay_seconds = replay_seconds
         self.spool = Spool(spool_dir)
+        self.pending = pending or LocalPending()
         self.queue: queue.Queue[tuple[UsageEntry, Segment] | None] = queue.Queue(maxsize=queue_max)
         self._replayed = 0.0
         self.thread = threading.Thread(target=self._run, name="usage-ledger", daemon=True)
@@ -73,7 +85,7 @@ class LedgerWriter:
                 config = web_config()
                 cls._instance = cls(config.ledger_batch_size, config.ledger_flush_seconds, config.ledger_queue_max,
                                     config.ledger_put_wait, config.ledger_write_tries, config.ledger_spool_dir,
-                                    config.ledger_replay_seconds)
+                                    config.ledger_replay_seconds, pending_store())
             return cls._instance
 
     def record(self, entry: UsageEntry) -> None:
@@ -85,10 +97,13 @@ class LedgerWriter:
             self._deferred(entry, segment)
 
     async def record_async(self, entry: UsageEntry) -> None:
-        """`record` with backpressure: a full queue makes the request wait (up to LEDGER_PUT_WAIT) for room."""
+        """`record` with backpressure: a full queue makes the request wait (up to LEDGER_PUT_WAIT) for room.
+
+        The row is noted as pending before it is queued, so `/v1/key` counts it from then on."""
         import asyncio
 
         segment = self.spool.append(entry)
+        await self._note(entry)
         deadline = time.monotonic() + self.put_wait
         while True:
             try:
@@ -103,6 +118,15 @@ class LedgerWriter:
             except BaseException:  # the request was cancelled while it waited: the spool keeps the row
                 self._deferred(entry, segment)
                 raise
+
+    async def _note(self, entry: UsageEntry) -> None:
+        row = entry.pending()
+        if row is None:
+            return
+        try:
+            await self.pending.add(row)
+        except Exception as exc:  # /v1/key lags until the batch is written; the row itself is safe
+            logger.warning("could not note usage row %s as pending: %s", entry.request_id, exc)
 
     def _deferred(self, entry: UsageEntry, segment: Segment) -> None:
         logger.warning("usage queue full: row %s stays in the spool until it is replayed", entry.request_id)
@@ -166,6 +190,11 @@ class LedgerWriter:
             counts[id(segment)] = (segment, counts[id(segment)][1] + 1)
         for segment, count in counts.values():
             self.spool.settled(segment, count, written)
+        if written:  # rows left to the spool stay noted; readers forget them once a replay commits them
+            try:
+                self.pending.written(row for entry, _ in batch if (row := entry.pending()) is not None)
+            except Exception as exc:  # readers forget committed notes themselves
+                logger.warning("could not clear %d pending usage notes: %s", len(batch), exc)
 
     def _replay(self) -> None:
         """Rows of abandoned or kept spool segments into the database, each at most once."""

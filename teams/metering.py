@@ -10,7 +10,9 @@
     await meter.rate_headers()      # OpenAI's x-ratelimit-* headers for the response
 
 `finish` is idempotent and must run however the request ends (also a vanished client or a
-dead worker): the tokens seen so far are what gets counted then.
+dead worker): the tokens seen so far are what gets counted then. Its row is marked `refused`
+when the request was turned away without running (see `refusal`): those are counted apart from
+served requests in `/v1/key` and the admin.
 """
 from __future__ import annotations
 
@@ -24,7 +26,15 @@ from .ledger import LedgerWriter, UsageEntry
 from .limits import LimitExceeded, Ticket, current_headers, limiter, reservation_size, ticket_headers
 from .principal import Principal
 
-__all__ = ["LimitExceeded", "RequestMeter"]
+__all__ = ["LimitExceeded", "RequestMeter", "refusal"]
+CLIENT_CLOSED = 499
+
+
+def refusal(status_code: int, completion_tokens: int) -> bool:
+    """Turned away without running: a 4xx that generated nothing (the team's 429s, a 403, a 400 the
+    worker answered such as a prompt over the context, a model it cannot load), not a client that
+    left (499). 5xx are the server's failures and 2xx served: both count as requests."""
+    return 400 <= status_code < 500 and status_code != CLIENT_CLOSED and completion_tokens == 0
 
 
 class RequestMeter:
@@ -112,6 +122,7 @@ class RequestMeter:
             duration_ms=int((time.monotonic() - self.clock) * 1000), status_code=status_code,
             finish_reason=",".join(sorted(set(self.finish_reasons))), cancelled=cancelled,
             error_code=error_code or "", tags=self.tags,
+            refused=self.refused or refusal(status_code, completion),
         ))
         if self.admitted and not self.ticket.empty:
             # Shielded: a client that vanishes cancels this task, and the slot must still be freed.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 KEY_PREFIX = "sk-inf-"
@@ -18,6 +19,11 @@ DEFAULT_TEAM_NAME = "default"
 def hash_key(raw_key: str) -> str:
     # Keys are 256-bit random secrets, so a fast hash is enough (no dictionary to attack).
     return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def positive_share(value: float) -> None:
+    if not value > 0:
+        raise ValidationError("A share is a weight above 0 (1: an equal share).")
 
 
 def _limit(help_text: str) -> models.PositiveIntegerField:
@@ -33,8 +39,14 @@ class Team(models.Model):
     max_parallel = _limit("Requests in flight at once.")
     token_budget = _limit("Tokens per budget period.")
     budget_period_days = models.PositiveIntegerField(default=30, help_text="Length of a budget period in days.")
+    share = models.FloatField(default=1.0, validators=[positive_share],
+                              help_text="The team's weight in the engine's fair share when the box is contended "
+                                        "(1: equal; 2: twice the tokens of a team of 1).")
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams", blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(share__gt=0), name="team_share_positive")]
 
     def __str__(self) -> str:
         return self.name
@@ -55,6 +67,9 @@ class Membership(models.Model):
 
 
 class APIKey(models.Model):
+    INTERACTIVE, BATCH = "interactive", "batch"
+    SERVICE_TIERS = [(INTERACTIVE, "interactive"), (BATCH, "batch")]
+
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="keys")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                              related_name="api_keys")
@@ -73,6 +88,9 @@ class APIKey(models.Model):
     manage_models = models.BooleanField(
         default=False, help_text="May load and unload models for every team (/load_model, /unload_model): "
                                  "an operator's key.")
+    service_tier = models.CharField(
+        max_length=12, choices=SERVICE_TIERS, default=INTERACTIVE,
+        help_text="batch: every request of this key runs at batch priority (only in capacity interactive work leaves).")
 
     # DRF's permission checks read request.user.is_authenticated.
     is_authenticated = True
@@ -103,6 +121,8 @@ class UsageRecord(models.Model):
     finish_reason = models.CharField(max_length=30, blank=True)
     cancelled = models.BooleanField(default=False)
     error_code = models.CharField(max_length=100, blank=True)
+    refused = models.BooleanField(default=False, help_text="Turned away without running (a 4xx: the team's limits, "
+                                                           "not allowed, a prompt over the context): not served.")
     tags = models.JSONField(default=dict, blank=True,
                             help_text="The request's own labels: metadata, user, safety_identifier, service_tier.")
 

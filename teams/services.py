@@ -25,9 +25,9 @@ def default_team() -> Team:
 
 def create_team(name: str, *, allowed_models: list[str] | None = None, rpm: int | None = None,
                 tpm: int | None = None, max_parallel: int | None = None, token_budget: int | None = None,
-                budget_period_days: int = 30) -> Team:
+                budget_period_days: int = 30, share: float = 1.0) -> Team:
     team = Team(name=name, allowed_models=list(allowed_models or []), rpm=rpm, tpm=tpm, max_parallel=max_parallel,
-                token_budget=token_budget, budget_period_days=budget_period_days)
+                token_budget=token_budget, budget_period_days=budget_period_days, share=share)
     team.full_clean()
     team.save()
     return team
@@ -36,6 +36,31 @@ def create_team(name: str, *, allowed_models: list[str] | None = None, rpm: int 
 def add_member(team: Team, user, role: str = Membership.MEMBER) -> Membership:
     membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
     return membership
+
+
+def member_keys(team: Team, user):
+    """The user's keys in the team that still work (not revoked; expired ones are left alone)."""
+    return APIKey.objects.filter(team=team, user=user, revoked_at__isnull=True)
+
+
+@transaction.atomic
+def remove_member(team: Team, user, revoke_keys_too: bool = False) -> bool:
+    """Take the user out of the team; False when they were not in it (nothing to do).
+
+    A key belongs to a member of its team, so the user's unrevoked keys in the team must go first:
+    revoked here when `revoke_keys_too`, else a ValidationError naming them."""
+    membership = Membership.objects.filter(team=team, user=user).first()
+    if membership is None:
+        return False
+    keys = member_keys(team, user)
+    if keys.exists():
+        if not revoke_keys_too:
+            names = ", ".join(f"{key.name} ({key.prefix}…)" for key in keys)
+            raise ValidationError({"user": f"{user} holds keys in team {team.name}: {names}. Revoke them first "
+                                           "(or remove with --revoke-keys)."})
+        revoke_keys(keys)
+    membership.delete()
+    return True
 
 
 def check_narrows(team: Team, allowed_models: list[str], limits: dict[str, int | None]) -> None:
@@ -66,17 +91,20 @@ def new_secret() -> tuple[str, str, str]:
 
 def issue_key(name: str, team: Team | None = None, *, user=None, allowed_models: list[str] | None = None,
               rpm: int | None = None, tpm: int | None = None, max_parallel: int | None = None,
-              expires_days: float | None = None, manage_models: bool = False) -> tuple[APIKey, str]:
+              expires_days: float | None = None, manage_models: bool = False,
+              service_tier: str = APIKey.INTERACTIVE) -> tuple[APIKey, str]:
     """Create a key; returns the row and the raw secret."""
     team = team or default_team()
     limits = {"rpm": rpm, "tpm": tpm, "max_parallel": max_parallel}
     check_narrows(team, list(allowed_models or []), limits)
     check_member(team, user)
+    if service_tier not in dict(APIKey.SERVICE_TIERS):
+        raise ValidationError({"service_tier": f"One of {', '.join(dict(APIKey.SERVICE_TIERS))}."})
     raw_key, prefix, hashed = new_secret()
     expires_at = timezone.now() + timedelta(days=expires_days) if expires_days is not None else None
     key = APIKey.objects.create(team=team, user=user, name=name, prefix=prefix, hashed_key=hashed,
                                 allowed_models=list(allowed_models or []), expires_at=expires_at,
-                                manage_models=manage_models, **limits)
+                                manage_models=manage_models, service_tier=service_tier, **limits)
     return key, raw_key
 
 

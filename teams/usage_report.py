@@ -1,4 +1,6 @@
-"""The admin's usage report: tokens per day by team, key or model, as a server-drawn SVG chart and CSV."""
+"""The admin's usage report: tokens per day by team, key or model, as a server-drawn SVG chart and CSV,
+and per team over a window (the last `days`, or the last `minutes`): requests served and refused,
+tokens, and the part of all tokens each team got beside the part its `share` weight asks for."""
 from __future__ import annotations
 
 import csv
@@ -10,13 +12,14 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from .models import UsageRecord
-from .selectors import usage_by_day
+from .selectors import usage_by_day, usage_by_team
 
 GROUPS = {"team": lambda row: row["team__name"] or "(none)",
           "key": lambda row: f"{row['key__name']} ({row['key__prefix']}…)" if row["key__prefix"] else "(session)",
           "model": lambda row: row["model"]}
 COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
-CSV_COLUMNS = ("day", "team", "key", "model", "requests", "prompt_tokens", "completion_tokens", "total_tokens")
+CSV_COLUMNS = ("day", "team", "key", "model", "requests", "refused", "prompt_tokens", "completion_tokens",
+               "total_tokens")
 WIDTH, HEIGHT, MARGIN = 720, 240, 40
 
 
@@ -72,14 +75,23 @@ def csv_response(rows: list[dict]) -> HttpResponse:
     for row in rows:
         prompt, completion = row["prompt_tokens"] or 0, row["completion_tokens"] or 0
         writer.writerow([row["day"], row["team__name"] or "", row["key__prefix"] or "", row["model"], row["requests"],
-                         prompt, completion, prompt + completion])
+                         row["refused"], prompt, completion, prompt + completion])
     return response
+
+
+def _minutes(params) -> int | None:
+    try:
+        return min(366 * 1440, max(1, int(params["minutes"]))) if params.get("minutes") else None
+    except ValueError:
+        return None
 
 
 def usage_report_view(request):
     params = request.GET
     days, group = _days(params), params.get("group") if params.get("group") in GROUPS else "team"
     rows = usage_by_day(days, **_filters(params))
+    minutes = _minutes(params)
+    window = dt.timedelta(minutes=minutes) if minutes else dt.timedelta(days=days)
     if params.get("format") == "csv":
         return csv_response(rows)
     return TemplateResponse(request, "admin/teams/usage_report.html", {
@@ -87,4 +99,6 @@ def usage_report_view(request):
         "group": group, "groups": list(GROUPS), "days": days, "params": params.urlencode(),
         "filters": {name: params.get(name, "") for name in ("team", "key", "model")},
         "total_tokens": sum((r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0) for r in rows),
+        "teams": usage_by_team(timezone.now() - window), "minutes": minutes or "",
+        "window": f"{minutes} minutes" if minutes else f"{days} days",
     })

@@ -441,6 +441,6 @@ def test_admin_usage_report_draws_a_chart_and_exports_csv(live):
     assert '<svg id="usage-chart"' in page.text and "<rect" in page.text and TINY_MODEL in page.text
     exported = http.get("/admin/teams/usagerecord/report/", params={"team": "ledger", "format": "csv"})
     lines = exported.text.strip().splitlines()
-    assert lines[0] == "day,team,key,model,requests,prompt_tokens,completion_tokens,total_tokens"
+    assert lines[0] == "day,team,key,model,requests,refused,prompt_tokens,completion_tokens,total_tokens"
     total = sum(int(line.split(",")[-1]) for line in lines[1:])
     assert total == sum(r["prompt_tokens"] + r["completion_tokens"] for r in ledger_rows(live, "ledger"))

@@ -27,7 +27,7 @@ def cluster(hf_cache, tmp_path_factory):
     redis_server, postgres = RedisServer(work), PostgresServer()
     env = base_env(hf_cache, work, CHANNEL_LAYER_URL=redis_server.url, DATABASE_URL=postgres.url,
                    INFERENCE_WORKER_ACK_TIMEOUT="120", INFERENCE_WORKER_EVENT_TIMEOUT="20",
-                   INFERENCE_LEDGER_FLUSH_SECONDS="0.2")
+                   INFERENCE_LEDGER_FLUSH_SECONDS="3")  # /v1/key must not wait for the ledger's batches
     processes = []
     try:
         webs = [LiveServer(env, work, extra_args=("--no-worker",), name=f"web{i}") for i in range(2)]
@@ -35,9 +35,10 @@ def cluster(hf_cache, tmp_path_factory):
         worker = ManagedProcess(["manage.py", "run_worker"], env, work / "worker.log")
         processes.append(worker)
         worker.wait_for_log("listening on channel")
-        secrets = make_teams(env, teams={"shared": ["--rpm", "6"], "budget": ["--token-budget", "100"], "doomed": []},
+        secrets = make_teams(env, teams={"shared": ["--rpm", "6"], "budget": ["--token-budget", "100"], "doomed": [],
+                                         "counted": ["--rpm", "2"]},
                              keys={"shared": ["--team", "shared"], "budget": ["--team", "budget"],
-                                   "doomed": ["--team", "doomed"]})
+                                   "doomed": ["--team", "doomed"], "counted": ["--team", "counted"]})
         yield webs, secrets, redis_server, postgres, worker
     finally:
         for process in processes:
@@ -81,6 +82,36 @@ def test_budget_holds_under_concurrency_across_two_web_processes(cluster):
 
     rows = ledger(postgres, "budget", 32)
     assert (len(rows), sum(r[0] + r[1] for r in rows)) == (32, sum(served))
+
+
+def test_key_status_on_another_web_process_counts_a_response_as_it_ends(cluster):
+    """Served on one web process, read on the other at once: the row settled but not yet written is
+    noted in Redis, and each request is counted once after the ledger writes it; refusals apart."""
+    webs, secrets, redis_server, postgres, worker = cluster
+    fresh_minute(30)
+    auth = {"Authorization": f"Bearer {secrets['counted']}"}
+    body = {"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 3}
+    served = httpx.post(f"{webs[0].base_url}/v1/completions", headers=auth, json=body, timeout=120)
+    assert served.status_code == 200
+    tokens = served.json()["usage"]["total_tokens"]
+
+    def status() -> tuple[int, int, int]:
+        data = httpx.get(f"{webs[1].base_url}/v1/key", headers=auth).json()["data"]
+        return data["usage"], data["period_requests"], data["refused_requests"]
+
+    assert status() == (tokens, 1, 0)
+    assert ledger(postgres, "counted", 0) == [], "the row was written already: this proves nothing"
+    second = httpx.post(f"{webs[1].base_url}/v1/completions", headers=auth, json=body, timeout=120)
+    assert second.status_code == 200
+    refused = httpx.post(f"{webs[0].base_url}/v1/completions", headers=auth, json=body, timeout=120)
+    assert refused.status_code == 429  # the team's 2 requests a minute
+    tokens2 = tokens + second.json()["usage"]["total_tokens"]
+    assert status() == (tokens2, 2, 1)
+    rows = ledger(postgres, "counted", 3)
+    assert sorted(row[2] for row in rows) == [200, 200, 429]
+    assert status() == (tokens2, 2, 1)  # written now: still counted once
+    notes = redis.Redis.from_url(redis_server.url)
+    assert not any(notes.hlen(key) for key in notes.keys("inference:ledger:pending:*"))  # written: forgotten
 
 
 def ledger(postgres: PostgresServer, team: str, count: int) -> list[tuple]:

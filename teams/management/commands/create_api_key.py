@@ -19,6 +19,8 @@ class Command(BaseCommand):
         parser.add_argument("--expires-days", type=float, help="the key stops working after this many days")
         parser.add_argument("--manage-models", action="store_true",
                             help="the key may load and unload models (/load_model, /unload_model) for every team")
+        parser.add_argument("--service-tier", choices=["interactive", "batch"], default="interactive",
+                            help="batch: every request of the key runs at batch priority (default interactive)")
 
     def handle(self, *args, name: str, **options):
         try:
@@ -33,7 +35,8 @@ class Command(BaseCommand):
         try:
             key, raw_key = issue_key(name, team, user=user, allowed_models=model_list(options["models"]),
                                      rpm=options["rpm"], tpm=options["tpm"], max_parallel=options["max_parallel"],
-                                     expires_days=options["expires_days"], manage_models=options["manage_models"])
+                                     expires_days=options["expires_days"], manage_models=options["manage_models"],
+                                     service_tier=options["service_tier"])
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
         self.stderr.write(f"Created API key {key.prefix}… {name!r} in team {team.name!r}. "
