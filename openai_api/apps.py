@@ -7,3 +7,4 @@ class OpenaiApiConfig(AppConfig):
 
     def ready(self) -> None:
         from . import schema  # noqa: F401  (registers the OpenAPI extensions)
+        from .batches import schema as batch_schema  # noqa: F401  (the Files and Batch APIs')

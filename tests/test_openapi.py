@@ -17,6 +17,9 @@ OPERATIONS = {
     ("/v1/responses/{response_id}", "get"), ("/v1/responses/{response_id}", "delete"),
     ("/v1/responses/{response_id}/cancel", "post"), ("/v1/responses/{response_id}/input_items", "get"),
     ("/version", "get"), ("/tokenizer_info", "get"),
+    ("/v1/files", "get"), ("/v1/files", "post"), ("/v1/files/{file_id}", "get"), ("/v1/files/{file_id}", "delete"),
+    ("/v1/files/{file_id}/content", "get"), ("/v1/batches", "get"), ("/v1/batches", "post"),
+    ("/v1/batches/{batch_id}", "get"), ("/v1/batches/{batch_id}/cancel", "post"),
 }
 
 
@@ -28,6 +31,13 @@ def test_schema_describes_every_endpoint_from_the_serializers(server):
     assert completion["temperature"]["maximum"] == 2 and completion["logprobs"]["minimum"] == 0
     assert "add_special_tokens" in completion and "prompt" in completion
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    upload = schema["paths"]["/v1/files"]["post"]["requestBody"]["content"]
+    assert list(upload) == ["multipart/form-data"]
+    assert schema["components"]["schemas"]["FileUploadRequest"]["properties"]["file"]["format"] == "binary"
+    batch = schema["components"]["schemas"]["BatchObject"]["properties"]
+    assert set(batch["request_counts"]["$ref"].split("/")[-1:]) == {"RequestCounts"} and "output_file_id" in batch
+    content = schema["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]["200"]["content"]
+    assert list(content) == ["application/jsonl"]
 
 
 def test_docs_are_served_with_local_assets(server):

@@ -5,6 +5,7 @@ Another team's file does not exist for a caller (404), as OpenAI answers.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from .models import StoredFile, new_id
 
 PURPOSES = ("batch",)  # what may be uploaded; `batch_output` is what the runner writes
 CHUNK = 1 << 16
+ID = re.compile(r"[A-Za-z0-9_-]{1,40}")  # what new_id makes; anything else (a NUL, 1,000 characters) is not found
 
 
 def files_dir() -> Path:
@@ -34,7 +36,7 @@ def file_not_found(file_id: str) -> APIError:
 
 
 def get_file(team_id: int, file_id: str) -> StoredFile:
-    file = StoredFile.objects.filter(team_id=team_id, pk=file_id).first()
+    file = StoredFile.objects.filter(team_id=team_id, pk=file_id).first() if ID.fullmatch(file_id) else None
     if file is None:
         raise file_not_found(file_id)
     return file
@@ -97,7 +99,7 @@ def paginate(rows: QuerySet, limit: int, after: str | None, newest_first: bool =
     """A page of `rows` by (created_at, id), after the row `after` (an id; unknown: from the start),
     and whether more follow: OpenAI's cursor lists (`after`, `limit`, `has_more`)."""
     rows = rows.order_by(*(("-created_at", "-id") if newest_first else ("created_at", "id")))
-    anchor = rows.filter(pk=after).values("created_at", "id").first() if after else None
+    anchor = rows.filter(pk=after).values("created_at", "id").first() if after and ID.fullmatch(after) else None
     if anchor is not None:
         at, pk = anchor["created_at"], anchor["id"]
         rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk)) if newest_first else \

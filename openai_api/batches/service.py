@@ -14,7 +14,7 @@ from django.utils import timezone
 from catalog.config import web_config
 
 from ..errors import APIError
-from .files import file_not_found, get_file, paginate, path_of
+from .files import ID, file_not_found, get_file, paginate, path_of
 from .models import Batch, BatchLine, StoredFile, new_id
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
@@ -34,7 +34,8 @@ def create_batch(principal, input_file_id: str, endpoint: str, completion_window
     if completion_window not in WINDOWS:
         raise APIError(400, f"Invalid completion_window {completion_window!r}: only '24h' is supported.",
                        param="completion_window", code="invalid_value")
-    file = StoredFile.objects.filter(team_id=principal.team.pk, pk=input_file_id).first()
+    file = StoredFile.objects.filter(team_id=principal.team.pk, pk=input_file_id).first() \
+        if ID.fullmatch(input_file_id) else None
     if file is None:
         raise file_not_found(input_file_id)
     if file.purpose != StoredFile.BATCH:
@@ -48,7 +49,7 @@ def create_batch(principal, input_file_id: str, endpoint: str, completion_window
 
 
 def get_batch(team_id: int, batch_id: str) -> Batch:
-    batch = Batch.objects.filter(team_id=team_id, pk=batch_id).first()
+    batch = Batch.objects.filter(team_id=team_id, pk=batch_id).first() if ID.fullmatch(batch_id) else None
     if batch is None:
         raise batch_not_found(batch_id)
     return batch
@@ -61,7 +62,8 @@ def list_batches(team_id: int, limit: int, after: str | None) -> tuple[list[Batc
 def cancel_batch(team_id: int, batch_id: str) -> Batch:
     """`cancelling` now; the runner stops its lines and makes it `cancelled` (with what was done)."""
     with transaction.atomic():
-        batch = Batch.objects.select_for_update().filter(team_id=team_id, pk=batch_id).first()
+        batch = Batch.objects.select_for_update().filter(team_id=team_id, pk=batch_id).first() \
+            if ID.fullmatch(batch_id) else None
         if batch is None:
             raise batch_not_found(batch_id)
         if batch.status in (Batch.CANCELLING, Batch.CANCELLED):

@@ -34,20 +34,24 @@ class FileListSerializer(PageSerializer):
 
 
 class BatchCreateSerializer(serializers.Serializer):
-    input_file_id = serializers.CharField(max_length=100)
-    endpoint = serializers.CharField(max_length=100)
-    completion_window = serializers.CharField(max_length=10)
+    input_file_id = serializers.CharField(max_length=100, help_text="a file uploaded with `purpose: batch`")
+    endpoint = serializers.CharField(max_length=100, help_text="`/v1/completions`, `/v1/chat/completions` or "
+                                                               "`/v1/responses`: every line's `url`")
+    completion_window = serializers.CharField(max_length=10, help_text="`24h`")
     metadata = serializers.DictField(child=serializers.CharField(max_length=512, allow_blank=True), required=False,
-                                     allow_null=True, allow_empty=True)
+                                     allow_null=True, allow_empty=True,
+                                     help_text="at most 16 pairs, keys of at most 64 characters")
 
     def validate_metadata(self, value):
         if value is not None and len(value) > 16:
             raise serializers.ValidationError("metadata may have at most 16 keys.")
+        if value and any(len(key) > 64 or "\x00" in key for key in value):
+            raise serializers.ValidationError("metadata keys are strings of at most 64 characters.")
         return value
 
 
 class BatchAPIView(OpenAIView):
-    schema = None  # not (yet) in /openapi.json: the files' multipart and binary bodies need their own description
+    # Described in /openapi.json by schema.py (the objects, the multipart upload, the binary content).
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)

@@ -1,10 +1,13 @@
 """/account and teams in the browser: limits, usage, own keys; each team sees only its models."""
 from __future__ import annotations
 
+import io
+import json
 import re
 import time
 
 import httpx
+from openai import OpenAI
 
 from ..conftest import TINY_MODEL
 from .conftest import SECOND_MODEL, screenshot
@@ -82,6 +85,62 @@ def test_each_team_sees_only_its_models_and_its_own_keys(page_of, web_server):
     assert "alice's" not in bob.inner_text("#keys")
     assert bob.request.delete(f"{web_server.base_url}/ui/api/keys/{key_id}", headers=csrf_header(bob)).status == 404
     assert "blue" in bob.inner_text("#team")
+
+
+def batch_file(client: OpenAI, count: int, max_tokens: int) -> str:
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": TINY_MODEL, "prompt": f"Count {i}", "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True}} for i in range(count)]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return client.files.create(file=("input.jsonl", io.BytesIO(content)), purpose="batch").id
+
+
+def test_account_shows_the_team_batches_with_their_counts_and_cancels_one(page_of, web_server):
+    alice = page_of("alice")
+    base = web_server.base_url
+    created = alice.request.post(f"{base}/ui/api/keys", headers=csrf_header(alice), data={"name": "batches"})
+    client = OpenAI(base_url=f"{base}/v1", api_key=created.json()["secret"], max_retries=0, timeout=120)
+
+    # A small batch made with the team's key through the SDK: the page follows it to the end.
+    small = client.batches.create(input_file_id=batch_file(client, 3, 4), endpoint="/v1/completions",
+                                  completion_window="24h")
+    open_account(alice, web_server)
+    small_row = alice.locator(f"#batches tr[data-batch-id='{small.id}']")
+    assert "/v1/completions" in small_row.inner_text()
+    alice.wait_for_selector(f"#batches tr[data-batch-id='{small.id}'][data-status=completed]", timeout=180_000)
+    assert "3 / 0 / 3" in small_row.inner_text()
+    assert small_row.locator("button").count() == 0  # a finished batch cannot be cancelled
+    link = small_row.locator("a", has_text="output")
+    output = alice.request.get(base + link.get_attribute("href"))  # the page's session downloads it
+    assert output.status == 200
+    assert sorted(json.loads(text)["custom_id"] for text in output.text().splitlines()) == [
+        "line-0", "line-1", "line-2"]
+
+    # A long one, newest first; cancelled from the page, it stops with what was done.
+    long = client.batches.create(input_file_id=batch_file(client, 200, 100), endpoint="/v1/completions",
+                                 completion_window="24h")
+    open_account(alice, web_server)
+    ids = alice.eval_on_selector_all("#batches tr[data-batch-id]", "rows => rows.map(r => r.dataset.batchId)")
+    assert ids[:2] == [long.id, small.id]
+    alice.locator(f"#batches tr[data-batch-id='{long.id}'] button:text('Cancel')").click()
+    alice.wait_for_selector(f"#batches tr[data-batch-id='{long.id}'][data-status=cancelled]", timeout=120_000)
+    screenshot(alice, "account-batches")
+    alice.set_viewport_size({"width": 375, "height": 800})
+    screenshot(alice, "account-batches-phone")
+    cancelled = client.batches.retrieve(long.id)
+    assert cancelled.status == "cancelled" and cancelled.request_counts.completed < 200
+    counts = cancelled.request_counts
+    long_text = alice.inner_text(f"#batches tr[data-batch-id='{long.id}']")
+    assert f"{counts.completed} / {counts.failed} / {counts.total}" in long_text
+    assert alice.js_errors == []
+
+    # Another team's member sees none of them, and may neither cancel them nor read their files.
+    bob = page_of("bob")
+    open_account(bob, web_server)
+    assert bob.locator("#batches tr[data-batch-id]").count() == 0 and bob.is_visible("#batches-empty")
+    refused = bob.request.post(f"{base}/v1/batches/{small.id}/cancel", headers=csrf_header(bob))
+    assert refused.status == 404 and refused.json()["error"]["code"] == "batch_not_found"
+    assert bob.request.get(base + link.get_attribute("href")).status == 404
 
 
 def test_a_rate_limit_says_when_to_try_again(page_of, web_server):

@@ -1,5 +1,6 @@
 // /account: the team, its limits and what is left (GET /v1/key, as any client), the user's usage
-// over time and their own keys (/ui/api/usage, /ui/api/keys).
+// over time and their own keys (/ui/api/usage, /ui/api/keys), and the team's batches (GET /v1/batches,
+// POST /v1/batches/{id}/cancel, the files from GET /v1/files/{id}/content: the public API, with the session).
 import { apiJSON, messageOf } from "./api.js";
 import { $, el } from "./dom.js";
 
@@ -73,6 +74,86 @@ async function revoke(key) {
   await refreshKeys();
 }
 
+const ACTIVE = new Set(["validating", "in_progress", "finalizing", "cancelling"]);
+const CANCELLABLE = new Set(["validating", "in_progress"]);
+const PAGE = 20;
+const POLL_MS = 2000;
+let batches = [];
+let moreBatches = false;
+let pollTimer = null;
+
+function fileLink(fileId, name, text) {
+  return el("a", { href: `/v1/files/${encodeURIComponent(fileId)}/content`, download: name, textContent: text });
+}
+
+const shortTime = (seconds) => (seconds
+  ? new Date(seconds * 1000).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" }) : "–");
+
+function batchRow(batch) {
+  const counts = batch.request_counts || { completed: 0, failed: 0, total: 0 };
+  const links = el("span", { className: "file-links" });
+  if (batch.output_file_id) links.append(fileLink(batch.output_file_id, `${batch.id}_output.jsonl`, "output"), " ");
+  if (batch.error_file_id) links.append(fileLink(batch.error_file_id, `${batch.id}_errors.jsonl`, "errors"));
+  const status = el("span", { className: "batch-status" }, batch.status.replace("_", " "));
+  const firstError = batch.errors && batch.errors.data && batch.errors.data[0];
+  if (firstError) status.title = `${firstError.message}${firstError.line ? ` (line ${firstError.line})` : ""}`;
+  if (CANCELLABLE.has(batch.status)) {
+    const cancel = el("button", { type: "button", className: "small", textContent: "Cancel" });
+    cancel.addEventListener("click", () => cancelBatch(batch, cancel).catch(showError));
+    status.append(" ", cancel);
+  }
+  const tr = row([el("code", { textContent: batch.id }), batch.endpoint, status,
+    `${counts.completed} / ${counts.failed} / ${counts.total}`, shortTime(batch.created_at),
+    links.childNodes.length ? links : "–"]);
+  tr.dataset.batchId = batch.id;
+  tr.dataset.status = batch.status;
+  return tr;
+}
+
+function renderBatches() {
+  $("batches-empty").hidden = batches.length > 0;
+  $("batches").hidden = batches.length === 0;
+  $("batches").replaceChildren(
+    row(["batch", "endpoint", "status", "done / failed / total", "created", "files"], true),
+    ...batches.map(batchRow));
+  $("more-batches").hidden = !moreBatches;
+}
+
+/** The newest batches again (as many as are shown), polled while any of them is still running. */
+async function refreshBatches() {
+  const limit = Math.min(100, Math.max(PAGE, batches.length));
+  const page = await apiJSON(`/v1/batches?limit=${limit}`);
+  batches = page.data;
+  moreBatches = page.has_more;
+  renderBatches();
+  clearTimeout(pollTimer);
+  if (batches.some((b) => ACTIVE.has(b.status)) && !document.hidden) {
+    pollTimer = setTimeout(() => refreshBatches().catch(showError), POLL_MS);
+  }
+}
+
+async function cancelBatch(batch, button) {
+  button.disabled = true;
+  await apiJSON(`/v1/batches/${encodeURIComponent(batch.id)}/cancel`, { method: "POST" });
+  await refreshBatches();
+}
+
+$("more-batches").addEventListener("click", async () => {
+  try {
+    const last = batches[batches.length - 1];
+    const page = await apiJSON(`/v1/batches?limit=${PAGE}&after=${encodeURIComponent(last.id)}`);
+    batches = [...batches, ...page.data.filter((b) => !batches.some((o) => o.id === b.id))];
+    moreBatches = page.has_more;
+    renderBatches();
+  } catch (error) {
+    showError(error);
+  }
+});
+
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden && batches.some((b) => ACTIVE.has(b.status))) refreshBatches().catch(showError);
+});
+
 $("new-key").addEventListener("submit", async (event) => {
   event.preventDefault();
   const days = parseFloat($("key-days").value);
@@ -99,7 +180,7 @@ async function start() {
   const [status, usage] = await Promise.all([apiJSON("/v1/key"), apiJSON("/ui/api/usage?days=30")]);
   renderStatus(status.data);
   renderUsage(usage.data);
-  await refreshKeys();
+  await Promise.all([refreshKeys(), refreshBatches()]);
   document.body.dataset.ready = "true";
 }
 
