@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -70,3 +71,20 @@ def budget_burst(base_urls: list[str], api_key: str, count: int = 32, max_tokens
         return await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(count)))
 
     return [tokens for tokens in asyncio.run(burst()) if tokens is not None]
+
+
+def ledger_rows(live, team: str) -> list[dict]:
+    """The usage ledger's rows of one team, read from the embedded server's SQLite database."""
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(row) for row in db.execute(
+            "select u.* from teams_usagerecord u join teams_team t on t.id = u.team_id where t.name = ?", (team,))]
+
+
+def wait_for_rows(live, team: str, count: int, timeout: float = 20.0) -> list[dict]:
+    """At least `count` ledger rows of the team (the ledger writes in batches)."""
+    deadline = time.monotonic() + timeout
+    while len(rows := ledger_rows(live, team)) < count:
+        assert time.monotonic() < deadline, f"ledger of {team} has {len(rows)} rows, expected {count}"
+        time.sleep(0.2)
+    return rows

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import time
 
 import httpx
 import openai
@@ -17,7 +16,7 @@ from openai import OpenAI
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
-from .teams_setup import fresh_minute, make_teams, manage
+from .teams_setup import fresh_minute, ledger_rows, make_teams, manage, wait_for_rows
 
 PROMPT = "Once upon a time"
 FLUSH_SECONDS = 4.0
@@ -60,21 +59,6 @@ def key_status(live: LiveServer, secret: str) -> dict:
     response = httpx.get(f"{live.base_url}/v1/key", headers={"Authorization": f"Bearer {secret}"})
     assert response.status_code == 200, response.text
     return response.json()["data"]
-
-
-def ledger_rows(live: LiveServer, team: str) -> list[dict]:
-    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
-        db.row_factory = sqlite3.Row
-        return [dict(row) for row in db.execute(
-            "select u.* from teams_usagerecord u join teams_team t on t.id = u.team_id where t.name = ?", (team,))]
-
-
-def wait_for_rows(live: LiveServer, team: str, count: int, timeout: float = 30.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while len(rows := ledger_rows(live, team)) < count:
-        assert time.monotonic() < deadline, f"{team} has {len(rows)} ledger rows, expected {count}"
-        time.sleep(0.2)
-    return rows
 
 
 def test_key_status_shows_a_response_as_soon_as_it_ends(live):

@@ -17,7 +17,7 @@ from workers.tiny.builders import build_tiny_model
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
-from .teams_setup import budget_burst, fresh_minute, make_teams, manage
+from .teams_setup import budget_burst, fresh_minute, ledger_rows, make_teams, manage, wait_for_rows
 
 OTHER = "local/other"
 PROMPT = "Once upon a time"
@@ -86,23 +86,6 @@ def key_status(live: LiveServer, label: str) -> dict:
     response = httpx.get(f"{live.base_url}/v1/key", headers={"Authorization": f"Bearer {live.secrets[label]}"})
     assert response.status_code == 200, response.text
     return response.json()["data"]
-
-
-def ledger_rows(live: LiveServer, team: str) -> list[dict]:
-    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
-        db.row_factory = sqlite3.Row
-        return [dict(row) for row in db.execute(
-            "select u.* from teams_usagerecord u join teams_team t on t.id = u.team_id where t.name = ?", (team,))]
-
-
-def wait_for_rows(live: LiveServer, team: str, count: int, timeout: float = 20.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = ledger_rows(live, team)
-        if len(rows) >= count:
-            return rows
-        time.sleep(0.2)
-    raise AssertionError(f"ledger of {team} has {len(ledger_rows(live, team))} rows, expected {count}")
 
 
 ENDPOINTS = {
