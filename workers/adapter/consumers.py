@@ -165,8 +165,9 @@ class InferenceConsumer(AsyncConsumer):
                 self.worker_name, {"status": "not_loaded", "model": protocol.ModelRef.from_wire(message["model"]).key}))
 
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
-        if protocol.is_stale(message, time.time()):
-            logger.info("dropped %s: its client stopped waiting before a worker took it", message["request_id"])
+        if message["request_id"] in self.claims.taken:
+            logger.info("dropped %s: cancelled, or its client stopped waiting before a worker took it",
+                        message["request_id"])
             return
         if message.get("route_ack"):  # passed here by another worker: confirm at once
             await self.channel_layer.send(message["route_ack"], protocol.route_ack_message(message["request_id"]))
@@ -247,5 +248,7 @@ class InferenceConsumer(AsyncConsumer):
         await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
+        if message["request_id"] not in self.claims.taken:  # not here (yet): if it comes later, drop it
+            self.claims.cancelled(message["request_id"])
         if self._bridge is not None:
             self._bridge.cancel(message["request_id"])

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Container
 from typing import TypedDict
 
+import protocol
 from protocol import ModelRef
 
 SEEN_JOBS = 10_000
@@ -60,16 +61,23 @@ class JobClaims:
         self.layer = layer
         self.taken: OrderedDict[str, None] = OrderedDict()
 
-    async def first_time(self, request_id: str) -> bool:
-        if request_id in self.taken:
-            return False
+    def cancelled(self, request_id: str) -> None:
+        """The web side gave up on (or cancelled) this job: if it arrives later, it is not run."""
+        self._remember(request_id)
+
+    def _remember(self, request_id: str) -> None:
         self.taken[request_id] = None
         if len(self.taken) > SEEN_JOBS:
             self.taken.popitem(last=False)
+
+    async def first_time(self, request_id: str) -> bool:
+        if request_id in self.taken:
+            return False
+        self._remember(request_id)
         connection = getattr(self.layer, "connection", None)
         if connection is None:  # the in-process layer delivers each message once
             return True
-        key = f"{self.layer.prefix}claim:{request_id}"
+        key = self.layer.prefix + protocol.claim_key(request_id)
         return bool(await connection(self.layer.consistent_hash(key)).set(key, 1, nx=True, ex=CLAIM_SECONDS))
 
 
