@@ -88,6 +88,7 @@ class Worker(models.Model):
     device = models.CharField(max_length=64, blank=True)
     memory_total_mb = models.FloatField(null=True, blank=True, help_text="the memory budget, else the device's")
     memory_used_mb = models.FloatField(default=0.0, help_text="held by loaded models")
+    free_slots = models.IntegerField(null=True, blank=True, help_text="jobs it could still admit, at its last heartbeat")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ONLINE)
     started_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)

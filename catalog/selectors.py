@@ -122,7 +122,8 @@ def routing_table() -> dict:
     rows = ModelLoad.objects.filter(worker__in=workers, status=ModelLoad.Status.LOADED)
     for repo_id, channel in rows.values_list("model__repo_id", "worker__channel_name"):
         loaded.setdefault(repo_id, []).append(channel)
-    return {"loaded": loaded, "free": free}
+    room = {w.channel_name: w.free_slots for w in workers if w.free_slots is not None}
+    return {"loaded": loaded, "free": free, "room": room}
 
 
 def listed_models() -> list[tuple[CacheEntry, dict]]:

@@ -12,6 +12,12 @@ many sends into one round trip (the worker's outbox sends a step's messages that
 reader task per Redis key of the process's own channels pops up to `REPLY_BATCH` messages per round
 trip and hands each to its channel's receiver. Named channels (the shared worker channel) keep
 channels-redis's own receive, which never loses a message to a cancelled reader.
+
+Capacity is per channel, also for a process's own channels that share one Redis key: a send to
+one of them counts its messages in a counter key of its own (`<key>#<channel>`), checked against
+the capacity in the same script, and a message is counted until its receiver takes it (the counts
+taken are subtracted in the reader's next round trip). One slow stream fills only its own channel
+(its worker hears ChannelFull for it alone); the others keep their whole capacity.
 """
 from __future__ import annotations
 
@@ -34,6 +40,17 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
+# An own channel ("name!id"): its own count (KEYS[2]) against the capacity, not the shared key's size.
+_SEND_OWN = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1])
+if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return 1
+"""
+COUNTED = "__counted__"
 
 
 class _Inbox:
@@ -56,6 +73,7 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         self._readers: dict[str, asyncio.Task] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._last_sweep = time.monotonic()
+        self._taken: collections.Counter[str] = collections.Counter()  # own channel -> counted messages taken
 
     # --- sending ---------------------------------------------------------------
     def _prepared(self, channel: str, message: dict) -> tuple[int, str, bytes]:
@@ -64,17 +82,25 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         assert self.require_valid_channel_name(channel), "Channel name not valid"
         assert "__asgi_channel__" not in message
         if "!" in channel:
-            message = {**message, "__asgi_channel__": channel}
+            message = {**message, "__asgi_channel__": channel, COUNTED: True}
             return self.consistent_hash(channel), self.prefix + self.non_local_name(channel), self.serialize(message)
         return next(self._send_index_generator), self.prefix + channel, self.serialize(message)
 
     def _send_args(self, channel: str, score: float) -> list:
         return [int(time.time()) - int(self.expiry), self.get_capacity(channel), score]
 
+    def _count_key(self, channel: str) -> str:
+        return f"{self.prefix}{self.non_local_name(channel)}#{channel}"
+
+    def _eval_send(self, target, key: str, channel: str, score: float, body: bytes):
+        if "!" in channel:
+            return target.eval(_SEND_OWN, 2, key, self._count_key(channel), *self._send_args(channel, score), body,
+                               int(self.expiry))
+        return target.eval(_SEND, 1, key, *self._send_args(channel, score), body, int(self.expiry))
+
     async def send(self, channel: str, message: dict) -> None:
         index, key, body = self._prepared(channel, message)
-        sent = await self.connection(index).eval(_SEND, 1, key, *self._send_args(channel, time.time()), body,
-                                                 int(self.expiry))
+        sent = await self._eval_send(self.connection(index), key, channel, time.time(), body)
         if not sent:
             raise ChannelFull(channel)
 
@@ -91,7 +117,7 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         for index, batch in by_index.items():
             async with self.connection(index).pipeline(transaction=False) as pipe:
                 for offset, (_, key, body, channel) in enumerate(batch):
-                    pipe.eval(_SEND, 1, key, *self._send_args(channel, now + offset * 1e-6), body, int(self.expiry))
+                    self._eval_send(pipe, key, channel, now + offset * 1e-6, body)
                 results = await pipe.execute()
             for (position, _, _, channel), sent in zip(batch, results):
                 if not sent:
@@ -122,7 +148,7 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
                 del self._inboxes[channel]
 
     def _take(self, channel: str, inbox: _Inbox) -> dict:
-        message = inbox.messages.popleft()
+        message = self._counted(channel, inbox.messages.popleft())
         if not inbox.messages and inbox.waiter is None:
             del self._inboxes[channel]
         return message
@@ -142,7 +168,19 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         try:
             while self._waiting[real_channel]:
                 connection = self.connection(index)
-                popped = await connection.zpopmin(key, REPLY_BATCH)
+                taken = [(c, n) for c, n in self._taken.items() if self.non_local_name(c) == real_channel]
+                if taken:
+                    async with connection.pipeline(transaction=False) as pipe:
+                        for channel, n in taken:
+                            pipe.decrby(self._count_key(channel), n)
+                        pipe.zpopmin(key, REPLY_BATCH)
+                        popped = (await pipe.execute())[-1]
+                    for channel, n in taken:
+                        self._taken[channel] -= n
+                        if self._taken[channel] <= 0:
+                            del self._taken[channel]
+                else:
+                    popped = await connection.zpopmin(key, REPLY_BATCH)
                 if not popped:
                     result = await connection.bzpopmin(key, timeout=1)
                     popped = [(result[1], result[2])] if result else []
@@ -165,9 +203,15 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
             if inbox is None:
                 inbox = self._inboxes[channel] = _Inbox()
             if inbox.waiter is not None and not inbox.waiter.done() and not inbox.messages:
-                inbox.waiter.set_result(own)
+                inbox.waiter.set_result(self._counted(channel, own))
             else:
                 inbox.messages.append(own)
+
+    def _counted(self, channel: str, message: dict) -> dict:
+        """A message handed to its receiver: it no longer counts against its channel's capacity."""
+        if message.pop(COUNTED, False):
+            self._taken[channel] += 1
+        return message
 
     def _sweep(self) -> None:
         """Drop the messages of own channels nobody reads any more (their requests ended)."""
@@ -177,7 +221,7 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         self._last_sweep = now
         for channel, inbox in list(self._inboxes.items()):
             if inbox.waiter is None and now - inbox.touched > STALE_INBOX_SECONDS:
-                del self._inboxes[channel]
+                del self._inboxes[channel]  # its count key expires with its last message
 
     async def close_pools(self) -> None:
         for reader in self._readers.values():

@@ -266,7 +266,7 @@ INFERENCE = {
     # Continuous batching: sequences decoded together, requests that may wait beyond them
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
     # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/prefill_pacing.py).
-    "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 32),
+    "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 0),  # 0: fit the device (256 on CUDA, 32 on CPU)
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
     "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
     "PREFILL_SHARE": env_float("INFERENCE_PREFILL_SHARE", 0.5),

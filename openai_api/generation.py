@@ -91,8 +91,8 @@ class GenerationStream:
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
         config = web_config()
-        # A job still queued when the wait below ends (no worker was up) must not run later.
-        self.job = {**self.job, "accept_by": time.time() + config.worker_ack_timeout}
+        # A job still queued when the wait below ends (no worker was up) must not run later: giving up
+        # cancels it (send_cancel claims its id first and tells the workers, who remember it).
         await self.layer.send(config.worker_channel, self.job)
         try:
             accepted = await self._first_answer(time.monotonic() + config.worker_ack_timeout)
@@ -243,8 +243,18 @@ def worker_error(event: protocol.ErrorMessage) -> APIError:
     return APIError(event["status"], event["message"], event.get("param"), event.get("code"), headers)
 
 
+CANCELLED_CLAIM_SECONDS = 300  # as long as a worker's claim (workers.adapter.routing.CLAIM_SECONDS)
+
+
 async def send_cancel(layer, request_id: str) -> None:
+    """Stop a job wherever it is: its id is claimed in the layer as cancelled (so a worker that reads it
+    later from the shared channel, even one that starts after this, drops it) and the workers' group
+    hears the cancel (a worker running it stops; the others remember the id)."""
     try:
+        connection = getattr(layer, "connection", None)
+        if connection is not None:  # a shared (Redis) layer; in one process the group's memory suffices
+            key = layer.prefix + protocol.claim_key(request_id)
+            await connection(layer.consistent_hash(key)).set(key, "cancelled", nx=True, ex=CANCELLED_CLAIM_SECONDS)
         await layer.group_send(
             web_config().worker_group, protocol.cancel_message(request_id))
     except Exception:  # the client is gone either way; a lost cancel only wastes a slot

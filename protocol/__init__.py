@@ -73,7 +73,7 @@ from protocol.jobs import (  # noqa: F401
     delta_message,
     done_message,
     routed_job,
-    is_stale,
+    claim_key,
     cancel_message,
     error_message,
 )

@@ -88,7 +88,6 @@ class SubmitMessage(TypedDict):
     params: dict[str, Any]  # JobParams.to_wire()
     routed: NotRequired[bool]  # passed on once by another worker (or re-sent by the web); never again
     route_ack: NotRequired[str]  # the passing worker's channel, told at once that the job arrived
-    accept_by: NotRequired[float]  # wall-clock time after which the web side no longer waits: drop it
     team: NotRequired[TeamRef]  # the team it counts against (absent: a job of no team, e.g. a test's)
 
 
@@ -225,9 +224,10 @@ def routed_job(job: SubmitMessage, passed_by: str) -> SubmitMessage:
     return {**job, "routed": True, "route_ack": passed_by}
 
 
-def is_stale(job: SubmitMessage, now: float) -> bool:
-    """A job its web side gave up on (it answered 503 no_worker): nobody reads its reply channel."""
-    return now > job.get("accept_by", now)
+def claim_key(request_id: str) -> str:
+    """The layer key (after the layer's prefix) a job's first taker sets; a web side that gave up on the
+    job (or cancelled it) sets it first, so no worker takes it later. No clock is compared anywhere."""
+    return f"claim:{request_id}"
 
 
 def cancel_message(request_id: str) -> CancelMessage:

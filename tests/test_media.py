@@ -63,3 +63,43 @@ def test_video_frames_are_sampled_evenly_and_exactly():
     with pytest.raises(MediaError) as error:
         decode_video(media_files.wav_bytes(media_files.tone(1, 440)), "p", 4)
     assert error.value.code == "invalid_video"
+
+
+def test_a_host_whose_dns_answer_changes_after_the_check_is_not_reached(monkeypatch):
+    """DNS rebinding: the first answer is public, the next one loopback. The fetch connects to the
+    address it checked (which answers nothing here), never to the local server the second answer names."""
+    import http.server
+    import socket
+    import threading
+
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(b"secret")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    real_getaddrinfo = socket.getaddrinfo
+    answers = iter(["192.0.32.10"])  # public (is_global); later answers: loopback
+
+    def rebinding_resolver(host, *args, **kwargs):
+        if host == "rebind.example":
+            address = next(answers, "127.0.0.1")
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, server.server_port))]
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding_resolver)
+    try:
+        with pytest.raises(MediaError):
+            read_url(f"http://rebind.example:{server.server_port}/internal.png", "p", MediaSettings(fetch_timeout=2))
+        assert hits == [], "the fetch reached the address of a second DNS answer, not the one it checked"
+    finally:
+        server.shutdown()

@@ -23,7 +23,7 @@ def redis_server(tmp_path_factory):
 
 
 def layer_for(server: RedisServer, **config) -> BatchingRedisChannelLayer:
-    # A process's own channels share one Redis key, and so its capacity (settings: CHANNEL_CAPACITY).
+    # A process's own channels share one Redis key but each has its own capacity (settings: CHANNEL_CAPACITY).
     return BatchingRedisChannelLayer(hosts=[server.url], **{"capacity": 10_000, **config})
 
 
@@ -130,3 +130,35 @@ def test_named_channels_keep_channels_redis_receive(redis_server):
         return got
 
     assert [m["n"] for m in asyncio.run(run())] == [0, 1]
+
+
+def test_one_slow_reply_channel_fills_only_its_own_capacity(redis_server):
+    """A process's reply channels share one Redis key; a stream nobody reads must not fill the others."""
+    async def run() -> tuple[int, list[int], list[int], bool]:
+        sender, receiver = layer_for(redis_server, capacity=5), layer_for(redis_server, capacity=5)
+        slow, fast = await receiver.new_channel("reply."), await receiver.new_channel("reply.")
+        refused = 0
+        for n in range(8):  # the slow stream's client reads nothing
+            try:
+                await sender.send(slow, {"type": "t", "n": n})
+            except ChannelFull:
+                refused += 1
+        fast_got = []
+        for n in range(20):  # the fast one, read as it goes (its reader pops the slow one's messages too)
+            await sender.send(fast, {"type": "t", "n": n})
+            fast_got.append((await asyncio.wait_for(receiver.receive(fast), 5))["n"])
+        slow_got = [(await asyncio.wait_for(receiver.receive(slow), 5))["n"] for _ in range(5)]
+        await asyncio.sleep(0.1)
+        await sender.send(fast, {"type": "t", "n": 99})  # the next round trip gives the slow one's count back
+        await asyncio.wait_for(receiver.receive(fast), 5)
+        try:
+            await sender.send(slow, {"type": "t", "n": 5})
+            room_again = True
+        except ChannelFull:
+            room_again = False
+        await sender.close_pools()
+        await receiver.close_pools()
+        return refused, fast_got, slow_got, room_again
+
+    refused, fast_got, slow_got, room_again = asyncio.run(run())
+    assert refused == 3 and fast_got == list(range(20)) and slow_got == list(range(5)) and room_again

@@ -20,3 +20,25 @@ def test_a_worker_that_did_not_confirm_is_never_chosen_again_and_the_job_goes_to
 def test_with_no_holder_left_the_job_stays_here_when_this_worker_has_the_most_room():
     table = without_worker(without_worker(TABLE, "dead"), "alive")
     assert choose_worker(ModelRef("local/tiny-llama"), "here", set(), table) is None
+
+
+def test_a_full_holder_is_passed_over_for_a_holder_with_room():
+    table = {"loaded": {"local/tiny-llama": ["full", "roomy"]}, "free": {"here": 1.0, "full": 1.0, "roomy": 1.0},
+             "room": {"full": 0, "roomy": 3}}
+    assert {choose_worker(ModelRef("local/tiny-llama"), "here", set(), table) for _ in range(50)} == {"roomy"}
+
+
+def test_a_full_worker_holding_the_model_passes_the_job_to_another_holder_with_room():
+    table = {"loaded": {"local/tiny-llama": ["here", "roomy"]}, "free": {"here": 1.0, "roomy": 1.0},
+             "room": {"here": 0, "roomy": 2}}
+    held = {"local/tiny-llama@main"}
+    assert choose_worker(ModelRef("local/tiny-llama"), "here", held, table, here_full=True) == "roomy"
+    assert choose_worker(ModelRef("local/tiny-llama"), "here", held, table, here_full=False) is None
+
+
+def test_when_every_holder_is_full_the_job_stays_with_a_holder_rather_than_loading_another_copy():
+    table = {"loaded": {"local/tiny-llama": ["here", "other"]}, "free": {"here": 1.0, "other": 1.0, "idle": 9e9},
+             "room": {"here": 0, "other": 0, "idle": 8}}
+    held = {"local/tiny-llama@main"}
+    assert choose_worker(ModelRef("local/tiny-llama"), "here", held, table, here_full=True) is None
+    assert choose_worker(ModelRef("local/tiny-llama"), "idle", set(), table) in {"here", "other"}

@@ -35,15 +35,16 @@ def _catalog_row(model_name: str) -> CachedModel:
     return row
 
 
-def heartbeat(name: str, loaded: dict[str, dict], device: str = "") -> None:
+def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: int | None = None) -> None:
     """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used"}})."""
     worker, _ = Worker.objects.get_or_create(name=name)  # a row lost with a reset database comes back
     worker.last_heartbeat = timezone.now()
     worker.status = Worker.Status.ONLINE
     worker.memory_used_mb = sum(info["memory_bytes"] for info in loaded.values()) / MIB
+    worker.free_slots = free_slots
     if device:
         worker.device = device
-    worker.save(update_fields=["last_heartbeat", "status", "memory_used_mb", "device"])
+    worker.save(update_fields=["last_heartbeat", "status", "memory_used_mb", "device", "free_slots"])
     held = set()
     for model_name, info in loaded.items():
         row = _catalog_row(model_name)

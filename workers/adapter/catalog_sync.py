@@ -45,10 +45,10 @@ async def join(name: str, channel_name: str, device: str, memory_budget_mb: floa
         return None
 
 
-async def beat(name: str, loaded: dict[str, dict]) -> RoutingTable | None:
-    """The worker is alive and holds `loaded`; returns the routing table as it stands now."""
+async def beat(name: str, loaded: dict[str, dict], free_slots: int | None = None) -> RoutingTable | None:
+    """The worker is alive, holds `loaded` and can admit `free_slots` more jobs; returns the routing table."""
     try:
-        await database_sync_to_async(worker_registry.heartbeat)(name, loaded)
+        await database_sync_to_async(worker_registry.heartbeat)(name, loaded, free_slots=free_slots)
         return await database_sync_to_async(selectors.routing_table)()
     except Exception:
         logger.warning("heartbeat of %s failed", name, exc_info=True)

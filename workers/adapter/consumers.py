@@ -135,10 +135,16 @@ class InferenceConsumer(AsyncConsumer):
             try:
                 await failpoints.ahit("worker.heartbeat")
                 loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
-                self.routing = await catalog_sync.beat(self.worker_name, loaded) or self.routing
+                self.routing = await catalog_sync.beat(self.worker_name, loaded, self._free_slots()) or self.routing
             except Exception:  # a missed beat is retried at the next; the catalog calls the worker lost only after several
                 logger.exception("the heartbeat of worker %s failed", self.worker_name)
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+
+    def _free_slots(self) -> int | None:
+        if self._bridge is None:
+            return None
+        engine = self._bridge.engine
+        return max(0, engine.max_num_seqs + engine.config.max_queue - engine.outstanding)
 
     async def model_settings(self, message: protocol.SettingsMessage) -> None:
         self.catalog_settings = message.get("settings") or {}
@@ -165,8 +171,9 @@ class InferenceConsumer(AsyncConsumer):
                 self.worker_name, {"status": "not_loaded", "model": protocol.ModelRef.from_wire(message["model"]).key}))
 
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
-        if protocol.is_stale(message, time.time()):
-            logger.info("dropped %s: its client stopped waiting before a worker took it", message["request_id"])
+        if message["request_id"] in self.claims.taken:
+            logger.info("dropped %s: cancelled, or its client stopped waiting before a worker took it",
+                        message["request_id"])
             return
         if message.get("route_ack"):  # passed here by another worker: confirm at once
             await self.channel_layer.send(message["route_ack"], protocol.route_ack_message(message["request_id"]))
@@ -186,7 +193,8 @@ class InferenceConsumer(AsyncConsumer):
                 del self.unconfirmed[channel]
             else:
                 table = without_worker(table, channel)
-        target = choose_worker(protocol.ModelRef.from_wire(message["model"]), self.channel_name, held, table)
+        here_full = self._bridge is not None and not self._bridge.engine.has_room()
+        target = choose_worker(protocol.ModelRef.from_wire(message["model"]), self.channel_name, held, table, here_full)
         if target is None:
             await self._take(message)
             return
@@ -247,5 +255,7 @@ class InferenceConsumer(AsyncConsumer):
         await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
+        if message["request_id"] not in self.claims.taken:  # not here (yet): if it comes later, drop it
+            self.claims.cancelled(message["request_id"])
         if self._bridge is not None:
             self._bridge.cancel(message["request_id"])

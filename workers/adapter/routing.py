@@ -6,8 +6,9 @@ import asyncio
 import random
 from collections import OrderedDict
 from collections.abc import Container
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
+import protocol
 from protocol import ModelRef
 
 SEEN_JOBS = 10_000
@@ -19,26 +20,37 @@ class RoutingTable(TypedDict):
 
     loaded: dict[str, list[str]]  # repo id -> channels of the live workers holding it
     free: dict[str, float]  # worker channel -> free MiB
+    room: NotRequired[dict[str, int]]  # worker channel -> jobs it can still admit (from its heartbeat)
 
 
-EMPTY_TABLE: RoutingTable = {"loaded": {}, "free": {}}
+EMPTY_TABLE: RoutingTable = {"loaded": {}, "free": {}, "room": {}}
 
 
 def without_worker(table: RoutingTable, channel: str) -> RoutingTable:
     """The table less a worker that did not confirm a job passed to it (dead since the last heartbeat)."""
     return {"loaded": {repo: [c for c in channels if c != channel] for repo, channels in table["loaded"].items()},
-            "free": {c: free for c, free in table["free"].items() if c != channel}}
+            "free": {c: free for c, free in table["free"].items() if c != channel},
+            "room": {c: room for c, room in table.get("room", {}).items() if c != channel}}
 
 
-def choose_worker(ref: ModelRef, here: str, held: Container[str], table: RoutingTable) -> str | None:
+def choose_worker(ref: ModelRef, here: str, held: Container[str], table: RoutingTable,
+                  here_full: bool = False) -> str | None:
     """Another worker's channel for a job this worker (channel `here`, holding `held`) should not take, else None.
 
-    A worker that holds the model takes it; otherwise a live worker that holds it, else the
-    one with the most free memory (ties stay here).
+    A worker that holds the model and has room takes it; otherwise a live holder with room (as of its
+    last heartbeat; a worker that reported no room is passed over), else — every holder full — the job
+    stays with a holder (here if this one holds it) rather than loading another copy, else the worker
+    with the most free memory (ties stay here).
     """
-    if ref.key in held:
+    room = table.get("room", {})
+    if ref.key in held and not here_full:
         return None
     holders = [channel for channel in table["loaded"].get(ref.repo_id, ()) if channel != here]
+    with_room = [channel for channel in holders if room.get(channel, 1) > 0]
+    if with_room:
+        return random.choice(with_room)
+    if ref.key in held:
+        return None
     if holders:
         return random.choice(holders)
     free = table["free"]
@@ -60,16 +72,23 @@ class JobClaims:
         self.layer = layer
         self.taken: OrderedDict[str, None] = OrderedDict()
 
-    async def first_time(self, request_id: str) -> bool:
-        if request_id in self.taken:
-            return False
+    def cancelled(self, request_id: str) -> None:
+        """The web side gave up on (or cancelled) this job: if it arrives later, it is not run."""
+        self._remember(request_id)
+
+    def _remember(self, request_id: str) -> None:
         self.taken[request_id] = None
         if len(self.taken) > SEEN_JOBS:
             self.taken.popitem(last=False)
+
+    async def first_time(self, request_id: str) -> bool:
+        if request_id in self.taken:
+            return False
+        self._remember(request_id)
         connection = getattr(self.layer, "connection", None)
         if connection is None:  # the in-process layer delivers each message once
             return True
-        key = f"{self.layer.prefix}claim:{request_id}"
+        key = self.layer.prefix + protocol.claim_key(request_id)
         return bool(await connection(self.layer.consistent_hash(key)).set(key, 1, nx=True, ex=CLAIM_SECONDS))
 
 

@@ -6,7 +6,7 @@ passes it down; nothing below the adapter reads settings or the environment.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workers.media.limits import MIB, MediaSettings
@@ -25,7 +25,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     torch_threads: int = 0  # 0: follow the cores other processes leave free (workers/engine/cpu_share.py)
-    max_num_seqs: int = 32
+    max_num_seqs: int = 32  # 0: fit the device (`fitted`)
     max_queue: int = 256
     prefill_chunk: int = 512
     prefill_share: float = 0.5  # prefill time per step while streams run, as a multiple of a decode step
@@ -39,6 +39,13 @@ class EngineConfig:
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
     templates: TemplateSettings = field(default_factory=TemplateSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
+
+    def fitted(self, device_type: str) -> EngineConfig:
+        """The device's defaults where the settings left the choice open (0): a GPU's step costs about the
+        same for 1 row or 256, so it runs 256 sequences; a CPU's grows with the rows, so 32."""
+        if self.max_num_seqs > 0:
+            return self
+        return replace(self, max_num_seqs=256 if device_type == "cuda" else 32)
 
     @classmethod
     def from_settings(cls, inference: Mapping[str, Any]) -> EngineConfig:

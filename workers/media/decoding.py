@@ -6,7 +6,9 @@ what is too large), so a bad upload never becomes a 500. Nothing is written to d
 bytes stay in memory and PyAV reads them from a BytesIO.
 
 Fetching refuses private, loopback, link-local and reserved addresses (the first URL and
-every redirect alike, checked before connecting) unless the host is in `allow_hosts`.
+every redirect alike, checked before connecting) unless the host is in `allow_hosts`, and then
+connects to the very address it checked (the name kept in the Host header and as the TLS server
+name): a DNS answer that changes between check and connection (DNS rebinding) reaches nothing.
 """
 from __future__ import annotations
 
@@ -56,10 +58,11 @@ def parse_data_url(url: str, param: str, max_bytes: int) -> tuple[str, bytes]:
     return header[5:-7].split(";")[0].lower(), decode_base64(payload, param, max_bytes)
 
 
-def _public_address(host: str, port: int, allow_hosts: frozenset[str], param: str) -> None:
-    """Refuse hosts that resolve to a non-public address (unless explicitly allowed)."""
+def _public_address(host: str, port: int, allow_hosts: frozenset[str], param: str) -> str | None:
+    """The address to connect to: refuse hosts that resolve to a non-public address (unless explicitly
+    allowed, then None: connect by name)."""
     if host.lower() in allow_hosts:
-        return
+        return None
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError):
@@ -69,6 +72,19 @@ def _public_address(host: str, port: int, allow_hosts: frozenset[str], param: st
         if not address.is_global or address.is_multicast:
             raise MediaError(f"{param}: URLs that point at private or local addresses are not fetched ({host}).",
                              param, "media_url_not_allowed")
+    return infos[0][4][0].split("%")[0]
+
+
+def _pinned(url: str, address: str | None) -> tuple[str, dict, dict]:
+    """(URL to request, headers, request extensions): the checked address in place of the host name."""
+    if address is None:
+        return url, {}, {}
+    parts = urlsplit(url)
+    literal = f"[{address}]" if ":" in address else address
+    netloc = literal + (f":{parts.port}" if parts.port else "")
+    host_header = parts.hostname + (f":{parts.port}" if parts.port else "")
+    extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+    return parts._replace(netloc=netloc).geturl(), {"Host": host_header}, extensions
 
 
 def fetch_url(url: str, param: str, limits: MediaSettings) -> tuple[str, bytes]:
@@ -80,11 +96,12 @@ def fetch_url(url: str, param: str, limits: MediaSettings) -> tuple[str, bytes]:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise MediaError(f"{param}: only data:, http: and https: URLs are supported.", param, "invalid_url")
-        _public_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
-                        limits.allow_hosts, param)
+        address = _public_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
+                                  limits.allow_hosts, param)
+        target, headers, extensions = _pinned(url, address)
         try:
             with httpx.Client(timeout=limits.fetch_timeout, follow_redirects=False, trust_env=False) as client:
-                with client.stream("GET", url) as response:
+                with client.stream("GET", target, headers=headers, extensions=extensions) as response:
                     if response.is_redirect and "location" in response.headers:
                         url = urljoin(url, response.headers["location"])
                         continue
