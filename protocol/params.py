@@ -67,6 +67,7 @@ class JobParams:
     # "flex" and vLLM's priority > 0 are batch), and vLLM's priority number as sent (lower: sooner).
     priority_class: Literal["interactive", "batch"] = "interactive"
     priority: int = 0
+    prompt_cache_key: str | None = None  # OpenAI's: requests sharing it go to the same worker (its prefix cache)
     stream: bool = True  # False: the client reads the whole answer at once, so the worker sends its first
     # token (time to first token is still measured) and then the rest when done, not a message per step
     priority_class: Literal["interactive", "batch"] = "interactive"  # batch: runs in what interactive work leaves
@@ -97,7 +98,7 @@ SHARED_REQUEST_FIELDS = (
     "typical_p", "bad_words", "bad_words_ids", "min_length", "num_beams", "length_penalty", "early_stopping",
     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
     "truncate_prompt_tokens", "allowed_token_ids", "return_tokens_as_token_ids", "prompt_logprobs",
-    "priority_class", "priority",
+    "priority_class", "priority", "prompt_cache_key",
 )
 
 

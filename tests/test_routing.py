@@ -42,3 +42,21 @@ def test_when_every_holder_is_full_the_job_stays_with_a_holder_rather_than_loadi
     held = {"local/tiny-llama@main"}
     assert choose_worker(ModelRef("local/tiny-llama"), "here", held, table, here_full=True) is None
     assert choose_worker(ModelRef("local/tiny-llama"), "idle", set(), table) in {"here", "other"}
+
+
+def test_a_prompt_cache_key_keeps_to_one_holder_wherever_the_job_arrives():
+    """OpenAI's prompt_cache_key: every worker sends a key's jobs to the same holder (its prefix cache is
+    warm there), keys spread over the holders, and a full holder is passed over."""
+    ref = ModelRef("local/tiny-llama")
+    workers = ["w1", "w2", "w3"]
+    table = {"loaded": {"local/tiny-llama": workers}, "free": {w: 10 for w in workers}, "room": {w: 4 for w in workers}}
+
+    def destination(key: str, here: str) -> str:
+        return choose_worker(ref, here, {"local/tiny-llama@main"}, table, affinity=key) or here
+
+    homes = {key: {destination(key, here) for here in workers} for key in (f"user-{i}" for i in range(30))}
+    assert all(len(home) == 1 for home in homes.values())  # the same worker, wherever the job arrived
+    assert {next(iter(home)) for home in homes.values()} == set(workers)  # and keys spread over all of them
+    key, home = next((k, next(iter(h))) for k, h in homes.items())
+    full = {**table, "room": {**table["room"], home: 0}}
+    assert choose_worker(ref, "elsewhere", set(), full, affinity=key) not in (home, None)

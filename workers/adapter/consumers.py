@@ -194,7 +194,8 @@ class InferenceConsumer(AsyncConsumer):
             else:
                 table = without_worker(table, channel)
         here_full = self._bridge is not None and not self._bridge.engine.has_room()
-        target = choose_worker(protocol.ModelRef.from_wire(message["model"]), self.channel_name, held, table, here_full)
+        target = choose_worker(protocol.ModelRef.from_wire(message["model"]), self.channel_name, held, table, here_full,
+                               affinity=message["params"].get("prompt_cache_key"))
         if target is None:
             await self._take(message)
             return

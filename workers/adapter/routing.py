@@ -3,6 +3,7 @@ and confirmations so a job passed to a dead worker comes back."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 from collections import OrderedDict
 from collections.abc import Container
@@ -34,7 +35,7 @@ def without_worker(table: RoutingTable, channel: str) -> RoutingTable:
 
 
 def choose_worker(ref: ModelRef, here: str, held: Container[str], table: RoutingTable,
-                  here_full: bool = False) -> str | None:
+                  here_full: bool = False, affinity: str | None = None) -> str | None:
     """Another worker's channel for a job this worker (channel `here`, holding `held`) should not take, else None.
 
     A worker that holds the model and has room takes it; otherwise a live holder with room (as of its
@@ -43,9 +44,14 @@ def choose_worker(ref: ModelRef, here: str, held: Container[str], table: Routing
     with the most free memory (ties stay here).
     """
     room = table.get("room", {})
+    holders = [channel for channel in table["loaded"].get(ref.repo_id, ()) if channel != here]
+    if affinity:  # OpenAI's prompt_cache_key: one holder with room per key, so its prefix cache is reused
+        candidates = [c for c in holders if room.get(c, 1) > 0] + ([here] if ref.key in held and not here_full else [])
+        if candidates:
+            chosen = max(candidates, key=lambda channel: _rendezvous(affinity, channel))
+            return None if chosen == here else chosen
     if ref.key in held and not here_full:
         return None
-    holders = [channel for channel in table["loaded"].get(ref.repo_id, ()) if channel != here]
     with_room = [channel for channel in holders if room.get(channel, 1) > 0]
     if with_room:
         return random.choice(with_room)
@@ -117,3 +123,8 @@ class PassedJobs:
         future = self._waiting.get(request_id)
         if future is not None and not future.done():
             future.set_result(None)
+
+
+def _rendezvous(key: str, channel: str) -> int:
+    """Highest-random-weight hashing: a key keeps its worker while others come and go."""
+    return int.from_bytes(hashlib.blake2b(f"{key}\0{channel}".encode(), digest_size=8).digest(), "big")
