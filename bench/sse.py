@@ -16,12 +16,15 @@ class StreamOutcome:
     times: list[float]  # arrival time of each text chunk (monotonic)
     gap_ended: float = 0.0  # when the longest gap ended (monotonic)
     first_line: str = ""  # the line that ended it ("" for the response's head, or a transport error)
+    request_id: str = ""  # the completion's id, as the ledger names the request
+    completion_tokens: int | None = None  # the usage the server reported (stream_options.include_usage)
 
 
 async def stream_once(http: httpx.AsyncClient, url: str, headers: dict, body: dict) -> StreamOutcome:
     started = last = time.monotonic()
     gap, times, kind = 0.0, [], "transport incomplete"
     gap_ended, gap_line = started, ""
+    request_id, completion_tokens = "", None
     try:
         async with http.stream("POST", url, headers=headers, json={**body, "stream": True}) as response:
             if response.status_code != 200:
@@ -44,11 +47,17 @@ async def stream_once(http: httpx.AsyncClient, url: str, headers: dict, body: di
                     kind = "ok" if kind == "transport incomplete" else kind
                 elif payload.startswith('{"error"'):
                     kind = f"event {json.loads(payload)['error']['code']}"
-                elif '"text"' in payload:
-                    times.append(now)
+                else:
+                    if '"text"' in payload:
+                        times.append(now)
+                    if not request_id or '"usage":{' in payload.replace(" ", ""):
+                        chunk = json.loads(payload)
+                        request_id = request_id or chunk.get("id", "")
+                        if chunk.get("usage"):
+                            completion_tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as exc:
         kind = f"transport {type(exc).__name__}"
     now = time.monotonic()
     if kind.startswith("transport") and now - last > gap:
         gap, gap_ended, gap_line = now - last, now, ""
-    return StreamOutcome(kind, len(times), gap, times, gap_ended, gap_line)
+    return StreamOutcome(kind, len(times), gap, times, gap_ended, gap_line, request_id, completion_tokens)

@@ -6,7 +6,8 @@ environment variable, read once per process:
     INFERENCE_FAILPOINTS="engine.publish=raise*1,ledger.write=raise*3,media.read=delay(2000)"
 
 `name=raise` raises `FailpointError` every time the point is passed, `name=raise*N` the first N
-times; `name=delay(MS)` (or `delay(MS)*N`) sleeps MS milliseconds there instead. The names in use
+times, `name=raise%P` with a chance of P percent each time (at random, as a soak fires them);
+`name=delay(MS)` (or `delay(MS)*N`, `delay(MS)%P`) sleeps MS milliseconds there instead. The names in use
 are listed in `POINTS` and in docs/reliability.md. Plain Python: the engine and the web side both
 import it.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -31,7 +33,7 @@ POINTS = {
     "worker.heartbeat": "the worker's heartbeat into the catalog",
     "web.handoff": "a generation view, between opening the job and returning its response",
 }
-ACTION = re.compile(r"^(raise|delay\((\d+)\))(?:\*(\d+))?$")
+ACTION = re.compile(r"^(raise|delay\((\d+)\))(?:\*(\d+)|%(\d+(?:\.\d+)?))?$")
 
 
 class FailpointError(RuntimeError):
@@ -42,6 +44,7 @@ class FailpointError(RuntimeError):
 class _Point:
     delay_ms: int | None  # None: raise
     remaining: int | None  # None: every time
+    percent: float | None = None  # fire with this chance each time it is passed
 
 
 def parse(spec: str) -> dict[str, _Point]:
@@ -52,13 +55,15 @@ def parse(spec: str) -> dict[str, _Point]:
         match = ACTION.match(action.strip())
         if name.strip() not in POINTS or match is None:
             raise ValueError(f"{ENV}: bad failpoint {item!r} (names: {', '.join(sorted(POINTS))}; "
-                             "actions: raise, raise*N, delay(MS), delay(MS)*N)")
+                             "actions: raise, raise*N, raise%P, delay(MS), delay(MS)*N, delay(MS)%P)")
         points[name.strip()] = _Point(int(match.group(2)) if match.group(2) else None,
-                                      int(match.group(3)) if match.group(3) else None)
+                                      int(match.group(3)) if match.group(3) else None,
+                                      float(match.group(4)) if match.group(4) else None)
     return points
 
 
 _lock = threading.Lock()
+_chance = random.Random()
 _points: dict[str, _Point] | None = None
 
 
@@ -89,6 +94,8 @@ def _take(name: str) -> _Point | None:
         configure(None)
     point = _points.get(name) if _points else None
     if point is None:
+        return None
+    if point.percent is not None and _chance.random() * 100 >= point.percent:
         return None
     with _lock:
         if point.remaining is not None:
