@@ -1,8 +1,10 @@
 """Where each sequence is and what one engine step computes for it: waiting, prefilling, decoding.
 
-Sequences wait in arrival order until a slot is free and their KV reservation
-fits; the step decodes one token for every running row of every model's batch,
-then prefills newcomers within the pacer's token budget (workers/engine/prefill_pacing.py).
+Sequences wait in their team's line until the fair queue (workers/engine/fair_share.py) lets them
+in, a slot is free and their KV reservation fits; rows a waiting sequence is owed are paused first
+(keys/values kept, nothing recomputed). The step decodes one token for every running row of every
+model's batch, then prefills newcomers within the pacer's token budget (workers/engine/prefill_pacing.py).
+A paused row's keys/values are outside the KV budget's count while it waits.
 Plain Python + torch: the engine owns requests and publishing, this owns the batch.
 """
 from __future__ import annotations
