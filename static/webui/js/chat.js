@@ -3,32 +3,37 @@
 // Nothing typed is lost: a message is checked before it leaves the box; the user's turn is saved
 // before the answer streams; the answer (whole or partial: stopped, failed, tab closed) is saved
 // after; a failed Regenerate keeps the old answer; Regenerate and Edit keep earlier versions (‹ n/m ›).
+// The box and its attachments are composer.js, the conversation list chat-list.js, the request chat-request.js.
 import { apiJSON, messageOf, streamSSE } from "./api.js";
-import { apiContent, contentOf, mediaParts, modalityOf, partModality, partOf, partView, textOf } from "./attachments.js";
+import { contentOf, mediaParts, textOf } from "./attachments.js";
 import { exportJSON, exportMarkdown, importFile } from "./chat-io.js";
+import { ConversationList } from "./chat-list.js";
+import { checkSettings, mergeToolCall, readOptions as optionsOf, requestBody } from "./chat-request.js";
 import { createConversation, flushOutbox, newId, pendingFor, saveOnLeave, writeTurns } from "./chat-store.js";
 import { asNewVersion, fillAnswer, messageElement, withVersion } from "./chat-view.js";
+import { Composer } from "./composer.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
 import { ModelPicker, modalitiesOf } from "./models.js";
 
 const ui = {
-  list: $("conversation-list"), messages: $("messages"), prompt: $("prompt"), composer: $("composer"),
-  send: $("send"), stop: $("stop"), error: $("error"), notice: $("notice"), system: $("system-prompt"),
-  temperature: $("temperature"), topP: $("top-p"), maxTokens: $("max-tokens"), thinking: $("thinking"),
-  tools: $("tools"), sidebar: $("sidebar"), backdrop: $("sidebar-backdrop"), toggle: $("sidebar-toggle"),
-  search: $("search"), attach: $("attach"), attachLabel: $("attach-label"), attachWhy: $("attach-why"),
-  attachments: $("attachments"), meter: $("context-meter"), announce: $("announce"), exportBox: $("export"),
+  messages: $("messages"), send: $("send"), stop: $("stop"), error: $("error"), notice: $("notice"),
+  system: $("system-prompt"), temperature: $("temperature"), topP: $("top-p"), maxTokens: $("max-tokens"),
+  thinking: $("thinking"), tools: $("tools"), announce: $("announce"), exportBox: $("export"),
 };
 // Chat needs a model that writes text: text, image and audio input (a speech-to-text model is not one).
 const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "chat.model", showError,
   (model) => modalitiesOf(model).includes("text"));
+const composer = new Composer({ picker, showError, messages: () => current.messages, isBusy: () => busy });
+const sidebar = new ConversationList({
+  currentId: () => current.id, open: openConversation, showError,
+  renamed: (id, title) => { if (current.id === id) current.title = title; },
+  deleted: (id) => { if (current.id === id) newConversation(); },
+});
 
-let conversations = [];
 let current = blankConversation();
 let streaming = null; // {controller, answer, at, base} while an answer streams
 let busy = false;      // from a send until the answer is saved: no second turn meanwhile
 let pinned = true;     // the reader is at the bottom of the messages: keep them there as the answer grows
-let pending = [];      // attachments of the message being written (content parts)
 
 function blankConversation() {
   return { id: null, version: 0, title: "", model: "", system_prompt: "", options: {}, messages: [] };
@@ -44,68 +49,6 @@ function clearError() { ui.error.hidden = true; }
 function notify(text) {
   ui.notice.textContent = text;
   ui.notice.hidden = !text;
-}
-
-// --- conversations (sidebar) -----------------------------------------------------------------
-
-async function refreshList() {
-  conversations = (await apiJSON("/ui/api/conversations")).data;
-  renderList();
-}
-
-function renderList() {
-  const query = ui.search.value.trim().toLowerCase();
-  const shown = conversations.filter((c) => !query || c.title.toLowerCase().includes(query));
-  ui.list.replaceChildren(...shown.map((c) => {
-    const item = el("li", { className: c.id === current.id ? "current" : "" });
-    item.dataset.id = c.id;
-    const open = el("button", { type: "button", className: "open", textContent: c.title, title: c.title });
-    open.addEventListener("click", () => openConversation(c.id).catch(showError));
-    const rename = el("button", { type: "button", className: "act", textContent: "Rename" });
-    rename.addEventListener("click", () => startRename(item, c));
-    const remove = el("button", { type: "button", className: "act", textContent: "Delete" });
-    remove.addEventListener("click", () => confirmDelete(item, c));
-    item.append(open, rename, remove);
-    return item;
-  }));
-  if (query && !shown.length) ui.list.append(el("li", { className: "muted small", textContent: "No title matches." }));
-}
-
-function startRename(item, conversation) {
-  const input = el("input", { value: conversation.title, maxLength: 200, "aria-label": "New title" });
-  let saved = false; // Enter saves, then the list redraws and the input's blur must not save again
-  const save = async () => {
-    if (saved) return;
-    saved = true;
-    const title = input.value.trim();
-    if (title && title !== conversation.title) {
-      await apiJSON(`/ui/api/conversations/${conversation.id}`, { method: "PATCH", body: { title } });
-      if (current.id === conversation.id) current.title = title;
-    }
-    await refreshList();
-  };
-  input.addEventListener("keydown", (event) => {
-    if (event.key === "Enter") save().catch(showError);
-    if (event.key === "Escape") renderList();
-  });
-  input.addEventListener("blur", () => save().catch(showError));
-  item.replaceChildren(input);
-  input.focus();
-  input.select();
-}
-
-function confirmDelete(item, conversation) {
-  const yes = el("button", { type: "button", className: "act danger-text", textContent: "Delete it" });
-  const no = el("button", { type: "button", className: "act", textContent: "Keep" });
-  yes.addEventListener("click", async () => {
-    try {
-      await apiJSON(`/ui/api/conversations/${conversation.id}`, { method: "DELETE" });
-      if (current.id === conversation.id) newConversation();
-      await refreshList();
-    } catch (error) { showError(error); }
-  });
-  no.addEventListener("click", renderList);
-  item.replaceChildren(el("span", { className: "open", textContent: `Delete “${conversation.title}”?` }), yes, no);
 }
 
 async function openConversation(id) {
@@ -125,8 +68,8 @@ async function openConversation(id) {
   notify(pendingFor(id).length ? "Some of this conversation is kept in this browser only: it is saved when the server answers again." : "");
   pinned = true;
   renderMessages();
-  renderList();
-  closeSidebar();
+  sidebar.render();
+  sidebar.close();
 }
 
 function newConversation() {
@@ -136,22 +79,12 @@ function newConversation() {
   clearError();
   notify("");
   renderMessages();
-  renderList();
-  closeSidebar();
-  ui.prompt.focus();
+  sidebar.render();
+  sidebar.close();
+  composer.focus();
 }
 
-function numberOrNull(input, parse = parseFloat) {
-  const value = parse(input.value);
-  return Number.isFinite(value) ? value : null;
-}
-
-function readOptions() {
-  return {
-    temperature: numberOrNull(ui.temperature), top_p: numberOrNull(ui.topP),
-    max_tokens: numberOrNull(ui.maxTokens, (v) => parseInt(v, 10)), thinking: ui.thinking.value, tools: ui.tools.value,
-  };
-}
+function readOptions() { return optionsOf(ui); }
 
 function titleOf(messages) {
   const first = messages.find((m) => m.role === "user");
@@ -194,7 +127,7 @@ function renderMessages(upTo = current.messages.length) {
   if (pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
   ui.exportBox.hidden = !current.messages.length;
   document.body.dataset.messages = current.messages.length;
-  scheduleMeter();
+  composer.scheduleMeter();
 }
 
 async function switchVersion(index, k) {
@@ -227,7 +160,7 @@ function editMessage(node, index) {
       current.messages = before; // not saved: the edited text goes into the box, nothing is lost
       setBusy(false);
       renderMessages();
-      if (!ui.prompt.value.trim()) setDraft(area.value, isUser ? parts : []);
+      if (!composer.text.trim()) composer.setDraft(area.value, isUser ? parts : []);
       showError(error);
       return;
     }
@@ -241,50 +174,6 @@ function editMessage(node, index) {
 }
 
 // --- generation -------------------------------------------------------------------------------
-
-function apiMessages(messages) {
-  const out = [];
-  if (ui.system.value.trim()) out.push({ role: "system", content: ui.system.value });
-  for (const m of messages) {
-    const message = { role: m.role, content: apiContent(m.content) };
-    if (m.tool_calls && m.tool_calls.length) message.tool_calls = m.tool_calls;
-    if (m.tool_call_id) message.tool_call_id = m.tool_call_id;
-    out.push(message);
-  }
-  return out;
-}
-
-/** Everything a turn needs that can be wrong, checked before anything leaves the box. */
-function checkSettings(model, parts = []) {
-  if (!model) return "Pick a model first.";
-  const takes = modalitiesOf(picker.model);
-  const refused = parts.map(partModality).find((m) => m && !takes.includes(m));
-  if (refused) return `${model} does not take ${refused}: remove the attachment or pick a model that does.`;
-  const o = readOptions();
-  if (o.tools.trim()) {
-    try {
-      const tools = JSON.parse(o.tools);
-      if (!Array.isArray(tools)) return "Tools must be a JSON list.";
-    } catch (_) { return "Tools is not valid JSON."; }
-  }
-  return null;
-}
-
-function requestBody(base, continues) {
-  const o = readOptions();
-  const body = { model: picker.value, messages: apiMessages(continues ? [...base, continues] : base), stream: true,
-    stream_options: { include_usage: true } };
-  if (continues) {
-    body.continue_final_message = true;
-    body.add_generation_prompt = false;
-  }
-  if (o.temperature !== null) body.temperature = o.temperature;
-  if (o.top_p !== null) body.top_p = o.top_p;
-  if (o.max_tokens !== null) body.max_tokens = o.max_tokens;
-  if (o.thinking !== "auto") body.chat_template_kwargs = { enable_thinking: o.thinking === "on" };
-  if (o.tools.trim()) body.tools = JSON.parse(o.tools);
-  return body;
-}
 
 function setBusy(state) {
   busy = state;
@@ -310,7 +199,7 @@ function setStreaming(state) {
  */
 async function generate({ at, replaces = null, continues = null }) {
   if (busy) return;
-  const problem = checkSettings(picker.value);
+  const problem = checkSettings(picker.value, modalitiesOf(picker.model), readOptions());
   if (problem) {
     showError(problem);
     return;
@@ -328,7 +217,7 @@ async function generate({ at, replaces = null, continues = null }) {
 
 async function streamAnswer(at, replaces, continues) {
   const base = current.messages.slice(0, at);
-  const body = requestBody(base, continues);
+  const body = requestBody({ model: picker.value, system: ui.system.value, options: readOptions(), base, continues });
   const answer = { id: newId(), role: "assistant", content: continues ? textOf(continues.content) : "",
     reasoning_content: continues ? continues.reasoning_content || "" : "", tool_calls: [] };
   renderMessages(at);
@@ -398,31 +287,21 @@ function placeAnswer(answer, at, replaces, continues) {
   }
 }
 
-function mergeToolCall(calls, delta) {
-  let call = calls[delta.index];
-  if (!call) {
-    call = calls[delta.index] = { id: delta.id || "", type: "function", function: { name: "", arguments: "" } };
-  }
-  if (delta.id) call.id = delta.id;
-  if (delta.function && delta.function.name) call.function.name += delta.function.name;
-  if (delta.function && delta.function.arguments) call.function.arguments += delta.function.arguments;
-}
-
 /** Send the box: checked first (the text stays in the box on any problem), saved, then answered. */
 async function send() {
-  const text = ui.prompt.value;
+  const text = composer.text;
   if (!text.trim() || busy) return;
-  const problem = checkSettings(picker.value, pending);
+  const problem = checkSettings(picker.value, modalitiesOf(picker.model), readOptions(), composer.pending);
   if (problem) {
     showError(problem);
     return;
   }
   clearError();
-  const message = { id: newId(), role: "user", content: contentOf(text, pending) };
-  const parts = pending;
+  const message = { id: newId(), role: "user", content: contentOf(text, composer.pending) };
+  const parts = composer.pending;
   setBusy(true);
   current.messages = [...current.messages, message];
-  setDraft("", []);
+  composer.setDraft("", []);
   renderMessages();
   try {
     await saveSettings().catch(() => {});
@@ -432,12 +311,12 @@ async function send() {
     } else {
       await createConversation(current, titleOf(current.messages));
       history.replaceState(null, "", `/chat?c=${current.id}`);
-      refreshList().catch(() => {});
+      sidebar.refresh().catch(() => {});
     }
   } catch (error) {
     // Not saved, so not sent: the message goes back into the box.
     current.messages = current.messages.filter((m) => m !== message);
-    setDraft(text, parts);
+    composer.setDraft(text, parts);
     setBusy(false);
     renderMessages();
     showError(`${messageOf(error)} Your message is back in the box.`);
@@ -447,145 +326,21 @@ async function send() {
   await generate({ at: current.messages.length });
 }
 
-// --- the composer: draft, attachments, context meter ------------------------------------------
-
-function setDraft(text, parts) {
-  ui.prompt.value = text;
-  pending = parts;
-  growComposer();
-  renderAttachments();
-}
-
-function growComposer() {
-  ui.prompt.style.height = "auto";
-  ui.prompt.style.height = `${Math.min(ui.prompt.scrollHeight + 2, window.innerHeight * 0.4)}px`;
-}
-
-function renderAttachments() {
-  ui.attachments.replaceChildren(...pending.map((part, index) => {
-    const remove = el("button", { type: "button", className: "remove", textContent: "✕", "aria-label": `Remove ${part.name}` });
-    remove.addEventListener("click", () => {
-      pending = pending.filter((_, i) => i !== index);
-      renderAttachments();
-    });
-    return el("div", { className: "attachment" }, partView(part), remove);
-  }));
-  ui.attachments.hidden = !pending.length;
-}
-
-/** The attach button only for models that take media, saying why when greyed out. */
-function showAttachable() {
-  const takes = modalitiesOf(picker.model).filter((m) => m !== "text");
-  const accept = { image: "image/*", audio: "audio/wav,audio/x-wav,audio/mpeg", video: "video/*" };
-  ui.attach.accept = takes.map((m) => accept[m]).join(",");
-  ui.attach.disabled = !takes.length;
-  ui.attachLabel.classList.toggle("disabled", !takes.length);
-  ui.attachLabel.title = takes.length ? `Attach ${takes.join(", ")} (or paste or drop it here)` : "";
-  ui.attachWhy.textContent = takes.length || !picker.value ? "" : `${picker.value} takes text only: no attachments.`;
-}
-
-async function addFiles(files) {
-  const takes = modalitiesOf(picker.model);
-  for (const file of files) {
-    const modality = modalityOf(file.type);
-    if (!modality || !takes.includes(modality)) {
-      showError(`${picker.value || "This model"} does not take ${modality || file.type || "this file"}: pick a model that does.`);
-      continue;
-    }
-    try {
-      pending = [...pending, await partOf(file)];
-    } catch (error) {
-      showError(error.message);
-    }
-  }
-  renderAttachments();
-}
-
-let meterTimer = null;
-
-function scheduleMeter() {
-  clearTimeout(meterTimer);
-  meterTimer = setTimeout(() => measureContext().catch(() => { ui.meter.textContent = ""; }), 700);
-}
-
-/** Tokens the conversation (and the draft) takes of the model's context, as /tokenize counts them. */
-async function measureContext() {
-  if (!picker.value || busy) return;
-  const texts = current.messages.map((m) => ({ role: m.role, content: textOf(m.content) }));
-  if (ui.prompt.value.trim()) texts.push({ role: "user", content: ui.prompt.value });
-  if (!texts.length) {
-    ui.meter.textContent = "";
-    return;
-  }
-  const counted = await apiJSON("/tokenize", { method: "POST", body: { model: picker.value, messages: texts } });
-  ui.meter.textContent = counted.max_model_len ? `${counted.count} / ${counted.max_model_len} tokens`
-    : `${counted.count} tokens`;
-  ui.meter.classList.toggle("full", Boolean(counted.max_model_len) && counted.count > 0.9 * counted.max_model_len);
-}
-
 // --- wiring ---------------------------------------------------------------------------------------
 
-function closeSidebar() {
-  ui.sidebar.classList.remove("open");
-  ui.backdrop.hidden = true;
-  ui.toggle.setAttribute("aria-expanded", "false");
-}
-
-function openSidebar() {
-  ui.sidebar.classList.add("open");
-  ui.backdrop.hidden = false;
-  ui.toggle.setAttribute("aria-expanded", "true");
-  ui.search.focus();
-}
-
-ui.composer.addEventListener("submit", (event) => {
-  event.preventDefault();
-  send();
-});
-ui.prompt.addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
-    event.preventDefault();
-    send();
-  }
-});
-ui.prompt.addEventListener("input", () => {
-  growComposer();
-  scheduleMeter();
-});
-ui.prompt.addEventListener("paste", (event) => {
-  const files = [...(event.clipboardData?.files || [])];
-  if (files.length) {
-    event.preventDefault();
-    addFiles(files);
-  }
-});
-ui.composer.addEventListener("dragover", (event) => {
-  event.preventDefault();
-  ui.composer.classList.add("dropping");
-});
-ui.composer.addEventListener("dragleave", () => ui.composer.classList.remove("dropping"));
-ui.composer.addEventListener("drop", (event) => {
-  event.preventDefault();
-  ui.composer.classList.remove("dropping");
-  addFiles([...(event.dataTransfer?.files || [])]);
-});
-ui.attach.addEventListener("change", () => {
-  addFiles([...ui.attach.files]);
-  ui.attach.value = "";
-});
 ui.messages.addEventListener("scroll", () => {
   pinned = ui.messages.scrollHeight - ui.messages.scrollTop - ui.messages.clientHeight < 40;
 });
 ui.stop.addEventListener("click", () => {
   if (streaming) streaming.controller.abort();
-  ui.prompt.focus();
+  composer.focus();
 });
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Escape") return;
-  if (ui.sidebar.classList.contains("open")) closeSidebar();
+  if (sidebar.isOpen) sidebar.close();
   else if (streaming) {
     streaming.controller.abort();
-    ui.prompt.focus();
+    composer.focus();
   }
 });
 window.addEventListener("pagehide", () => {
@@ -600,10 +355,7 @@ window.addEventListener("pagehide", () => {
   saveOnLeave(current, at, current.messages.slice(at));
 });
 $("new-chat").addEventListener("click", newConversation);
-ui.toggle.addEventListener("click", () => (ui.sidebar.classList.contains("open") ? closeSidebar() : openSidebar()));
-$("sidebar-close").addEventListener("click", closeSidebar);
-ui.backdrop.addEventListener("click", closeSidebar);
-ui.search.addEventListener("input", renderList);
+composer.onSend = send;
 $("export-md").addEventListener("click", () => exportMarkdown(current));
 $("export-json").addEventListener("click", () => exportJSON(current));
 $("import").addEventListener("change", async (event) => {
@@ -612,24 +364,24 @@ $("import").addEventListener("change", async (event) => {
   if (!file) return;
   try {
     const id = await importFile(file);
-    await refreshList();
+    await sidebar.refresh();
     await openConversation(id);
   } catch (error) { showError(error); }
 });
 picker.onChange = () => {
-  showAttachable();
-  scheduleMeter();
+  composer.showAttachable();
+  composer.scheduleMeter();
 };
 
 async function start() {
   const flushed = await flushOutbox().catch(() => new Set());
-  await Promise.all([picker.refresh().catch(showError), refreshList()]);
+  await Promise.all([picker.refresh().catch(showError), sidebar.refresh()]);
   const id = parseInt(new URLSearchParams(location.search).get("c"), 10);
   if (Number.isFinite(id)) await openConversation(id);
   else renderMessages();
   if (flushed.size) notify("Turns kept in this browser while the server was away are saved now.");
-  showAttachable();
-  growComposer();
+  composer.showAttachable();
+  composer.grow();
   document.body.dataset.ready = "true";
 }
 
