@@ -13,7 +13,7 @@ from pathlib import Path
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
-from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind
+from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind, model_tasks
 
 SCAN_TTL_SECONDS = 2.0
 
@@ -30,6 +30,7 @@ class CacheEntry:
     snapshot_path: Path
     revisions: tuple[str, ...] = ()
     modalities: tuple[str, ...] = ()  # what it takes as input; empty: nothing this server serves
+    tasks: tuple[str, ...] = ()  # generate, transcribe or embed (protocol.modalities.model_tasks)
 
     @property
     def is_causal_lm(self) -> bool:
@@ -68,6 +69,7 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
         if revision is None:
             continue
         config = _read_config(Path(revision.snapshot_path))
+        kind = model_kind(config, sentence_transformers=(Path(revision.snapshot_path) / "modules.json").is_file())
         models.append(
             CacheEntry(
                 repo_id=repo.repo_id,
@@ -77,7 +79,8 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
                 architectures=tuple(a for a in (config.get("architectures") or ()) if isinstance(a, str)),
                 snapshot_path=Path(revision.snapshot_path),
                 revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
-                modalities=input_modalities(model_kind(config)),
+                modalities=input_modalities(kind),
+                tasks=model_tasks(kind),
             )
         )
     return sorted(models, key=lambda m: m.repo_id)

@@ -25,6 +25,10 @@ FIELD_SCHEMAS = {
     "openai_api.serializers.completions.PromptField": {
         "oneOf": [{"type": "string"}, {**STRING_ARRAY, "minItems": 1}, {**TOKEN_IDS, "minItems": 1},
                   {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1}]},
+    "openai_api.serializers.embeddings.EmbeddingInputField": {
+        "oneOf": [{"type": "string", "minLength": 1}, {**STRING_ARRAY, "minItems": 1, "maxItems": 2048},
+                  {**TOKEN_IDS, "minItems": 1},
+                  {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1, "maxItems": 2048}]},
     "openai_api.serializers.fields.StopField": {"oneOf": [{"type": "string"}, {**STRING_ARRAY, "maxItems": 16}]},
     "openai_api.serializers.fields.LogitBiasField": {
         "type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
@@ -140,6 +144,8 @@ VIEW_EXTENSIONS = [
                     True, "Create completion"),
     _view_extension("openai_api.chat.ChatCompletionsView", "post", SERIALIZERS + "chat.ChatRequestSerializer",
                     True, "Create chat completion"),
+    _view_extension("openai_api.embeddings.EmbeddingsView", "post", SERIALIZERS + "embeddings.EmbeddingRequestSerializer",
+                    False, "Create embeddings"),
     _view_extension("openai_api.response_views.ResponsesView", "post", SERIALIZERS + "responses.ResponsesRequestSerializer",
                     True, "Create response"),
     _view_extension("openai_api.response_views.StoredResponseView", "get", None, False, "Retrieve response",

@@ -5,6 +5,7 @@ from .batches.views import (BatchCancelView, BatchDetailView, BatchesView, FileC
                             FilesView)
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
+from .embeddings import EmbeddingsView
 from .health import health, live
 from .metrics import MetricsView
 from .model_list import ModelDetailView, ModelListView
@@ -23,6 +24,7 @@ urlpatterns = [
     path("detokenize", DetokenizeView.as_view()),
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
+    path("v1/embeddings", EmbeddingsView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
     path("v1/responses/<str:response_id>", StoredResponseView.as_view()),
     path("v1/responses/<str:response_id>/input_items", InputItemsView.as_view()),

@@ -131,7 +131,8 @@ class ModelManager:
         # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
         # stream); after freezing, only what is new.
         gc.freeze()
-        self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
+        if loaded.kind != "embedding":  # an embedding model has no KV cache: workers/engine/embedding.py runs it
+            self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()

@@ -215,6 +215,9 @@ class GenerationJob:
         if model.kind == "speech":
             raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
                            "/v1/audio/transcriptions.", "model", "unsupported_model")
+        if model.kind == "embedding":
+            raise JobError(400, f"The model `{model.model_id}` is an embedding model: send its inputs to "
+                           "/v1/embeddings.", "model", "unsupported_model")
         self.media_inputs: list[dict | None] = []  # per prompt
         self.prompt_ids = [self._truncate(self._tokenize(prompt, templates, params.max_tokens), index)
                            for index, prompt in enumerate(job["prompts"])]

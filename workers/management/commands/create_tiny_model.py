@@ -1,17 +1,19 @@
 from django.core.management.base import BaseCommand
 
 from workers.tiny.builders import build_tiny_model
+from workers.tiny.encoder import build_tiny_encoder
 from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 
 
 class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
-            "(audio-chat), or a Whisper.")
+            "(audio-chat), a Whisper, or a sentence-transformers embedding model (encoder: a BERT with mean pooling "
+            "and normalisation).")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
-        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper"], default="llama")
+        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper", "encoder"], default="llama")
         parser.add_argument("--size", choices=["tiny", "small"], default="tiny", help="llama only")
         parser.add_argument("--seed", type=int, default=0)
 
@@ -20,6 +22,8 @@ class Command(BaseCommand):
             path = build_tiny_vlm(name, seed=seed)
         elif arch == "audio-chat":
             path = build_tiny_audio_lm(name, seed=seed)
+        elif arch == "encoder":
+            path = build_tiny_encoder(name, seed=seed)
         elif arch == "whisper":
             path = build_tiny_whisper(name, seed=seed)
         else:
