@@ -13,13 +13,14 @@ import pytest
 from openai import OpenAI
 
 from workers.tiny.builders import build_tiny_model
-from workers.tiny.encoder import HIDDEN, build_tiny_encoder
+from workers.tiny.encoder import HIDDEN, build_tiny_causal_embedder, build_tiny_encoder
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
 from .teams_setup import fresh_minute, make_teams
 
 ENCODER = "local/tiny-encoder"
+CAUSAL_EMBEDDER = "local/tiny-llama-embed"
 TEXTS = ["Once upon a time", "the quick brown fox jumps over the lazy dog", "a", "Hello, world! " * 5]
 
 
@@ -28,6 +29,7 @@ def embed_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("embed-cache")
     build_tiny_model(TINY_MODEL, cache_dir=cache)
     snapshot = build_tiny_encoder(ENCODER, cache_dir=cache)
+    build_tiny_causal_embedder(CAUSAL_EMBEDDER, cache_dir=cache)
     return cache, snapshot
 
 
@@ -152,3 +154,15 @@ def test_embeddings_count_against_the_teams_requests_and_tokens(live):
             break
         time.sleep(0.2)
     assert sorted(rows) == sorted(("/v1/embeddings", tokens, 0) for tokens in used)
+
+
+def test_a_causal_lm_pools_its_last_token_as_its_config_says(embed_cache, client):
+    from sentence_transformers import SentenceTransformer
+
+    snapshot = embed_cache[0] / "models--local--tiny-llama-embed" / "snapshots"
+    reference = SentenceTransformer(str(next(snapshot.iterdir())), device="cpu")
+    assert reference[1].get_config_dict()["pooling_mode"] == "lasttoken"
+    response = client.embeddings.create(model=CAUSAL_EMBEDDER, input=TEXTS, encoding_format="float")
+    np.testing.assert_allclose([d.embedding for d in response.data], reference.encode(TEXTS), atol=1e-5)
+    with pytest.raises(openai.BadRequestError):  # no matryoshka in its config: only the full size
+        client.embeddings.create(model=CAUSAL_EMBEDDER, input="x", dimensions=8)

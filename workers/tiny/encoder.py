@@ -60,3 +60,20 @@ def build_tiny_encoder(repo_id: str, cache_dir: str | os.PathLike | None = None,
         tokenizer.save_pretrained(out)
         sentence_transformers_files(out, HIDDEN)
         return _install_into_cache(out, cache, repo_id)
+
+
+def build_tiny_causal_embedder(repo_id: str, cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """The tiny Llama of `build_tiny_model` with a sentence-transformers config that pools its last token
+    (a causal LM served for embeddings, as e5-mistral or gte-Qwen are)."""
+    import shutil
+
+    from workers.tiny.builders import SIZES as LLAMA_SIZES, build_tiny_model
+
+    cache = _resolve_cache(cache_dir)
+    with tempfile.TemporaryDirectory(prefix="tiny-causal-embedder-") as tmp:
+        snapshot = build_tiny_model("local/scratch", cache_dir=Path(tmp) / "cache", seed=seed)
+        out = Path(tmp) / "out"
+        shutil.copytree(snapshot, out, symlinks=False)
+        sentence_transformers_files(out, LLAMA_SIZES["tiny"]["hidden_size"], pooling="lasttoken",
+                                    max_seq_length=LLAMA_SIZES["tiny"]["max_position_embeddings"])
+        return _install_into_cache(out, cache, repo_id)
