@@ -31,6 +31,7 @@ class CacheEntry:
     revisions: tuple[str, ...] = ()
     modalities: tuple[str, ...] = ()  # what it takes as input; empty: nothing this server serves
     tasks: tuple[str, ...] = ()  # generate, transcribe or embed (protocol.modalities.model_tasks)
+    parent: str | None = None  # a LoRA adapter's base model (its adapter_config.json's base_model_name_or_path)
 
     @property
     def is_causal_lm(self) -> bool:
@@ -48,6 +49,16 @@ def _read_config(snapshot: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
+
+
+def _adapter_base(snapshot: Path) -> str | None:
+    """The base model a LoRA adapter repo names (peft's adapter_config.json), or None."""
+    try:
+        config = json.loads((snapshot / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    return base if isinstance(base, str) and base and config.get("peft_type", "LORA") == "LORA" else None
 
 
 def _newest_revision(repo):
@@ -70,6 +81,9 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
             continue
         config = _read_config(Path(revision.snapshot_path))
         kind = model_kind(config, sentence_transformers=(Path(revision.snapshot_path) / "modules.json").is_file())
+        parent = _adapter_base(Path(revision.snapshot_path)) if not config else None
+        if parent is not None:  # an adapter generates text as its base does (a text LM: peft adapters here are LoRA)
+            kind = "causal"
         models.append(
             CacheEntry(
                 repo_id=repo.repo_id,
@@ -81,6 +95,7 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
                 revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
                 modalities=input_modalities(kind),
                 tasks=model_tasks(kind),
+                parent=parent,
             )
         )
     return sorted(models, key=lambda m: m.repo_id)

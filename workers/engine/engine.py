@@ -263,7 +263,9 @@ class Engine:
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
     def _busy(self) -> set[str]:
-        return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
+        return ({request.model_name for request in self.requests.values()}
+                | {getattr(request, "served_name", request.model_name) for request in self.requests.values()}
+                | self.grammars.models() | self.beams.models())
 
     def _refuse_load(self, job: dict, error: Exception) -> None:
         if job["request_id"] in self._cancelled:
@@ -293,7 +295,8 @@ class Engine:
                 request = EmbeddingJob(job, model)
             else:
                 request = GenerationJob(job, model, self.config.templates)
-            request.model_name = name
+            request.model_name = model.base_key or name  # an adapter's rows run in its base's batch
+            request.served_name = name
             self._finish_empty_sequences(request)
         except JobError as exc:
             self._refuse(job, exc.message_dict())

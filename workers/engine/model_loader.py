@@ -71,7 +71,10 @@ class LoadedModel:
     memory_bytes: int = 0
     kind: Kind = "causal"
     processor: Any = None  # the AutoProcessor of a model that takes media; None for text-only models
-    pooling: Any = None  # an embedding model's workers.engine.embedding.Pooling
+    pooling: Any = None  # an embedding model's workers.engine.pooling.Pooling
+    adapter: str | None = None  # a LoRA adapter's peft name (workers.engine.adapters); its modules are its base's
+    base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
+    peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
 
     @property
     def modalities(self) -> tuple[str, ...]:

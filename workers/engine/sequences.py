@@ -229,6 +229,9 @@ class GenerationJob:
         num_beams = params.num_beams
         self.beam: dict | None = None  # beam search settings; None for the continuous batch
         if num_beams > 1:
+            if model.adapter is not None:
+                raise JobError(400, "Beam search is not served for LoRA adapters; use the base model or n.",
+                               "num_beams", "unsupported_parameter")
             self._check_beam_request(num_beams, params)
             self.beam = {"num_beams": num_beams, "length_penalty": float(params.length_penalty),
                          "early_stopping": params.early_stopping}
