@@ -155,3 +155,26 @@ def test_unloading_every_adapter_leaves_the_plain_base(live, client, expected):
         assert response.status_code == 200, response.text
     assert ids_of(client, TINY_MODEL, PROMPTS[2]) == expected[(TINY_MODEL, PROMPTS[2])]
     assert ids_of(client, ADAPTERS[1], PROMPTS[2]) == expected[(ADAPTERS[1], PROMPTS[2])]
+
+
+def test_load_model_of_an_adapter_brings_its_base_once(live, client, expected):
+    import json
+    import time
+
+    response = httpx.post(f"{live.base_url}/unload_model", headers=live.headers, json={"model": TINY_MODEL}, timeout=60)
+    assert response.status_code == 200, response.text  # a base goes with its adapters
+    with httpx.stream("POST", f"{live.base_url}/load_model", headers=live.headers, json={"model": ADAPTERS[0]},
+                      timeout=120) as stream:
+        assert stream.status_code == 200
+        events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["status"] == "ready" and events[-1]["model"] == f"{ADAPTERS[0]}@main", events
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        models = {m.id: m.model_dump() for m in client.models.list().data}
+        if models[ADAPTERS[0]]["status"] == models[TINY_MODEL]["status"] == "loaded":
+            break
+        time.sleep(0.2)
+    assert models[ADAPTERS[0]]["status"] == models[TINY_MODEL]["status"] == "loaded", models
+    assert models[ADAPTERS[1]]["status"] == "cached"
+    assert ids_of(client, ADAPTERS[0], PROMPTS[0]) == expected[(ADAPTERS[0], PROMPTS[0])]
+    assert ids_of(client, TINY_MODEL, PROMPTS[0]) == expected[(TINY_MODEL, PROMPTS[0])]
