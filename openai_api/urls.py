@@ -12,6 +12,7 @@ from .model_list import ModelDetailView, ModelListView
 from .model_loading import LoadModelView, UnloadModelView
 from .response_views import CancelResponseView, InputItemsView, ResponsesView, StoredResponseView
 from .server_info import TokenizerInfoView, VersionView
+from .tgi import TGIGenerateView, TGIInfoView, TGIStreamView
 from .tokenization import DetokenizeView, TokenizeView
 
 urlpatterns = [
@@ -41,4 +42,7 @@ urlpatterns = [
     path("unload_model", UnloadModelView.as_view()),
     path("v1/models", ModelListView.as_view()),
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),
+    path("generate", TGIGenerateView.as_view()),
+    path("generate_stream", TGIStreamView.as_view()),
+    path("info", TGIInfoView.as_view()),
 ]
