@@ -5,7 +5,7 @@ from .batches.views import (BatchCancelView, BatchDetailView, BatchesView, FileC
                             FilesView)
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
-from .embeddings import EmbeddingsView
+from .embeddings import EmbeddingsView, RerankAliasView, RerankView
 from .health import health, live
 from .metrics import MetricsView
 from .model_list import ModelDetailView, ModelListView
@@ -26,6 +26,8 @@ urlpatterns = [
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/embeddings", EmbeddingsView.as_view()),
+    path("v1/rerank", RerankView.as_view()),
+    path("rerank", RerankAliasView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
     path("v1/responses/<str:response_id>", StoredResponseView.as_view()),
     path("v1/responses/<str:response_id>/input_items", InputItemsView.as_view()),

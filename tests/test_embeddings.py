@@ -166,3 +166,24 @@ def test_a_causal_lm_pools_its_last_token_as_its_config_says(embed_cache, client
     np.testing.assert_allclose([d.embedding for d in response.data], reference.encode(TEXTS), atol=1e-5)
     with pytest.raises(openai.BadRequestError):  # no matryoshka in its config: only the full size
         client.embeddings.create(model=CAUSAL_EMBEDDER, input="x", dimensions=8)
+
+
+def test_rerank_orders_documents_by_cosine_similarity(live, reference):
+    query, documents = "a dog in the park", ["the cat sat", "a dog runs in the park", "stock prices fell", "dogs"]
+    vectors = reference.encode([query, *documents])
+    scores = [float(np.dot(vectors[0], v) / (np.linalg.norm(vectors[0]) * np.linalg.norm(v))) for v in vectors[1:]]
+    order = sorted(range(len(documents)), key=lambda i: -scores[i])
+    for path in ("/v1/rerank", "/rerank"):
+        response = httpx.post(f"{live.base_url}{path}", headers=live.headers, timeout=120,
+                              json={"model": ENCODER, "query": query, "documents": documents, "top_n": 3})
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        assert [r["index"] for r in results] == order[:3]
+        np.testing.assert_allclose([r["relevance_score"] for r in results], [scores[i] for i in order[:3]], atol=1e-5)
+        assert results[0]["document"] == {"text": documents[order[0]]}
+    refused = httpx.post(f"{live.base_url}/v1/rerank", headers=live.headers, timeout=60,
+                         json={"model": TINY_MODEL, "query": "q", "documents": ["d"]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    empty = httpx.post(f"{live.base_url}/v1/rerank", headers=live.headers, timeout=60,
+                       json={"model": ENCODER, "query": "q", "documents": []})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "documents"

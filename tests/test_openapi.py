@@ -13,7 +13,7 @@ OPERATIONS = {
     ("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
     ("/tokenize", "post"), ("/detokenize", "post"), ("/load_model", "post"), ("/unload_model", "post"),
     ("/v1/models", "get"), ("/v1/models/{model_id}", "get"), ("/metrics", "get"), ("/v1/key", "get"),
-    ("/v1/audio/transcriptions", "post"), ("/v1/embeddings", "post"),
+    ("/v1/audio/transcriptions", "post"), ("/v1/embeddings", "post"), ("/v1/rerank", "post"), ("/rerank", "post"),
     ("/generate", "post"), ("/generate_stream", "post"), ("/info", "get"), ("/v1/audio/translations", "post"),
     ("/v1/responses/{response_id}", "get"), ("/v1/responses/{response_id}", "delete"),
     ("/v1/responses/{response_id}/cancel", "post"), ("/v1/responses/{response_id}/input_items", "get"),
