@@ -13,7 +13,7 @@ from pathlib import Path
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
-from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind
+from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind, model_tasks
 
 SCAN_TTL_SECONDS = 2.0
 
@@ -30,6 +30,8 @@ class CacheEntry:
     snapshot_path: Path
     revisions: tuple[str, ...] = ()
     modalities: tuple[str, ...] = ()  # what it takes as input; empty: nothing this server serves
+    tasks: tuple[str, ...] = ()  # generate, transcribe or embed (protocol.modalities.model_tasks)
+    parent: str | None = None  # a LoRA adapter's base model (its adapter_config.json's base_model_name_or_path)
 
     @property
     def is_causal_lm(self) -> bool:
@@ -47,6 +49,16 @@ def _read_config(snapshot: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
+
+
+def _adapter_base(snapshot: Path) -> str | None:
+    """The base model a LoRA adapter repo names (peft's adapter_config.json), or None."""
+    try:
+        config = json.loads((snapshot / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    return base if isinstance(base, str) and base and config.get("peft_type", "LORA") == "LORA" else None
 
 
 def _newest_revision(repo):
@@ -68,6 +80,10 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
         if revision is None:
             continue
         config = _read_config(Path(revision.snapshot_path))
+        kind = model_kind(config, sentence_transformers=(Path(revision.snapshot_path) / "modules.json").is_file())
+        parent = _adapter_base(Path(revision.snapshot_path)) if not config else None
+        if parent is not None:  # an adapter generates text as its base does (a text LM: peft adapters here are LoRA)
+            kind = "causal"
         models.append(
             CacheEntry(
                 repo_id=repo.repo_id,
@@ -77,7 +93,9 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
                 architectures=tuple(a for a in (config.get("architectures") or ()) if isinstance(a, str)),
                 snapshot_path=Path(revision.snapshot_path),
                 revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
-                modalities=input_modalities(model_kind(config)),
+                modalities=input_modalities(kind),
+                tasks=model_tasks(kind),
+                parent=parent,
             )
         )
     return sorted(models, key=lambda m: m.repo_id)

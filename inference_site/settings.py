@@ -289,6 +289,8 @@ INFERENCE = {
     "KV_BUDGET_MB": env_float("INFERENCE_KV_BUDGET_MB", 0.0),
     # Keys/values of recent prompts kept per model for later prompts that start the same way (MiB; 0: off).
     "PREFIX_CACHE_MB": env_float("INFERENCE_PREFIX_CACHE_MB", 512.0),
+    # /v1/embeddings inputs pooled in one forward per engine step (workers/engine/embedding.py).
+    "EMBEDDING_BATCH": env_int("INFERENCE_EMBEDDING_BATCH", 32),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # Chat templates (worker side): a Jinja file that overrides every model's own template,
     # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).

@@ -1,5 +1,21 @@
+from asgiref.sync import sync_to_async
 from django.contrib import admin
 from django.urls import include, path
+from django.views.decorators.csrf import csrf_exempt
+
+from openai_api.tgi import TGIRootView
+from webui.pages import home
+
+tgi_root = TGIRootView.as_view()
+
+
+@csrf_exempt
+async def root(request):
+    """`GET /` is the home page; `POST /` is TGI's generate (what huggingface_hub's text_generation posts)."""
+    if request.method == "POST":
+        return await tgi_root(request)
+    return await sync_to_async(home)(request)
+
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 urlpatterns = [
@@ -7,6 +23,7 @@ urlpatterns = [
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("docs/redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
+    path("", root),
     path("", include("teams.urls")),
     path("", include("webui.urls")),
     path("", include("openai_api.urls")),

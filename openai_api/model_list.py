@@ -2,7 +2,8 @@
 
 OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
 error), `loaded_on` (worker names), `size_bytes` on disk and the input `modalities` it takes
-(text, image, audio, video), and vLLM's `root`, `parent` and `max_model_len`.
+(text, image, audio, video), `parent` (a LoRA adapter's base), the `tasks` it serves (generate, transcribe, embed: `embed` ones answer
+`/v1/embeddings`), and vLLM's `root`, `parent` and `max_model_len`.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def model_object(model: CacheEntry, state: dict) -> dict:
         "loaded_on": state["loaded_on"],
         "size_bytes": model.size_on_disk,
         "modalities": list(model.modalities),
+        "tasks": list(model.tasks),
         "root": model.repo_id,  # vLLM's: the model a name serves (aliases and adapters point to theirs)
-        "parent": None,
+        "parent": model.parent,  # a LoRA adapter's base model
         "max_model_len": config_max_model_len(model.snapshot_path),
     }
 

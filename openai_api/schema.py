@@ -25,6 +25,10 @@ FIELD_SCHEMAS = {
     "openai_api.serializers.completions.PromptField": {
         "oneOf": [{"type": "string"}, {**STRING_ARRAY, "minItems": 1}, {**TOKEN_IDS, "minItems": 1},
                   {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1}]},
+    "openai_api.serializers.embeddings.EmbeddingInputField": {
+        "oneOf": [{"type": "string", "minLength": 1}, {**STRING_ARRAY, "minItems": 1, "maxItems": 2048},
+                  {**TOKEN_IDS, "minItems": 1},
+                  {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1, "maxItems": 2048}]},
     "openai_api.serializers.fields.StopField": {"oneOf": [{"type": "string"}, {**STRING_ARRAY, "maxItems": 16}]},
     "openai_api.serializers.fields.LogitBiasField": {
         "type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
@@ -95,7 +99,9 @@ ERRORS = {status: OpenApiResponse(ERROR_BODY, description="an OpenAI-shaped erro
 def responses(streams: bool, media_type: str = "application/json", text_types: tuple[str, ...] = ()) -> dict:
     """200 as an object (and an SSE stream where `stream: true` is allowed, or text in `text_types`),
     every error in OpenAI's shape."""
-    ok = {(200, media_type): OpenApiTypes.OBJECT if media_type == "application/json" else OpenApiTypes.STR}
+    # An SSE-only answer (TGI's /generate_stream): each event an object (schemathesis checks events so).
+    ok = {(200, media_type): OpenApiTypes.OBJECT if media_type in ("application/json", "text/event-stream")
+          else OpenApiTypes.STR}
     ok.update({(200, text_type): OpenApiTypes.STR for text_type in text_types})
     if streams:
         ok[(200, "text/event-stream")] = OpenApiTypes.STR
@@ -140,6 +146,17 @@ VIEW_EXTENSIONS = [
                     True, "Create completion"),
     _view_extension("openai_api.chat.ChatCompletionsView", "post", SERIALIZERS + "chat.ChatRequestSerializer",
                     True, "Create chat completion"),
+    _view_extension("openai_api.embeddings.EmbeddingsView", "post", SERIALIZERS + "embeddings.EmbeddingRequestSerializer",
+                    False, "Create embeddings"),
+    _view_extension("openai_api.embeddings.RerankView", "post", SERIALIZERS + "embeddings.RerankRequestSerializer",
+                    False, "Rerank"),
+    _view_extension("openai_api.embeddings.RerankAliasView", "post", SERIALIZERS + "embeddings.RerankRequestSerializer",
+                    False, "Rerank alias"),
+    _view_extension("openai_api.tgi.TGIGenerateView", "post", SERIALIZERS + "tgi.TGIRequestSerializer",
+                    False, "TGI generate"),
+    _view_extension("openai_api.tgi.TGIStreamView", "post", SERIALIZERS + "tgi.TGIRequestSerializer",
+                    False, "TGI generate stream", "text/event-stream"),
+    _view_extension("openai_api.tgi.TGIInfoView", "get", None, False, "TGI info"),
     _view_extension("openai_api.response_views.ResponsesView", "post", SERIALIZERS + "responses.ResponsesRequestSerializer",
                     True, "Create response"),
     _view_extension("openai_api.response_views.StoredResponseView", "get", None, False, "Retrieve response",

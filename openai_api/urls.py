@@ -5,12 +5,14 @@ from .batches.views import (BatchCancelView, BatchDetailView, BatchesView, FileC
                             FilesView)
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
+from .embeddings import EmbeddingsView, RerankAliasView, RerankView
 from .health import health, live
 from .metrics import MetricsView
 from .model_list import ModelDetailView, ModelListView
 from .model_loading import LoadModelView, UnloadModelView
 from .response_views import CancelResponseView, InputItemsView, ResponsesView, StoredResponseView
 from .server_info import TokenizerInfoView, VersionView
+from .tgi import TGIGenerateView, TGIInfoView, TGIStreamView
 from .tokenization import DetokenizeView, TokenizeView
 
 urlpatterns = [
@@ -23,6 +25,9 @@ urlpatterns = [
     path("detokenize", DetokenizeView.as_view()),
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
+    path("v1/embeddings", EmbeddingsView.as_view()),
+    path("v1/rerank", RerankView.as_view()),
+    path("rerank", RerankAliasView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
     path("v1/responses/<str:response_id>", StoredResponseView.as_view()),
     path("v1/responses/<str:response_id>/input_items", InputItemsView.as_view()),
@@ -39,4 +44,7 @@ urlpatterns = [
     path("unload_model", UnloadModelView.as_view()),
     path("v1/models", ModelListView.as_view()),
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),
+    path("generate", TGIGenerateView.as_view()),
+    path("generate_stream", TGIStreamView.as_view()),
+    path("info", TGIInfoView.as_view()),
 ]

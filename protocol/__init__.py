@@ -50,6 +50,7 @@ from protocol.jobs import (  # noqa: F401
     TextPrompt,
     TokenIdsPrompt,
     AudioPrompt,
+    EmbeddingPrompt,
     Prompt,
     SubmitMessage,
     TeamRef,

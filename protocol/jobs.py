@@ -68,7 +68,17 @@ class AudioPrompt(TypedDict):
     word_timestamps: NotRequired[bool]  # each window's ChoiceDelta carries its `words`
 
 
-Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt
+class EmbeddingPrompt(TypedDict):
+    """One input of /v1/embeddings (workers.engine.embedding): text or token ids, pooled into one vector.
+
+    Its ChoiceDelta carries the vector as `embedding` (no text, no tokens generated).
+    """
+
+    embed: str | list[int]
+    dimensions: NotRequired[int | None]  # the first `dimensions` components, renormalised (Matryoshka models)
+
+
+Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt | EmbeddingPrompt
 
 
 class TeamRef(TypedDict):
@@ -172,6 +182,7 @@ class ChoiceDelta(TypedDict):
     finish_reason: str | None
     words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
     prompt_logprobs: NotRequired[list[PromptLogprob]]  # on a choice's first delta, when the job asked
+    embedding: NotRequired[list[float]]  # an EmbeddingPrompt's vector
 
 
 class Usage(TypedDict):

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-Kind = Literal["causal", "image_text", "audio_text", "speech"]
+Kind = Literal["causal", "image_text", "audio_text", "speech", "embedding"]
 TEXT, IMAGE, AUDIO, VIDEO = "text", "image", "audio", "video"
 CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
-def model_kind(config: dict) -> Kind | None:
+def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None:
     """`causal` (text generation), `image_text` (a vision-language model whose processor takes images),
     `audio_text` (an audio-language chat model such as Qwen2-Audio: an audio encoder beside a text model),
-    `speech` (a speech-to-text encoder-decoder such as Whisper), or None (nothing this server serves)."""
+    `speech` (a speech-to-text encoder-decoder such as Whisper), `embedding` (a sentence-transformers repo:
+    its `modules.json` says how to pool, encoder or causal LM alike), or None (nothing this server serves)."""
+    if sentence_transformers:
+        return "embedding"
     if config.get("is_encoder_decoder") and "num_mel_bins" in config:
         return "speech"
     if isinstance(config.get("vision_config"), dict) and isinstance(config.get("text_config"), dict):
@@ -31,4 +34,11 @@ def model_kind(config: dict) -> Kind | None:
 def input_modalities(kind: Kind | None) -> tuple[str, ...]:
     """A vision-language model takes video as frames sampled into images (see workers.media.decoding)."""
     return {"causal": (TEXT,), "image_text": (TEXT, IMAGE, VIDEO), "audio_text": (TEXT, AUDIO),
-            "speech": (AUDIO,)}.get(kind, ())
+            "speech": (AUDIO,), "embedding": (TEXT,)}.get(kind, ())
+
+
+def model_tasks(kind: Kind | None) -> tuple[str, ...]:
+    """What a model is asked for: `generate` (text out), `transcribe` (audio to text) or `embed` (vectors)."""
+    if kind is None:
+        return ()
+    return {"speech": ("transcribe",), "embedding": ("embed",)}.get(kind, ("generate",))

@@ -24,6 +24,8 @@ class PromptField(serializers.Field):
         "empty": "prompt must not be empty.",
     }
 
+    max_items: int | None = None  # None: the server's max_prompts
+
     @staticmethod
     def _is_token_list(value) -> bool:
         return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
@@ -46,7 +48,7 @@ class PromptField(serializers.Field):
                 self.fail("empty")
             if isinstance(prompt, list) and any(t < 0 for t in prompt):
                 raise serializers.ValidationError("Token ids must be non-negative.")
-        limit = self.context.get("max_prompts", 64)
+        limit = self.max_items or self.context.get("max_prompts", 64)
         if len(prompts) > limit:
             raise serializers.ValidationError(f"At most {limit} prompts are allowed in one request.")
         return prompts

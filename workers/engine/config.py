@@ -37,6 +37,7 @@ class EngineConfig:
     prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
     max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/supervision.py)
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
+    embedding_batch: int = 32  # embedding inputs per batched forward, one forward per engine step
     templates: TemplateSettings = field(default_factory=TemplateSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
 
@@ -59,6 +60,7 @@ class EngineConfig:
             grammar_timeout=inference["GRAMMAR_TIMEOUT"], grammar_cache_size=inference["GRAMMAR_CACHE_SIZE"],
             kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
             prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
+            embedding_batch=inference.get("EMBEDDING_BATCH", 32),
             max_faults=inference.get("ENGINE_MAX_FAULTS", 5), stall_seconds=inference.get("ENGINE_STALL_SECONDS", 60.0),
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",

@@ -8,7 +8,8 @@ Each step: drop finished rows, let waiting sequences in (up to `max_num_seqs`),
 decode one token for every running sequence in one batched forward, publish one
 message per request, then prefill newcomers within a token budget and publish
 their first tokens at once (they decode with the batch from the next step).
-A transcription (workers.engine.transcription) advances by one audio window per step.
+A transcription (workers.engine.transcription) advances by one audio window per step, embedding jobs
+(workers.engine.embedding) by one batched forward per model per step.
 Which sequences run and the step's forwards are workers/engine/scheduler.py's; this
 module owns jobs, models, control messages and publishing.
 """
@@ -39,6 +40,7 @@ from workers.engine.scheduler import Scheduler
 from workers.engine.sequences import GenerationJob
 from workers.engine.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
 from workers.engine.transcription import Transcription, is_audio_prompt
+from workers.engine.embedding import EmbeddingJob, advance_embeddings, is_embedding_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +268,9 @@ class Engine:
             logger.info("cancelled %s after %d tokens", request_id, generated)
 
     def _busy(self) -> set[str]:
-        return {request.model_name for request in self.requests.values()} | self.grammars.models() | self.beams.models()
+        return ({request.model_name for request in self.requests.values()}
+                | {getattr(request, "served_name", request.model_name) for request in self.requests.values()}
+                | self.grammars.models() | self.beams.models())
 
     def _refuse_load(self, job: dict, error: Exception) -> None:
         if job["request_id"] in self._cancelled:
@@ -292,9 +296,12 @@ class Engine:
             model = self.manager.use(name)
             if is_audio_prompt(job["prompts"][0]):
                 request = Transcription(job, model)
+            elif is_embedding_prompt(job["prompts"][0]):
+                request = EmbeddingJob(job, model)
             else:
                 request = GenerationJob(job, model, self.config.templates)
-            request.model_name = name
+            request.model_name = model.base_key or name  # an adapter's rows run in its base's batch
+            request.served_name = name
             self._finish_empty_sequences(request)
         except JobError as exc:
             self._refuse(job, exc.message_dict())
@@ -366,6 +373,14 @@ class Engine:
                     request.advance()  # one audio window per step, between the batch's decode steps
                 except Exception:  # this job fails alone; the batch goes on
                     logger.exception("transcription %s failed", request.request_id)
+                    self._fail(request)
+        embeddings = [request for request in self.requests.values() if isinstance(request, EmbeddingJob)]
+        if embeddings:
+            try:  # one batched forward per embedding model, between the batch's decode steps
+                advance_embeddings(embeddings, self.config.embedding_batch)
+            except Exception:
+                logger.exception("embedding forward failed")
+                for request in embeddings:
                     self._fail(request)
         self._publish_all()
         if self.scheduler.prefill(bool(decoded)):

@@ -49,6 +49,10 @@ def _model_class(kind: Kind):
         from transformers import AutoModelForSpeechSeq2Seq
 
         return AutoModelForSpeechSeq2Seq
+    if kind == "embedding":  # the base model, hidden states out (a causal LM without its head)
+        from transformers import AutoModel
+
+        return AutoModel
     return AutoModelForCausalLM
 
 
@@ -67,6 +71,10 @@ class LoadedModel:
     memory_bytes: int = 0
     kind: Kind = "causal"
     processor: Any = None  # the AutoProcessor of a model that takes media; None for text-only models
+    pooling: Any = None  # an embedding model's workers.engine.pooling.Pooling
+    adapter: str | None = None  # a LoRA adapter's peft name (workers.engine.adapters); its modules are its base's
+    base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
+    peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -216,9 +224,16 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
     try:
         report("processor", None)
         config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)  # says which processor
-        kind = model_kind(config.to_dict()) or "causal"
+        modules = cached_file(repo_id, "modules.json", revision=revision, local_files_only=True,
+                              _raise_exceptions_for_missing_entries=False)
+        kind = model_kind(config.to_dict(), sentence_transformers=bool(modules)) or "causal"
+        pooling = None
+        if kind == "embedding":
+            from workers.engine.pooling import read_pooling
+
+            pooling = read_pooling(Path(modules).parent, config.to_dict())
         processor = None
-        if kind == "causal":
+        if kind in ("causal", "embedding"):
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
             from transformers import AutoProcessor
@@ -251,10 +266,11 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         model=model,
         tokenizer=tokenizer,
         device=torch_device,
-        max_model_len=_max_model_len(model, tokenizer),
+        max_model_len=min(_max_model_len(model, tokenizer), (pooling and pooling.max_seq_length) or 10**9),
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         memory_bytes=model_bytes(model),
         kind=kind,
         processor=processor,
+        pooling=pooling,
     )

@@ -17,6 +17,7 @@ import torch
 
 import protocol
 from workers.engine.errors import MemoryBudgetError, ModelBusyError, ModelLoadError
+from workers.engine import adapters
 from workers.engine.model_loader import LoadedModel, Progress, estimate_bytes, load_model
 from protocol import ModelRef
 from workers.engine.runner import ModelRunner
@@ -38,8 +39,18 @@ class LoadPlan:
     requested_by: str
     started: float = field(default_factory=time.monotonic)
 
-    def load(self, progress: Progress | None = None) -> LoadedModel:
-        return load_model(self.ref, self.device, self.dtype, progress)
+    held: Callable[[str], bool] | None = None  # whether the worker holds a model (an adapter's base)
+
+    def load(self, progress: Progress | None = None) -> LoadedModel | adapters.AdapterFiles:
+        """A model, or a LoRA adapter's files (with its base, loaded here only if the worker lacks it)."""
+        found = adapters.adapter_base(self.ref)
+        if found is None:
+            return load_model(self.ref, self.device, self.dtype, progress)
+        folder, base = found
+        files = adapters.AdapterFiles(self.ref, folder, base)
+        if self.held is None or not self.held(base.key):
+            files.base_loaded = load_model(base, self.device, self.dtype, progress)
+        return files
 
     @property
     def name(self) -> str:
@@ -116,6 +127,7 @@ class ModelManager:
         own = self._settings(ref.repo_id)
         dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
         plan = LoadPlan(ref, own.get("device") or self.device, dtype, requested_by)
+        plan.held = lambda key: key in self.models
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         try:
             self._make_room(ref, busy)
@@ -124,14 +136,30 @@ class ModelManager:
             raise
         return plan
 
-    def finish_load(self, plan: LoadPlan, loaded: LoadedModel) -> LoadedModel:
-        """Install a model loaded off the engine thread (called on the engine thread)."""
+    def finish_load(self, plan: LoadPlan, loaded: LoadedModel | adapters.AdapterFiles) -> LoadedModel:
+        """Install a model loaded off the engine thread (called on the engine thread); an adapter is
+        injected into its base here, between steps (its base installed first if it came with it)."""
+        if isinstance(loaded, adapters.AdapterFiles):
+            files = loaded
+            if files.base.key not in self.models:
+                if files.base_loaded is None:
+                    raise ModelLoadError(f"The base model `{files.base.key}` of `{plan.name}` was unloaded meanwhile.")
+                base_plan = LoadPlan(files.base, plan.device, plan.dtype, f"adapter:{plan.name}")
+                self.on_event({"type": protocol.MODEL_LOADING, "model": files.base.key, "requested_by": base_plan.requested_by})
+                self.finish_load(base_plan, files.base_loaded)
+            loaded = adapters.attach(self.models[files.base.key], files)
+        elif plan.name in self.models:  # installed meanwhile with an adapter that brought it: keep that one
+            loaded = self.models[plan.name]  # (its runner may hold rows already; a second copy would orphan them)
+            self.on_event({"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
+                           "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes})
+            return loaded
         self.models[plan.name] = loaded
         # Everything alive now (the libraries, this model's modules) leaves the collector's sight:
         # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
         # stream); after freezing, only what is new.
         gc.freeze()
-        self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
+        if loaded.kind != "embedding" and loaded.adapter is None:  # embeddings: no KV cache; adapters: the base's runner
+            self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()
@@ -178,8 +206,12 @@ class ModelManager:
             return False
         if name in busy:
             raise ModelBusyError(f"The model `{name}` is generating; unload it when its requests finish.")
+        for adapter in [n for n, m in self.models.items() if m.base_key == name]:  # a base goes with its adapters
+            self.unload(adapter, busy, requested_by=f"base:{requested_by}")
         started = time.monotonic()
         loaded = self.models.pop(name)
+        if loaded.base_key is not None and loaded.base_key in self.models:
+            adapters.detach(self.models[loaded.base_key], loaded)
         self.runners.pop(name, None)
         self._file_defaults.pop(name, None)
         device = loaded.device

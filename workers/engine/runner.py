@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from workers.engine.adapters import adapter_names
 from workers.engine.kv.batch import clone_cache, slice_rows, supports_batching
 from workers.engine.kv.slab import SlabKV
 from workers.engine.model_loader import LoadedModel
@@ -29,6 +30,14 @@ class ModelRunner:
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
         self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
+
+    def _forward(self, rows: list[Sequence], **inputs):
+        """The model's forward over `rows`; through peft with one adapter name per row where a row has a LoRA
+        adapter (workers/engine/adapters.py), so adapters and the base share the batch."""
+        names = adapter_names(rows) if self.loaded.peft is not None else None
+        if names is None:
+            return self.loaded.model(**inputs)
+        return self.loaded.peft(**inputs, adapter_names=names)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -54,13 +63,14 @@ class ModelRunner:
         if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable
                 or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
             return None
-        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids)
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, getattr(seq.request.model, "adapter", None))
         return seq.prefilled
 
     def remember_prefix(self, seq: Sequence) -> None:
         """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
         if self.prefix_cache is not None and seq.state is not None and self.batchable and seq.media_inputs is None:
-            self.prefix_cache.remember(seq.prompt_ids, seq.state)
+            # keyed by adapter: the same tokens give other keys/values under a LoRA adapter
+            self.prefix_cache.remember(seq.prompt_ids, seq.state, getattr(seq.request.model, "adapter", None))
 
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
         """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
@@ -73,8 +83,8 @@ class ModelRunner:
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
-        output = self.loaded.model(
-            input_ids=torch.tensor([chunk], device=self.loaded.device),
+        output = self._forward(
+            [seq], input_ids=torch.tensor([chunk], device=self.loaded.device),
             past_key_values=seq.state,
             use_cache=True,
             logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
@@ -105,8 +115,8 @@ class ModelRunner:
         pad = self.loaded.tokenizer.pad_token_id or 0
         input_ids = torch.tensor([[pad] * (width - n) + seq.prompt_ids for seq, n in zip(sequences, lengths)], device=device)
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
-        output = self.loaded.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        output = self._forward(
+            sequences, input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
             past_key_values=DynamicCache(config=self.loaded.model.config), use_cache=True, logits_to_keep=1,
         )
         for row, (seq, length) in enumerate(zip(sequences, lengths)):
@@ -157,13 +167,13 @@ class ModelRunner:
         results: list[tuple[Sequence, torch.Tensor]] = []
         if self.batch_rows:
             inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
-            output = self.loaded.model(**inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
+            output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
             self.batch.advance()
             logits = output.logits[:, -1, :]
             results.extend(zip(self.batch_rows, logits))
         for seq in self.solo_rows:
-            output = self.loaded.model(
-                input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
+            output = self._forward(
+                [seq], input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
                 past_key_values=seq.state, use_cache=True, logits_to_keep=1,
             )
             seq.state = output.past_key_values

@@ -215,6 +215,9 @@ class GenerationJob:
         if model.kind == "speech":
             raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
                            "/v1/audio/transcriptions.", "model", "unsupported_model")
+        if model.kind == "embedding":
+            raise JobError(400, f"The model `{model.model_id}` is an embedding model: send its inputs to "
+                           "/v1/embeddings.", "model", "unsupported_model")
         self.media_inputs: list[dict | None] = []  # per prompt
         self.prompt_ids = [self._truncate(self._tokenize(prompt, templates, params.max_tokens), index)
                            for index, prompt in enumerate(job["prompts"])]
@@ -226,6 +229,9 @@ class GenerationJob:
         num_beams = params.num_beams
         self.beam: dict | None = None  # beam search settings; None for the continuous batch
         if num_beams > 1:
+            if model.adapter is not None:
+                raise JobError(400, "Beam search is not served for LoRA adapters; use the base model or n.",
+                               "num_beams", "unsupported_parameter")
             self._check_beam_request(num_beams, params)
             self.beam = {"num_beams": num_beams, "length_penalty": float(params.length_penalty),
                          "early_stopping": params.early_stopping}

@@ -26,7 +26,7 @@ BLOCK_TOKENS = 16
 
 @dataclass
 class Block:
-    parent: int | None  # key of the block before it (None: the prompt's first block)
+    parent: int | str | None  # key of the block before it (the prompt's first block: its root, None for the base model)
     tokens: tuple[int, ...]
     layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) of these tokens, batch of 1
     size: int  # bytes
@@ -42,13 +42,13 @@ class PrefixCache:
         self.hit_tokens = 0  # of those, found cached
 
     @staticmethod
-    def _key(parent: int | None, tokens: tuple[int, ...]) -> int:
+    def _key(parent: int | str | None, tokens: tuple[int, ...]) -> int:
         return hash((parent, tokens))
 
-    def _run(self, prompt_ids: list[int], blocks: int) -> list[int]:
+    def _run(self, prompt_ids: list[int], blocks: int, root: str | None = None) -> list[int]:
         """Keys of the cached blocks that start the prompt, at most `blocks` of them."""
         keys: list[int] = []
-        parent = None
+        parent: int | str | None = root
         for index in range(blocks):
             tokens = tuple(prompt_ids[index * BLOCK_TOKENS:(index + 1) * BLOCK_TOKENS])
             key = self._key(parent, tokens)
@@ -59,11 +59,12 @@ class PrefixCache:
             parent = key
         return keys
 
-    def lookup(self, prompt_ids: list[int]) -> tuple[DynamicCache | None, int]:
+    def lookup(self, prompt_ids: list[int], root: str | None = None) -> tuple[DynamicCache | None, int]:
         """A cache holding the longest cached start of the prompt (leaving at least its last token
-        to prefill, whose logits are needed) and how many tokens it holds."""
+        to prefill, whose logits are needed) and how many tokens it holds. `root` keys the entries
+        by the weights that computed them (a LoRA adapter's name; None: the base model)."""
         usable = (len(prompt_ids) - 1) // BLOCK_TOKENS
-        keys = self._run(prompt_ids, usable) if self.budget > 0 else []
+        keys = self._run(prompt_ids, usable, root) if self.budget > 0 else []
         self.lookup_tokens += len(prompt_ids)
         if not keys:
             return None, 0
@@ -76,12 +77,12 @@ class PrefixCache:
                    for layer in per_layer]
         return cache_from_tensors(self.config, tensors), cached
 
-    def remember(self, prompt_ids: list[int], cache: DynamicCache) -> None:
+    def remember(self, prompt_ids: list[int], cache: DynamicCache, root: str | None = None) -> None:
         """Keep the full blocks of a freshly prefilled prompt (its cache holds exactly the prompt)."""
         if self.budget <= 0:
             return
         tensors = layer_tensors(cache)
-        parent = None
+        parent: int | str | None = root
         for index in range(len(prompt_ids) // BLOCK_TOKENS):
             begin, end = index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS
             tokens = tuple(prompt_ids[begin:end])

@@ -1,0 +1,145 @@
+"""Embeddings: a sentence-transformers repo's pooled (and normalised) vectors, computed beside generation.
+
+A model is an embedding model when its repo holds a sentence-transformers `modules.json`
+(`protocol.modalities.model_kind`). Its modules say what happens after the transformer: a `Pooling`
+module (`1_Pooling/config.json`: cls, mean, max, mean_sqrt_len_tokens or lasttoken, concatenated
+when several are on) and an optional `Normalize`; `sentence_bert_config.json` gives `max_seq_length`
+and `do_lower_case`. Encoders (BERT-style) and causal LMs (last-token pooling, loaded as their base
+model) alike; other modules (Dense, …) are refused at load, never silently skipped.
+
+An `EmbeddingJob` looks like a `sequences.GenerationJob` to the engine (as a transcription does):
+no sequences; each engine step `advance_embeddings` runs one batched forward over up to
+`embedding_batch` pending inputs of every embedding job of a model, between the decode steps of
+the running text batch. Each input's vector goes out as the `embedding` of its ChoiceDelta.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+import protocol
+from protocol import ChoiceDelta, EmbeddingPrompt, Started, SubmitMessage, Usage
+from workers.engine.errors import JobError
+from workers.engine.model_loader import LoadedModel
+from workers.engine.pooling import Pooling, pool
+
+def is_embedding_prompt(prompt) -> bool:
+    return isinstance(prompt, dict) and "embed" in prompt
+
+
+class EmbeddingJob:
+    """One /v1/embeddings request: its inputs tokenized at admission, pooled a batch at a time."""
+
+    def __init__(self, job: SubmitMessage, model: LoadedModel) -> None:
+        self.request_id: str = job["request_id"]
+        self.reply_channel: str = job["reply_channel"]
+        self.model = model
+        self.arrived = time.monotonic()
+        self.sequences: list = []  # nothing for the token batch: advance_embeddings runs it
+        self.structured = None
+        self.beam = None
+        self.streamed, self.answered = False, False  # one answer, at the end
+        pooling: Pooling | None = model.pooling
+        if model.kind != "embedding" or pooling is None:
+            raise JobError(400, f"The model `{model.model_id}` does not produce embeddings (its repo holds no "
+                           "sentence-transformers modules.json with a pooling config).", "model", "unsupported_model")
+        self.pooling = pooling
+        prompts: list[EmbeddingPrompt] = job["prompts"]
+        self.dimensions = prompts[0].get("dimensions") if prompts else None
+        if self.dimensions is not None and not pooling.allows(self.dimensions):
+            allowed = (f"one of {', '.join(map(str, pooling.matryoshka))} or {pooling.dimension}"
+                       if isinstance(pooling.matryoshka, tuple) else
+                       f"1 to {pooling.dimension}" if pooling.matryoshka else f"only {pooling.dimension}")
+            raise JobError(400, f"The model `{model.model_id}` does not take dimensions={self.dimensions} "
+                           f"({allowed}).", "dimensions", "invalid_value")
+        self.inputs = [self._tokenize(prompt["embed"], index) for index, prompt in enumerate(prompts)]
+        self.results: list[ChoiceDelta | None] = [None] * len(self.inputs)
+        self.taken = 0  # inputs handed to a forward so far
+        self.delivered = False
+
+    def _tokenize(self, embed: str | list[int], index: int) -> list[int]:
+        tokenizer = self.model.tokenizer
+        if isinstance(embed, str):
+            text = embed.lower() if self.pooling.do_lower_case else embed
+            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        else:
+            vocab = len(tokenizer)
+            if any(not 0 <= t < vocab for t in embed):
+                raise JobError(400, f"input[{index}] holds token ids outside the vocabulary (0 to {vocab - 1}).",
+                               "input", "invalid_value")
+            ids = list(embed)
+        limit = self.model.max_model_len
+        if len(ids) > limit:
+            raise JobError(400, f"This model's maximum context length is {limit} tokens; input[{index}] has "
+                           f"{len(ids)} tokens.", "input", "context_length_exceeded")
+        if not ids:
+            raise JobError(400, f"input[{index}] is empty.", "input", "invalid_value")
+        return ids
+
+    @property
+    def finished(self) -> bool:
+        return all(result is not None for result in self.results)
+
+    def take(self, count: int) -> list[tuple[EmbeddingJob, int]]:
+        start = self.taken
+        self.taken = min(len(self.inputs), start + count)
+        return [(self, index) for index in range(start, self.taken)]
+
+    def deliver(self, index: int, vector: torch.Tensor) -> None:
+        if self.dimensions is not None and self.dimensions < vector.shape[0]:
+            vector = F.normalize(vector[: self.dimensions], dim=0)
+        self.results[index] = {"index": index, "text": "", "token_ids": [], "logprobs": None,
+                               "finish_reason": "stop", "embedding": vector.float().cpu().tolist()}
+
+    def take_deltas(self) -> list[ChoiceDelta]:
+        """Every input's vector, once, when the last is pooled (the answer is one body)."""
+        if not self.finished or self.delivered:
+            return []
+        self.delivered = True
+        return list(self.results)
+
+    def started_message(self) -> Started:
+        return {"type": protocol.STARTED, "model": self.model.model_id,
+                "prompt_tokens": [len(ids) for ids in self.inputs], "prompt_token_ids": [[] for _ in self.inputs],
+                "max_model_len": self.model.max_model_len, "open_blocks": ["" for _ in self.inputs]}
+
+    def usage(self) -> Usage:
+        return {"prompt_tokens": sum(len(ids) for ids in self.inputs), "completion_tokens": 0}
+
+
+def advance_embeddings(jobs: list[EmbeddingJob], batch: int) -> None:
+    """One batched forward per model over up to `batch` inputs still pending, oldest job first."""
+    by_model: dict[int, list[EmbeddingJob]] = {}
+    for job in jobs:
+        if job.taken < len(job.inputs):
+            by_model.setdefault(id(job.model), []).append(job)
+    for model_jobs in by_model.values():
+        rows: list[tuple[EmbeddingJob, int]] = []
+        for job in sorted(model_jobs, key=lambda j: j.arrived):
+            rows += job.take(batch - len(rows))
+            if len(rows) >= batch:
+                break
+        vectors = embed_rows(model_jobs[0].model, [job.inputs[index] for job, index in rows])
+        for (job, index), vector in zip(rows, vectors):
+            job.deliver(index, vector)
+
+
+def embed_rows(loaded: LoadedModel, rows: list[list[int]]) -> torch.Tensor:
+    """Pooled (and normalised) vectors of token-id rows, one forward, right-padded with an attention mask."""
+    pooling: Pooling = loaded.pooling
+    width = max(len(ids) for ids in rows)
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, tokens in enumerate(rows):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+    ids, mask = ids.to(loaded.device), mask.to(loaded.device)
+    output = loaded.model(input_ids=ids, attention_mask=mask)
+    hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+    vectors = pool(hidden, mask, pooling.modes)
+    if pooling.normalize:
+        vectors = F.normalize(vectors, p=2, dim=1)
+    return vectors
