@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="the server's --device (and raw generate's)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--server-root", type=Path, help="run the server of another checkout (a git worktree of an "
+                        "earlier commit: the figures before a change, against raw in the same run)")
     parser.add_argument("--quick", action="store_true", help="8 requests x 16 tokens, one round: checks it runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -97,7 +99,7 @@ def main(argv: list[str]) -> None:
     env = dict(item.split("=", 1) for item in args.server_env)
     env.setdefault("INFERENCE_MAX_NUM_SEQS", str(max(args.requests, 64)))
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    server = OurServer(cache, work / "ours", device=args.device, dtype=args.dtype, **env)
+    server = OurServer(cache, work / "ours", root=args.server_root, device=args.device, dtype=args.dtype, **env)
     rounds = []
     try:
         asyncio.run(non_streaming(server.base_url, args.model, prompts[:4], 8))  # loads the model

@@ -138,3 +138,25 @@ def page_of(chromium, web_server, users):
     yield open_page
     for context in contexts:
         context.close()
+
+
+# A superuser made exactly as the README says, and a user in no team (the first-run and media pages' servers).
+MAKE_ACCOUNTS = f"""
+from django.contrib.auth import get_user_model
+User = get_user_model()
+User.objects.create_superuser("root", "root@example.org", {PASSWORD!r})
+User.objects.create_user("newcomer", password={PASSWORD!r})
+"""
+
+
+def media_page_server(media_cache, work_dir, name: str, **env: str) -> LiveServer:
+    """A server over the cache of a text, a vision and a speech model, warm, with MAKE_ACCOUNTS' users."""
+    server_env = base_env(media_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90",
+                          **env)
+    live = LiveServer(server_env, work_dir, name=name)
+    live.env = server_env
+    warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
+                         json={"model": TINY_MODEL, "prompt": "warm up", "max_tokens": 1})
+    assert warm_up.status_code == 200, warm_up.text
+    manage_shell(live, MAKE_ACCOUNTS)
+    return live

@@ -8,31 +8,21 @@ from __future__ import annotations
 import io
 import json
 
-import httpx
 import pytest
 from openai import OpenAI
 from PIL import Image
 
 from ..conftest import TINY_MODEL, TINY_VLM
-from ..live_server import LiveServer, base_env
-from .conftest import log_in, manage_shell, screenshot
+from .conftest import log_in, media_page_server, screenshot
 from .pages import chat_settings, conversation_id, csrf_header, send_message, stored_conversation, wait_for_answer
-from .test_first_run import MAKE_ACCOUNTS
 
 STORAGE_BYTES = 64 * 1024
 
 
 @pytest.fixture(scope="module")
 def media_server(media_cache, tmp_path_factory):
-    work_dir = tmp_path_factory.mktemp("chat-media")
-    env = base_env(media_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90",
-                   INFERENCE_UI_STORAGE_BYTES_PER_USER=str(STORAGE_BYTES))
-    live = LiveServer(env, work_dir, name="chat-media")
-    live.env = env
-    warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
-                         json={"model": TINY_MODEL, "prompt": "warm up", "max_tokens": 1})
-    assert warm_up.status_code == 200, warm_up.text
-    manage_shell(live, MAKE_ACCOUNTS)
+    live = media_page_server(media_cache, tmp_path_factory.mktemp("chat-media"), "chat-media",
+                             INFERENCE_UI_STORAGE_BYTES_PER_USER=str(STORAGE_BYTES))
     yield live
     live.stop()
 

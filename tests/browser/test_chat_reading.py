@@ -104,7 +104,8 @@ def test_the_list_follows_the_answer_only_while_the_reader_is_at_the_bottom(page
     assert page.locator(STREAMING_BODY).count() == 1, "the answer ended before the test could watch it grow"
     page.wait_for_timeout(100)  # a frame or more: a snap back would have happened
     assert abs(page.evaluate(f"() => {messages}.scrollTop") - top) < 2
-    page.click("#stop")
+    if page.is_visible("#stop"):  # the answer may have ended meanwhile on a fast machine
+        page.click("#stop")
     wait_for_answer(page)
 
 

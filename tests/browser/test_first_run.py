@@ -6,22 +6,13 @@ reaches the vision model exactly as the same request through the SDK does.
 """
 from __future__ import annotations
 
-import httpx
 import pytest
 from openai import OpenAI
 
 from ..conftest import TINY_MODEL, TINY_VLM, TINY_WHISPER
-from ..live_server import LiveServer, base_env
-from .conftest import PASSWORD, log_in, manage_shell, screenshot
+from .conftest import log_in, media_page_server, screenshot
 from .pages import chat_settings, conversation_id, doc_text, send_message, stored_conversation, wait_for_answer, \
     wait_for_continuation
-
-MAKE_ACCOUNTS = f"""
-from django.contrib.auth import get_user_model
-User = get_user_model()
-User.objects.create_superuser("root", "root@example.org", {PASSWORD!r})
-User.objects.create_user("newcomer", password={PASSWORD!r})
-"""
 
 PASTE_IMAGE = """async () => {
     const canvas = document.createElement('canvas');
@@ -39,14 +30,7 @@ PASTE_IMAGE = """async () => {
 
 @pytest.fixture(scope="module")
 def first_run_server(media_cache, tmp_path_factory):
-    work_dir = tmp_path_factory.mktemp("first-run")
-    env = base_env(media_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90")
-    live = LiveServer(env, work_dir, name="first-run")
-    live.env = env
-    warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
-                         json={"model": TINY_MODEL, "prompt": "warm up", "max_tokens": 1})
-    assert warm_up.status_code == 200, warm_up.text
-    manage_shell(live, MAKE_ACCOUNTS)
+    live = media_page_server(media_cache, tmp_path_factory.mktemp("first-run"), "first-run")
     yield live
     live.stop()
 
