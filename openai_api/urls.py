@@ -5,11 +5,12 @@ from .batches.views import (BatchCancelView, BatchDetailView, BatchesView, FileC
                             FilesView)
 from .chat import ChatCompletionsView
 from .completions import CompletionsView
-from .embeddings import EmbeddingsView, RerankAliasView, RerankView
+from .embeddings import EmbeddingsView
 from .health import health, live
 from .metrics import MetricsView
 from .model_list import ModelDetailView, ModelListView
 from .model_loading import LoadModelView, UnloadModelView
+from .score import RerankAliasView, RerankV2View, RerankView, ScoreAliasView, ScoreView
 from .response_views import CancelResponseView, InputItemsView, ResponsesView, StoredResponseView
 from .server_info import TokenizerInfoView, VersionView
 from .tgi import TGIGenerateView, TGIInfoView, TGIStreamView
@@ -28,6 +29,9 @@ urlpatterns = [
     path("v1/embeddings", EmbeddingsView.as_view()),
     path("v1/rerank", RerankView.as_view()),
     path("rerank", RerankAliasView.as_view()),
+    path("v2/rerank", RerankV2View.as_view()),
+    path("v1/score", ScoreView.as_view()),
+    path("score", ScoreAliasView.as_view()),
     path("v1/responses", ResponsesView.as_view()),
     path("v1/responses/<str:response_id>", StoredResponseView.as_view()),
     path("v1/responses/<str:response_id>/input_items", InputItemsView.as_view()),

@@ -51,6 +51,7 @@ from protocol.jobs import (  # noqa: F401
     TokenIdsPrompt,
     AudioPrompt,
     EmbeddingPrompt,
+    PairPrompt,
     Prompt,
     SubmitMessage,
     TeamRef,

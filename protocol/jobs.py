@@ -78,7 +78,19 @@ class EmbeddingPrompt(TypedDict):
     dimensions: NotRequired[int | None]  # the first `dimensions` components, renormalised (Matryoshka models)
 
 
-Prompt = str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt | EmbeddingPrompt
+class PairPrompt(TypedDict):
+    """One pair of /v1/score or /v1/rerank (workers.engine.pair_scoring): scored by a cross-encoder over the
+    pair as the tokenizer's text pair, or by an embedding model as the cosine of the two texts' vectors.
+
+    Its ChoiceDelta carries the number as `score`.
+    """
+
+    pair: list[str]  # [text_1, text_2]
+    activation: NotRequired[bool | None]  # a cross-encoder's activation (sigmoid); False: the raw logit
+
+
+Prompt = (str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPrompt | EmbeddingPrompt
+          | PairPrompt)
 
 
 class TeamRef(TypedDict):
@@ -183,6 +195,7 @@ class ChoiceDelta(TypedDict):
     words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
     prompt_logprobs: NotRequired[list[PromptLogprob]]  # on a choice's first delta, when the job asked
     embedding: NotRequired[list[float]]  # an EmbeddingPrompt's vector
+    score: NotRequired[float]  # a PairPrompt's score
 
 
 class Usage(TypedDict):

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-Kind = Literal["causal", "image_text", "audio_text", "speech", "embedding"]
+Kind = Literal["causal", "image_text", "audio_text", "speech", "embedding", "cross_encoder"]
 TEXT, IMAGE, AUDIO, VIDEO = "text", "image", "audio", "video"
 CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+CROSS_ENCODER_SUFFIX = "ForSequenceClassification"
 
 
 def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None:
     """`causal` (text generation), `image_text` (a vision-language model whose processor takes images),
     `audio_text` (an audio-language chat model such as Qwen2-Audio: an audio encoder beside a text model),
     `speech` (a speech-to-text encoder-decoder such as Whisper), `embedding` (a sentence-transformers repo:
-    its `modules.json` says how to pool, encoder or causal LM alike), or None (nothing this server serves)."""
+    its `modules.json` says how to pool, encoder or causal LM alike), `cross_encoder` (a sequence-classification
+    model: one score per text pair, as sentence-transformers' CrossEncoder), or None (nothing this server serves)."""
     if sentence_transformers:
         return "embedding"
     if config.get("is_encoder_decoder") and "num_mel_bins" in config:
@@ -26,6 +28,8 @@ def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None
     if isinstance(config.get("audio_config"), dict) and isinstance(config.get("text_config"), dict):
         return "audio_text"
     architectures = [a for a in config.get("architectures") or () if isinstance(a, str)]
+    if any(arch.endswith(CROSS_ENCODER_SUFFIX) for arch in architectures):
+        return "cross_encoder"
     if any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in architectures):
         return "causal"
     return None
@@ -34,11 +38,13 @@ def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None
 def input_modalities(kind: Kind | None) -> tuple[str, ...]:
     """A vision-language model takes video as frames sampled into images (see workers.media.decoding)."""
     return {"causal": (TEXT,), "image_text": (TEXT, IMAGE, VIDEO), "audio_text": (TEXT, AUDIO),
-            "speech": (AUDIO,), "embedding": (TEXT,)}.get(kind, ())
+            "speech": (AUDIO,), "embedding": (TEXT,), "cross_encoder": (TEXT,)}.get(kind, ())
 
 
 def model_tasks(kind: Kind | None) -> tuple[str, ...]:
-    """What a model is asked for: `generate` (text out), `transcribe` (audio to text) or `embed` (vectors)."""
+    """What a model is asked for: `generate` (text out), `transcribe` (audio to text), `embed` (vectors) or
+    `score` (a number per text pair: /v1/score and /v1/rerank; embedding models score by cosine similarity)."""
     if kind is None:
         return ()
-    return {"speech": ("transcribe",), "embedding": ("embed",)}.get(kind, ("generate",))
+    return {"speech": ("transcribe",), "embedding": ("embed", "score"),
+            "cross_encoder": ("score",)}.get(kind, ("generate",))

@@ -14,6 +14,7 @@ OPERATIONS = {
     ("/tokenize", "post"), ("/detokenize", "post"), ("/load_model", "post"), ("/unload_model", "post"),
     ("/v1/models", "get"), ("/v1/models/{model_id}", "get"), ("/metrics", "get"), ("/v1/key", "get"),
     ("/v1/audio/transcriptions", "post"), ("/v1/embeddings", "post"), ("/v1/rerank", "post"), ("/rerank", "post"),
+    ("/v2/rerank", "post"), ("/v1/score", "post"), ("/score", "post"),
     ("/generate", "post"), ("/generate_stream", "post"), ("/info", "get"), ("/v1/audio/translations", "post"),
     ("/v1/responses/{response_id}", "get"), ("/v1/responses/{response_id}", "delete"),
     ("/v1/responses/{response_id}/cancel", "post"), ("/v1/responses/{response_id}/input_items", "get"),

@@ -41,20 +41,3 @@ class EmbeddingRequestSerializer(RejectUnknownFieldsMixin, serializers.Serialize
 
     def usage_tags(self) -> dict:
         return usage_tags(self.validated_data)
-
-
-class RerankRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    """vLLM's, Cohere's and Jina's rerank request (embedding models: cosine similarity of query and document)."""
-
-    model = StrictCharField(max_length=512)
-    query = StrictCharField()
-    documents = serializers.ListField(child=StrictCharField(), min_length=1, max_length=MAX_INPUTS - 1)
-    top_n = StrictIntegerField(required=False, allow_null=True, min_value=1)
-    return_documents = serializers.BooleanField(required=False, default=True)
-
-    def job_prompts(self) -> list[EmbeddingPrompt]:
-        data = self.validated_data
-        return [{"embed": text} for text in [data["query"], *data["documents"]]]
-
-    def job_params(self) -> JobParams:
-        return JobParams(max_tokens=0)

@@ -11,6 +11,7 @@ An `EmbeddingJob` looks like a `sequences.GenerationJob` to the engine (as a tra
 no sequences; each engine step `advance_embeddings` runs one batched forward over up to
 `embedding_batch` pending inputs of every embedding job of a model, between the decode steps of
 the running text batch. Each input's vector goes out as the `embedding` of its ChoiceDelta.
+Pair scores (workers.engine.pair_scoring) are `PooledJob`s too: batched here beside embeddings.
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def is_embedding_prompt(prompt) -> bool:
     return isinstance(prompt, dict) and "embed" in prompt
 
 
-class EmbeddingJob:
-    """One /v1/embeddings request: its inputs tokenized at admission, pooled a batch at a time."""
+class PooledJob:
+    """A job of one forward per input and one answer at the end (embeddings, pair scores): its inputs are
+    token-id rows, advanced a batch at a time by `advance_embeddings`, each row's output handed to `deliver`."""
 
     def __init__(self, job: SubmitMessage, model: LoadedModel) -> None:
         self.request_id: str = job["request_id"]
@@ -41,6 +43,50 @@ class EmbeddingJob:
         self.structured = None
         self.beam = None
         self.streamed, self.answered = False, False  # one answer, at the end
+        self.inputs: list[list[int]] = []
+        self.results: list[ChoiceDelta | None] = []  # one per input (an embedding) or per pair (a score)
+        self.taken = 0  # inputs handed to a forward so far
+        self.delivered = False
+
+    def row(self, index: int) -> dict[str, list[int]]:
+        """What the forward takes for input `index` (its token ids; a text pair adds its token types)."""
+        return {"input_ids": self.inputs[index]}
+
+    @property
+    def finished(self) -> bool:
+        return all(result is not None for result in self.results)
+
+    def take(self, count: int) -> list[tuple[PooledJob, int]]:
+        start = self.taken
+        self.taken = min(len(self.inputs), start + count)
+        return [(self, index) for index in range(start, self.taken)]
+
+    def deliver(self, index: int, output: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def take_deltas(self) -> list[ChoiceDelta]:
+        """Every input's result, once, when the last is computed (the answer is one body)."""
+        if not self.finished or self.delivered:
+            return []
+        self.delivered = True
+        return list(self.results)
+
+    def started_message(self) -> Started:
+        return {"type": protocol.STARTED, "model": self.model.model_id,
+                "prompt_tokens": [len(ids) for ids in self.inputs], "prompt_token_ids": [[] for _ in self.inputs],
+                "max_model_len": self.model.max_model_len, "open_blocks": ["" for _ in self.inputs]}
+
+    def usage(self) -> Usage:
+        return {"prompt_tokens": sum(len(ids) for ids in self.inputs), "completion_tokens": 0}
+
+
+class EmbeddingJob(PooledJob):
+    """One /v1/embeddings request: its inputs tokenized at admission, pooled a batch at a time."""
+
+    truncate = False  # a text longer than the model's length: refused (OpenAI's), or cut to it (a pair score's)
+
+    def __init__(self, job: SubmitMessage, model: LoadedModel) -> None:
+        super().__init__(job, model)
         pooling: Pooling | None = model.pooling
         if model.kind != "embedding" or pooling is None:
             raise JobError(400, f"The model `{model.model_id}` does not produce embeddings (its repo holds no "
@@ -56,14 +102,13 @@ class EmbeddingJob:
                            f"({allowed}).", "dimensions", "invalid_value")
         self.inputs = [self._tokenize(prompt["embed"], index) for index, prompt in enumerate(prompts)]
         self.results: list[ChoiceDelta | None] = [None] * len(self.inputs)
-        self.taken = 0  # inputs handed to a forward so far
-        self.delivered = False
 
     def _tokenize(self, embed: str | list[int], index: int) -> list[int]:
         tokenizer = self.model.tokenizer
         if isinstance(embed, str):
             text = embed.lower() if self.pooling.do_lower_case else embed
-            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+            ids = tokenizer(text, add_special_tokens=True, truncation=self.truncate,
+                            max_length=self.model.max_model_len if self.truncate else None)["input_ids"]
         else:
             vocab = len(tokenizer)
             if any(not 0 <= t < vocab for t in embed):
@@ -78,66 +123,60 @@ class EmbeddingJob:
             raise JobError(400, f"input[{index}] is empty.", "input", "invalid_value")
         return ids
 
-    @property
-    def finished(self) -> bool:
-        return all(result is not None for result in self.results)
-
-    def take(self, count: int) -> list[tuple[EmbeddingJob, int]]:
-        start = self.taken
-        self.taken = min(len(self.inputs), start + count)
-        return [(self, index) for index in range(start, self.taken)]
-
     def deliver(self, index: int, vector: torch.Tensor) -> None:
         if self.dimensions is not None and self.dimensions < vector.shape[0]:
             vector = F.normalize(vector[: self.dimensions], dim=0)
         self.results[index] = {"index": index, "text": "", "token_ids": [], "logprobs": None,
                                "finish_reason": "stop", "embedding": vector.float().cpu().tolist()}
 
-    def take_deltas(self) -> list[ChoiceDelta]:
-        """Every input's vector, once, when the last is pooled (the answer is one body)."""
-        if not self.finished or self.delivered:
-            return []
-        self.delivered = True
-        return list(self.results)
 
-    def started_message(self) -> Started:
-        return {"type": protocol.STARTED, "model": self.model.model_id,
-                "prompt_tokens": [len(ids) for ids in self.inputs], "prompt_token_ids": [[] for _ in self.inputs],
-                "max_model_len": self.model.max_model_len, "open_blocks": ["" for _ in self.inputs]}
-
-    def usage(self) -> Usage:
-        return {"prompt_tokens": sum(len(ids) for ids in self.inputs), "completion_tokens": 0}
-
-
-def advance_embeddings(jobs: list[EmbeddingJob], batch: int) -> None:
-    """One batched forward per model over up to `batch` inputs still pending, oldest job first."""
-    by_model: dict[int, list[EmbeddingJob]] = {}
+def advance_embeddings(jobs: list[PooledJob], batch: int) -> None:
+    """One batched forward per model over up to `batch` inputs still pending, oldest job first: pooled vectors
+    of an embedding model, logits of a cross-encoder (workers.engine.pair_scoring)."""
+    by_model: dict[int, list[PooledJob]] = {}
     for job in jobs:
         if job.taken < len(job.inputs):
             by_model.setdefault(id(job.model), []).append(job)
     for model_jobs in by_model.values():
-        rows: list[tuple[EmbeddingJob, int]] = []
+        rows: list[tuple[PooledJob, int]] = []
         for job in sorted(model_jobs, key=lambda j: j.arrived):
             rows += job.take(batch - len(rows))
             if len(rows) >= batch:
                 break
-        vectors = embed_rows(model_jobs[0].model, [job.inputs[index] for job, index in rows])
-        for (job, index), vector in zip(rows, vectors):
-            job.deliver(index, vector)
+        loaded = model_jobs[0].model
+        inputs = padded(loaded, [job.row(index) for job, index in rows])
+        outputs = classify_rows(loaded, inputs) if loaded.kind == "cross_encoder" else embed_rows(loaded, inputs)
+        for (job, index), output in zip(rows, outputs):
+            job.deliver(index, output)
 
 
-def embed_rows(loaded: LoadedModel, rows: list[list[int]]) -> torch.Tensor:
-    """Pooled (and normalised) vectors of token-id rows, one forward, right-padded with an attention mask."""
-    pooling: Pooling = loaded.pooling
-    width = max(len(ids) for ids in rows)
+def padded(loaded: LoadedModel, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+    """Rows right-padded into one batch with an attention mask (and token types where the rows carry them)."""
+    width = max(len(row["input_ids"]) for row in rows)
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
-    ids, mask = ids.to(loaded.device), mask.to(loaded.device)
-    output = loaded.model(input_ids=ids, attention_mask=mask)
+    batch = {"input_ids": torch.full((len(rows), width), pad, dtype=torch.long),
+             "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
+    if "token_type_ids" in rows[0]:
+        batch["token_type_ids"] = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        length = len(row["input_ids"])
+        batch["attention_mask"][index, :length] = 1
+        for key, values in row.items():
+            batch[key][index, :length] = torch.tensor(values)
+    return {key: value.to(loaded.device) for key, value in batch.items()}
+
+
+def classify_rows(loaded: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A cross-encoder's logits, one row of `num_labels` per text pair."""
+    output = loaded.model(**inputs)
+    return (output[0] if isinstance(output, tuple) else output.logits).float()
+
+
+def embed_rows(loaded: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Pooled (and normalised) vectors of the batch's rows, one forward."""
+    pooling: Pooling = loaded.pooling
+    mask = inputs["attention_mask"]
+    output = loaded.model(**inputs)
     hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
     vectors = pool(hidden, mask, pooling.modes)
     if pooling.normalize:

@@ -40,7 +40,8 @@ from workers.engine.scheduler import Scheduler
 from workers.engine.sequences import GenerationJob
 from workers.engine.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
 from workers.engine.transcription import Transcription, is_audio_prompt
-from workers.engine.embedding import EmbeddingJob, advance_embeddings, is_embedding_prompt
+from workers.engine.embedding import EmbeddingJob, PooledJob, advance_embeddings, is_embedding_prompt
+from workers.engine.pair_scoring import is_pair_prompt, pair_job
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +299,8 @@ class Engine:
                 request = Transcription(job, model)
             elif is_embedding_prompt(job["prompts"][0]):
                 request = EmbeddingJob(job, model)
+            elif is_pair_prompt(job["prompts"][0]):
+                request = pair_job(job, model)
             else:
                 request = GenerationJob(job, model, self.config.templates)
             request.model_name = model.base_key or name  # an adapter's rows run in its base's batch
@@ -374,7 +377,7 @@ class Engine:
                 except Exception:  # this job fails alone; the batch goes on
                     logger.exception("transcription %s failed", request.request_id)
                     self._fail(request)
-        embeddings = [request for request in self.requests.values() if isinstance(request, EmbeddingJob)]
+        embeddings = [request for request in self.requests.values() if isinstance(request, PooledJob)]
         if embeddings:
             try:  # one batched forward per embedding model, between the batch's decode steps
                 advance_embeddings(embeddings, self.config.embedding_batch)

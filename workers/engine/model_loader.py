@@ -53,6 +53,10 @@ def _model_class(kind: Kind):
         from transformers import AutoModel
 
         return AutoModel
+    if kind == "cross_encoder":  # logits per text pair
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification
     return AutoModelForCausalLM
 
 
@@ -72,6 +76,7 @@ class LoadedModel:
     kind: Kind = "causal"
     processor: Any = None  # the AutoProcessor of a model that takes media; None for text-only models
     pooling: Any = None  # an embedding model's workers.engine.pooling.Pooling
+    classifier: Any = None  # a cross-encoder's workers.engine.pair_scoring.Classifier
     adapter: str | None = None  # a LoRA adapter's peft name (workers.engine.adapters); its modules are its base's
     base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
@@ -232,8 +237,13 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             from workers.engine.pooling import read_pooling
 
             pooling = read_pooling(Path(modules).parent, config.to_dict())
+        classifier = None
+        if kind == "cross_encoder":
+            from workers.engine.pair_scoring import read_classifier
+
+            classifier = read_classifier(config.to_dict())
         processor = None
-        if kind in ("causal", "embedding"):
+        if kind in ("causal", "embedding", "cross_encoder"):
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
             from transformers import AutoProcessor
@@ -273,4 +283,5 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         kind=kind,
         processor=processor,
         pooling=pooling,
+        classifier=classifier,
     )

@@ -158,7 +158,8 @@ class ModelManager:
         # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
         # stream); after freezing, only what is new.
         gc.freeze()
-        if loaded.kind != "embedding" and loaded.adapter is None:  # embeddings: no KV cache; adapters: the base's runner
+        if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
+            # embeddings and cross-encoders: no KV cache; adapters: the base's runner
             self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()

@@ -218,6 +218,9 @@ class GenerationJob:
         if model.kind == "embedding":
             raise JobError(400, f"The model `{model.model_id}` is an embedding model: send its inputs to "
                            "/v1/embeddings.", "model", "unsupported_model")
+        if model.kind == "cross_encoder":
+            raise JobError(400, f"The model `{model.model_id}` is a cross-encoder (it scores text pairs): send its "
+                           "pairs to /v1/score or /v1/rerank.", "model", "unsupported_model")
         self.media_inputs: list[dict | None] = []  # per prompt
         self.prompt_ids = [self._truncate(self._tokenize(prompt, templates, params.max_tokens), index)
                            for index, prompt in enumerate(job["prompts"])]

@@ -5,6 +5,9 @@ The repo holds what a sentence-transformers repo on the hub holds: the encoder (
 `1_Pooling/config.json` (mean pooling), `sentence_bert_config.json` and
 `config_sentence_transformers.json`. Its config says `is_matryoshka`, so requests may ask for fewer
 `dimensions`. `SentenceTransformer(snapshot)` loads it as it is: the tests' reference.
+
+`build_tiny_cross_encoder` writes a cross-encoder the same way: a BERT sequence classifier with one
+label and its tokenizer, as the hub's `cross-encoder/*` repos are; `CrossEncoder(snapshot)` loads it.
 """
 from __future__ import annotations
 
@@ -59,6 +62,44 @@ def build_tiny_encoder(repo_id: str, cache_dir: str | os.PathLike | None = None,
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
         sentence_transformers_files(out, HIDDEN)
+        return _install_into_cache(out, cache, repo_id)
+
+
+def pair_tokenizer(tokenizer):
+    """BERT's text-pair layout on the trained BPE: `BOS a EOS b EOS`, token types 0 then 1, and no chat
+    template (sentence-transformers would render a pair through one instead of encoding it as a pair)."""
+    from tokenizers import processors
+
+    bos, eos = tokenizer.bos_token, tokenizer.eos_token
+    specials = [(bos, tokenizer.bos_token_id), (eos, tokenizer.eos_token_id)]
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1", special_tokens=specials)
+    tokenizer.model_input_names = tokenizer.init_kwargs["model_input_names"] = ["input_ids", "token_type_ids",
+                                                                               "attention_mask"]
+    tokenizer.chat_template = None
+    return tokenizer
+
+
+def build_tiny_cross_encoder(repo_id: str, cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """A random BertForSequenceClassification with one label (a reranker's shape), stored as ``repo_id``;
+    returns the snapshot. No activation named in its config: CrossEncoder and the server apply a sigmoid."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tokenizer = pair_tokenizer(train_tokenizer(SIZES["tiny"]["vocab_target"], MAX_SEQ_LENGTH))
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=MAX_SEQ_LENGTH, initializer_range=0.2,
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD), num_labels=1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = BertForSequenceClassification(config).to(torch.float32).eval()
+    cache = _resolve_cache(cache_dir)
+    with tempfile.TemporaryDirectory(prefix="tiny-cross-encoder-") as tmp:
+        out = Path(tmp)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
         return _install_into_cache(out, cache, repo_id)
 
 

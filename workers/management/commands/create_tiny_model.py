@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from workers.tiny.builders import build_tiny_model
-from workers.tiny.encoder import build_tiny_encoder
+from workers.tiny.encoder import build_tiny_cross_encoder, build_tiny_encoder
 from workers.tiny.lora import build_tiny_lora
 from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 
@@ -10,11 +10,12 @@ class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
             "(audio-chat), a Whisper, or a sentence-transformers embedding model (encoder: a BERT with mean pooling "
-            "and normalisation), or a LoRA adapter of a model already in the cache (lora, with --base).")
+            "and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), or a LoRA adapter of a model already in the cache (lora, with --base).")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
-        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper", "encoder", "lora"], default="llama")
+        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper", "encoder", "cross-encoder",
+                                                       "lora"], default="llama")
         parser.add_argument("--size", choices=["tiny", "small"], default="tiny", help="llama only")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--base", default="local/tiny-llama", help="lora only: the base model's repo id")
@@ -28,6 +29,8 @@ class Command(BaseCommand):
             path = build_tiny_audio_lm(name, seed=seed)
         elif arch == "encoder":
             path = build_tiny_encoder(name, seed=seed)
+        elif arch == "cross-encoder":
+            path = build_tiny_cross_encoder(name, seed=seed)
         elif arch == "whisper":
             path = build_tiny_whisper(name, seed=seed)
         else:
