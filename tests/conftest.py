@@ -115,6 +115,29 @@ def thinking_server(hf_cache, tmp_path_factory, thinking_template):
     live.stop()
 
 
+ENCODER = "local/tiny-encoder"
+CAUSAL_EMBEDDER = "local/tiny-llama-embed"
+CROSS_ENCODER = "local/tiny-cross-encoder"
+
+
+@pytest.fixture(scope="session")
+def embed_cache(tmp_path_factory) -> tuple[Path, Path]:
+    """A cache with the text model, the embedding models and the cross-encoder; (cache, the encoder's snapshot)."""
+    from workers.tiny.encoder import build_tiny_causal_embedder, build_tiny_cross_encoder, build_tiny_encoder
+
+    cache = tmp_path_factory.mktemp("embed-cache")
+    build_tiny_model(TINY_MODEL, cache_dir=cache)
+    snapshot = build_tiny_encoder(ENCODER, cache_dir=cache)
+    build_tiny_causal_embedder(CAUSAL_EMBEDDER, cache_dir=cache)
+    build_tiny_cross_encoder(CROSS_ENCODER, cache_dir=cache)
+    return cache, snapshot
+
+
+def snapshot_of(cache: Path, repo_id: str) -> Path:
+    """The one snapshot folder the tiny builders leave for `repo_id` in `cache`."""
+    return next((cache / f"models--{repo_id.replace('/', '--')}" / "snapshots").iterdir())
+
+
 TINY_VLM = "local/tiny-vlm"
 TINY_WHISPER = "local/tiny-whisper"
 TINY_AUDIO_LM = "local/tiny-audio-lm"

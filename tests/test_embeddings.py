@@ -12,25 +12,13 @@ import openai
 import pytest
 from openai import OpenAI
 
-from workers.tiny.builders import build_tiny_model
-from workers.tiny.encoder import HIDDEN, build_tiny_causal_embedder, build_tiny_encoder
+from workers.tiny.encoder import HIDDEN
 
-from .conftest import TINY_MODEL
+from .conftest import CAUSAL_EMBEDDER, ENCODER, TINY_MODEL, snapshot_of
 from .live_server import LiveServer, base_env
 from .teams_setup import fresh_minute, make_teams
 
-ENCODER = "local/tiny-encoder"
-CAUSAL_EMBEDDER = "local/tiny-llama-embed"
 TEXTS = ["Once upon a time", "the quick brown fox jumps over the lazy dog", "a", "Hello, world! " * 5]
-
-
-@pytest.fixture(scope="module")
-def embed_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embed-cache")
-    build_tiny_model(TINY_MODEL, cache_dir=cache)
-    snapshot = build_tiny_encoder(ENCODER, cache_dir=cache)
-    build_tiny_causal_embedder(CAUSAL_EMBEDDER, cache_dir=cache)
-    return cache, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +100,7 @@ def test_many_concurrent_requests_are_batched_and_each_gets_its_own(live, client
 
 def test_models_list_says_which_models_embed(client):
     models = {model.id: model.model_dump() for model in client.models.list().data}
-    assert models[ENCODER]["tasks"] == ["embed"]
+    assert models[ENCODER]["tasks"] == ["embed", "score"]  # embedding models also answer /v1/score and /v1/rerank
     assert models[TINY_MODEL]["tasks"] == ["generate"]
 
 
@@ -159,8 +147,7 @@ def test_embeddings_count_against_the_teams_requests_and_tokens(live):
 def test_a_causal_lm_pools_its_last_token_as_its_config_says(embed_cache, client):
     from sentence_transformers import SentenceTransformer
 
-    snapshot = embed_cache[0] / "models--local--tiny-llama-embed" / "snapshots"
-    reference = SentenceTransformer(str(next(snapshot.iterdir())), device="cpu")
+    reference = SentenceTransformer(str(snapshot_of(embed_cache[0], CAUSAL_EMBEDDER)), device="cpu")
     assert reference[1].get_config_dict()["pooling_mode"] == "lasttoken"
     response = client.embeddings.create(model=CAUSAL_EMBEDDER, input=TEXTS, encoding_format="float")
     np.testing.assert_allclose([d.embedding for d in response.data], reference.encode(TEXTS), atol=1e-5)
