@@ -5,7 +5,8 @@ send: `{"inputs", "parameters", "stream"}`. The request becomes a `/v1/completio
 serializer validates it; `parameters.adapter_id` or the server's default model names the model), runs
 through the same pipeline (keys, limits, meter), and is answered in TGI's shapes: `generated_text` with
 `details` (finish reason, token ids, texts and logprobs) or, streamed, one `token` event per token, the
-last carrying `generated_text` and `details`.
+last carrying `generated_text` and `details`. Errors name TGI's fields (`parameters.max_new_tokens`,
+`inputs`), never the completions request's they were validated as.
 """
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ from .serializers.completions import CompletionRequestSerializer
 FINISH = {"length": "length", "stop": "eos_token"}
 DEFAULT_MAX_NEW_TOKENS = 100
 PASSED = ("temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "frequency_penalty")
+TGI_NAMES = {"max_tokens": "max_new_tokens", "echo": "return_full_text", "model": "adapter_id"}
+
+
+def tgi_param(name: str) -> str:
+    """Where a TGI body holds what the completions request calls `name`."""
+    if name in ("prompt", "stream"):
+        return "inputs" if name == "prompt" else name
+    return "parameters." + TGI_NAMES.get(name, name)
+
+
+def tgi_text(message: str) -> str:
+    return message.replace("max_tokens", "max_new_tokens")
 
 
 def completion_body(body, stream: bool | None = None) -> dict:
@@ -35,6 +48,9 @@ def completion_body(body, stream: bool | None = None) -> dict:
     if not isinstance(parameters, dict):
         raise serializers.ValidationError({"parameters": ["parameters must be an object."]})
     given = {key: value for key, value in parameters.items() if value is not None}
+    new_tokens = given.get("max_new_tokens")
+    if isinstance(new_tokens, int) and not isinstance(new_tokens, bool) and new_tokens < 1:
+        raise serializers.ValidationError({"parameters.max_new_tokens": ["max_new_tokens must be strictly positive."]})
     request = {"model": given.get("adapter_id") or web_config().default_model, "prompt": body["inputs"],
                "max_tokens": given.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
                "stream": bool(body.get("stream")) if stream is None else stream, "logprobs": 0,
@@ -67,7 +83,22 @@ class TGIGenerateView(GenerationView):
     async def post(self, request):
         body = completion_body(request.data, self.stream)
         self.details = bool((request.data.get("parameters") or {}).get("details"))
-        return await self.generate(request, self.validated(body))
+        try:
+            return await self.generate(request, self.validated(body))
+        except APIError as exc:  # the worker's refusals (a prompt past the context) name TGI's fields too
+            if exc.param in ("max_tokens", "prompt"):
+                exc.param, exc.message = tgi_param(exc.param), tgi_text(exc.message)
+            raise
+
+    def validated(self, body: dict):
+        try:
+            return super().validated(body)
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            raise serializers.ValidationError(
+                {tgi_param(name): [tgi_text(str(m)) for m in messages] if isinstance(messages, list) else messages
+                 for name, messages in exc.detail.items()}) from None
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         if serializer.validated_data["stream"]:

@@ -52,5 +52,15 @@ def test_generate_info_and_errors(warm_server):
                           ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": -1}})]:
         response = httpx.post(f"{base}{path}", headers=headers, json=payload, timeout=30)
         assert response.status_code == 400 and "error" in response.json(), (path, response.text)
+    for parameters in ({"max_new_tokens": -1}, {"max_new_tokens": 0}, {"max_new_tokens": "3"},
+                       {"max_new_tokens": 10**6}):  # TGI's own field is named, never max_tokens
+        response = httpx.post(f"{base}/generate", headers=headers, json={"inputs": "x", "parameters": parameters},
+                              timeout=60)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "parameters.max_new_tokens", response.text
+        assert "max_new_tokens" in error["message"] and "max_tokens" not in error["message"], response.text
+    response = httpx.post(f"{base}/generate", headers=headers, json={"inputs": "x", "parameters": {"top_k": "a"}},
+                          timeout=30)
+    assert response.json()["error"]["param"] == "parameters.top_k", response.text
     assert httpx.post(f"{base}/generate", json={"inputs": "x"}, timeout=30).status_code == 401
     assert httpx.get(f"{base}/", timeout=30).headers["content-type"].startswith("text/html")
