@@ -227,3 +227,28 @@ def test_non_causal_model(tmp_path):
     config = AutoConfig.from_pretrained(snap)
     assert config.model_type == "bert" and config.architectures == ["BertModel"]
     assert type(AutoModel.from_pretrained(snap)).__name__ == "BertModel"
+
+
+def test_create_tiny_model_builds_a_cross_encoder_that_sentence_transformers_loads(tmp_path):
+    """`create_tiny_model NAME --arch cross-encoder`: a one-label BERT classifier whose pairs carry token types."""
+    from sentence_transformers import CrossEncoder
+
+    from catalog.hf_cache import scan_cached_models
+
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "INFERENCE_VAR_DIR": str(tmp_path / "var"), "DJANGO_SETTINGS_MODULE": "inference_site.settings"}
+    result = subprocess.run([sys.executable, "manage.py", "create_tiny_model", "org/tiny-ce", "--arch", "cross-encoder"],
+                            cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    repo = _single_repo(tmp_path / "hub", "org/tiny-ce")
+    snapshot = Path(next(iter(repo.revisions)).snapshot_path)
+    config = json.loads((snapshot / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 1
+    model = CrossEncoder(str(snapshot), device="cpu")
+    pair = model.tokenizer("a query", "a document")
+    assert set(pair["token_type_ids"]) == {0, 1}  # a text pair, as BERT's tokenizers encode one
+    scores = model.predict([("a dog", "a dog runs"), ("a dog", "stock prices fell"), ("q", "the cat sat")])
+    assert ((scores > 0) & (scores < 1)).all() and len({round(float(s), 4) for s in scores}) == 3  # sigmoid, varied
+    entry = next(m for m in scan_cached_models(tmp_path / "hub") if m.repo_id == "org/tiny-ce")
+    assert entry.tasks == ("score",) and entry.modalities == ("text",)
