@@ -76,7 +76,7 @@ class LoadedModel:
     kind: Kind = "causal"
     processor: Any = None  # the AutoProcessor of a model that takes media; None for text-only models
     pooling: Any = None  # an embedding model's workers.engine.pooling.Pooling
-    classifier: Any = None  # a cross-encoder's workers.engine.pair_scoring.Classifier
+    classifier: Any = None  # a cross-encoder's workers.engine.pooling.Classifier
     adapter: str | None = None  # a LoRA adapter's peft name (workers.engine.adapters); its modules are its base's
     base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
@@ -239,7 +239,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             pooling = read_pooling(Path(modules).parent, config.to_dict())
         classifier = None
         if kind == "cross_encoder":
-            from workers.engine.pair_scoring import read_classifier
+            from workers.engine.pooling import read_classifier
 
             classifier = read_classifier(config.to_dict())
         processor = None

@@ -6,7 +6,7 @@ Two kinds of model score pairs:
   `cross-encoder/ms-marco-MiniLM-L-6-v2`): the pair goes in as the tokenizer's text pair
   (`tokenizer(text_1, text_2)`, truncated to the model's length, token types included) and its logit
   comes out through the repo's activation — `config.json`'s `sentence_transformers.activation_fn` where
-  it names one (sigmoid or identity), else sigmoid. That is what sentence-transformers'
+  it names one (sigmoid or identity), else sigmoid (`pooling.read_classifier`). That is what sentence-transformers'
   `CrossEncoder.predict` returns and what vLLM's score returns by default; a request's
   `use_activation: false` gets the raw logit, as in vLLM.
 - an embedding model: the cosine similarity of the two texts' pooled vectors (as vLLM scores with an
@@ -18,45 +18,13 @@ Both are `embedding.PooledJob`s: their rows ride the batched forwards of `advanc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from protocol import ChoiceDelta, PairPrompt, SubmitMessage
 from workers.engine.embedding import EmbeddingJob, PooledJob
-from workers.engine.errors import JobError, ModelLoadError
+from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
-
-# sentence-transformers' activation names (`sentence_transformers.activation_fn` in config.json, or its
-# pre-4.0 `sbert_ce_default_activation_function`): whether each applies a sigmoid.
-ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": True, "torch.nn.Sigmoid": True,
-               "torch.nn.modules.linear.Identity": False, "torch.nn.Identity": False}
-
-
-@dataclass(frozen=True)
-class Classifier:
-    """A cross-encoder's head, as its config says: the logit goes through a sigmoid or not."""
-
-    sigmoid: bool
-
-
-def read_classifier(config: dict) -> Classifier:
-    """The head of a sequence-classification config (`AutoConfig.to_dict()`); one label only (one score)."""
-    labels = len(config.get("id2label") or {}) or int(config.get("num_labels") or 1)
-    if labels != 1:
-        raise ModelLoadError(f"This sequence-classification model has {labels} labels; only cross-encoders with "
-                             "one label (one score per pair) are served here.")
-    st_config = config.get("sentence_transformers")
-    named = (st_config.get("activation_fn") if isinstance(st_config, dict) else None) \
-        or config.get("sbert_ce_default_activation_function")
-    if named is None:
-        return Classifier(sigmoid=True)  # CrossEncoder's default for one label
-    if named not in ACTIVATIONS:
-        raise ModelLoadError(f"The cross-encoder's activation {named!r} is not supported here "
-                             "(Sigmoid or Identity).")
-    return Classifier(sigmoid=ACTIVATIONS[named])
-
 
 def is_pair_prompt(prompt) -> bool:
     return isinstance(prompt, dict) and "pair" in prompt

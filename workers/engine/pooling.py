@@ -1,6 +1,7 @@
 """An embedding model's pooling, read from its sentence-transformers config (`modules.json`,
 `1_Pooling/config.json`, `sentence_bert_config.json`), and applied to hidden states as
-sentence-transformers' `Pooling` module does (workers/engine/embedding.py runs it).
+sentence-transformers' `Pooling` module does (workers/engine/embedding.py runs it); and a
+cross-encoder's head (`read_classifier`: the activation on its logit, workers/engine/pair_scoring.py).
 """
 from __future__ import annotations
 
@@ -88,3 +89,33 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> to
         else:  # lasttoken
             parts.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1])
     return torch.cat(parts, dim=1)
+
+
+# sentence-transformers' activation names (`sentence_transformers.activation_fn` in config.json, or its
+# pre-4.0 `sbert_ce_default_activation_function`): whether each applies a sigmoid.
+ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": True, "torch.nn.Sigmoid": True,
+               "torch.nn.modules.linear.Identity": False, "torch.nn.Identity": False}
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """A cross-encoder's head, as its config says: the logit goes through a sigmoid or not."""
+
+    sigmoid: bool
+
+
+def read_classifier(config: dict) -> Classifier:
+    """The head of a sequence-classification config (`AutoConfig.to_dict()`); one label only (one score)."""
+    labels = len(config.get("id2label") or {}) or int(config.get("num_labels") or 1)
+    if labels != 1:
+        raise ModelLoadError(f"This sequence-classification model has {labels} labels; only cross-encoders with "
+                             "one label (one score per pair) are served here.")
+    st_config = config.get("sentence_transformers")
+    named = (st_config.get("activation_fn") if isinstance(st_config, dict) else None) \
+        or config.get("sbert_ce_default_activation_function")
+    if named is None:
+        return Classifier(sigmoid=True)  # CrossEncoder's default for one label
+    if named not in ACTIVATIONS:
+        raise ModelLoadError(f"The cross-encoder's activation {named!r} is not supported here "
+                             "(Sigmoid or Identity).")
+    return Classifier(sigmoid=ACTIVATIONS[named])
