@@ -159,13 +159,15 @@ def test_bad_requests_get_openai_shaped_errors(live):
         response = post(live, "/v1/score", {"model": CROSS_ENCODER, **body})
         assert response.status_code == 400, (body, response.text)
         assert response.json()["error"]["param"] == param, response.text
-    for path, body in [("/v1/score", {"text_1": "a", "text_2": "b"}), ("/v1/rerank", {"query": "q", "documents": ["d"]})]:
+    for path, body in [("/v1/score", {"text_1": "a", "text_2": "b"}),
+                       ("/v1/rerank", {"query": "q", "documents": ["d"]})]:
         generator = post(live, path, {"model": TINY_MODEL, **body})
         assert generator.status_code == 400 and generator.json()["error"]["param"] == "model", generator.text
         assert "does not score text pairs" in generator.json()["error"]["message"]
         missing = post(live, path, {"model": "local/nothing", **body})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
-    for body, param in [({"query": "q", "documents": []}, "documents"), ({"query": "q", "documents": ["d"], "top_n": -1}, "top_n")]:
+    for body, param in [({"query": "q", "documents": []}, "documents"),
+                        ({"query": "q", "documents": ["d"], "top_n": -1}, "top_n")]:
         response = post(live, "/v1/rerank", {"model": CROSS_ENCODER, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 

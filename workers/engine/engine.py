@@ -9,7 +9,7 @@ decode one token for every running sequence in one batched forward, publish one
 message per request, then prefill newcomers within a token budget and publish
 their first tokens at once (they decode with the batch from the next step).
 A transcription (workers.engine.transcription) advances by one audio window per step, embedding jobs
-(workers.engine.embedding) by one batched forward per model per step.
+(workers.engine.embedding) and pair scores (workers.engine.pair_scoring) by one batched forward per model per step.
 Which sequences run and the step's forwards are workers/engine/scheduler.py's; this
 module owns jobs, models, control messages and publishing.
 """

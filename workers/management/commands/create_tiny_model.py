@@ -10,7 +10,8 @@ class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
             "(audio-chat), a Whisper, or a sentence-transformers embedding model (encoder: a BERT with mean pooling "
-            "and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), or a LoRA adapter of a model already in the cache (lora, with --base).")
+            "and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
+            "or a LoRA adapter of a model already in the cache (lora, with --base).")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
