@@ -291,6 +291,7 @@ INFERENCE = {
     "PREFIX_CACHE_MB": env_float("INFERENCE_PREFIX_CACHE_MB", 512.0),
     # /v1/embeddings inputs pooled in one forward per engine step (workers/engine/embedding.py).
     "EMBEDDING_BATCH": env_int("INFERENCE_EMBEDDING_BATCH", 32),
+    "STREAM_INTERVAL": env_int("INFERENCE_STREAM_INTERVAL", 1),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # Chat templates (worker side): a Jinja file that overrides every model's own template,
     # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).

@@ -112,3 +112,30 @@ def test_the_batch_size_left_open_fits_the_device():
     assert EngineConfig(max_num_seqs=0).fitted("cuda").max_num_seqs == 256
     assert EngineConfig(max_num_seqs=0).fitted("cpu").max_num_seqs == 32
     assert EngineConfig(max_num_seqs=12).fitted("cuda").max_num_seqs == 12
+
+
+def texts(messages: list[dict]) -> str:
+    return "".join(c["text"] for m in messages if m["type"] in (protocol.DELTA, protocol.DONE) for c in m["choices"])
+
+
+def test_a_stream_interval_sends_the_first_token_at_once_then_groups_of_that_many(engine, hf_cache):
+    """INFERENCE_STREAM_INTERVAL: fewer messages, the same text; a non-streamed answer still waits for its end."""
+    default_engine, default_outbox = engine
+    _, reply = submit(default_engine, "Once upon a time", max_tokens=10, ignore_eos=True)
+    every_token = default_outbox.wait_for(reply, finished)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        outbox = Outbox()
+        grouped = Engine(outbox.emit, EngineConfig(max_num_seqs=8, stream_interval=4))
+        grouped.start()
+        try:
+            _, reply = submit(grouped, "Once upon a time", max_tokens=10, ignore_eos=True)
+            messages = outbox.wait_for(reply, finished)
+            _, whole_reply = submit(grouped, "Once upon a time", max_tokens=10, ignore_eos=True, stream=False)
+            whole = outbox.wait_for(whole_reply, finished)
+        finally:
+            grouped.stop()
+    assert token_counts(every_token) == [1] * 10
+    assert token_counts(messages) == [1, 4, 4, 1]
+    assert texts(messages) == texts(every_token) == texts(whole)
+    assert token_counts(whole) == [1, 9]

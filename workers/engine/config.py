@@ -38,6 +38,7 @@ class EngineConfig:
     max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/supervision.py)
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
     embedding_batch: int = 32  # embedding inputs per batched forward, one forward per engine step
+    stream_interval: int = 1  # decode steps between a stream's messages (1: every token as it comes)
     templates: TemplateSettings = field(default_factory=TemplateSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
 
@@ -61,6 +62,7 @@ class EngineConfig:
             kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
             prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
             embedding_batch=inference.get("EMBEDDING_BATCH", 32),
+            stream_interval=max(1, inference.get("STREAM_INTERVAL", 1)),
             max_faults=inference.get("ENGINE_MAX_FAULTS", 5), stall_seconds=inference.get("ENGINE_STALL_SECONDS", 60.0),
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",

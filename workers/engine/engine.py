@@ -385,14 +385,14 @@ class Engine:
                 logger.exception("embedding forward failed")
                 for request in embeddings:
                     self._fail(request)
-        self._publish_all()
+        self._publish_all(decoded_step=True)
         if self.scheduler.prefill(bool(decoded)):
             self._publish_all()
         self.metrics.step_took(time.perf_counter() - started)
 
-    def _publish_all(self) -> None:
+    def _publish_all(self, decoded_step: bool = False) -> None:
         for request in list(self.requests.values()):
-            self._publish(request)
+            self._publish(request, decoded_step)
 
     def _fail(self, request: GenerationJob) -> None:
         self.requests.pop(request.request_id, None)
@@ -402,13 +402,14 @@ class Engine:
         self.metrics.forget(request)
         self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
 
-    def _publish(self, request: GenerationJob) -> None:
-        """One message per request per step: its new deltas, and the usage when it is done."""
+    def _publish(self, request: GenerationJob, decoded_step: bool = False) -> None:
+        """A message per request when it has something due: its first token at once, then (streamed) its
+        new deltas every `stream_interval` decode steps, and everything with the usage when it is done."""
         if request.request_id not in self.requests:
             return
         failpoints.hit("engine.publish")
-        if request.answered and not request.streamed and not request.finished:
-            return  # the whole answer goes out at the end: its deltas pile up in the sequences meanwhile
+        if request.answered and not request.finished and not request.due(decoded_step, self.config.stream_interval):
+            return  # held: its deltas pile up in the sequences meanwhile (a non-streamed answer until the end)
         deltas = request.take_deltas()
         if request.finished:
             self.requests.pop(request.request_id, None)
