@@ -158,6 +158,8 @@ SCENARIOS = {
     "fairness": "teams sharing one box: B beside A's and C's floods and beside a Batch API batch, shares, batch vs direct (bench/fairness.py)",
     "overhead": "the engine's host cost: the tiny model, 64 x 128 tokens at once, ours vs raw padded generate (bench/overhead.py)",
     "contention": "c1/c16/... rounds on one server beside busy processes, vs raw under the same load (bench/contention.py)",
+    "adapters": "32 streams spread over 8 LoRA adapters of one base vs the same on the base alone (bench/adapters.py)",
+    "embeddings": "1,000 short texts through /v1/embeddings vs sentence-transformers in-process (bench/embeddings.py)",
 }
 
 

@@ -26,3 +26,34 @@ def test_bench_runs_and_writes_its_report(hf_cache, tmp_path):
     assert len(results["memory"]["after_runs_mb"]) == 2
     assert "| ours | 4 |" in (out / "results.md").read_text()
     assert (out / "plot.png").stat().st_size > 1000
+
+
+def run_scenario(hf_cache, tmp_path, *args: str) -> dict:
+    """`bench.run --scenario NAME --quick` in a copy of the session's cache; the scenario's JSON report."""
+    import shutil
+
+    cache = tmp_path / "hf-cache"
+    shutil.copytree(hf_cache, cache, symlinks=True)  # the scenario builds its models into the cache
+    out = tmp_path / "results"
+    env = {"HF_HUB_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bench.run", *args, "--quick", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / f"{args[1]}.json").read_text())
+
+
+def test_adapters_scenario_reports_both_throughputs(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "adapters")
+    assert len(report["adapters"]) == 4 and report["streams"] == 8 and report["errors"] == 0
+    for row in report["rounds"]:
+        for run in ("base", "adapters"):
+            assert row[run]["tokens"] == 8 * 8 and row[run]["tokens_per_s"] > 0, row
+            assert row[run]["steps"] > 0 and row[run]["batch_mean"] > 0, row
+    assert report["base_tokens_per_s"] > 0 and report["adapters_tokens_per_s"] > 0 and report["ratio_median"] > 0
+
+
+def test_embeddings_scenario_reports_both_rates_and_equal_vectors(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "embeddings")
+    assert report["texts"] == 96 and report["batch_size"] == 16 and report["concurrency"] == 2
+    assert report["max_abs_diff"] < 1e-4  # the server embeds what sentence-transformers does
+    assert report["server_texts_per_s"] > 0 and report["in_process_texts_per_s"] > 0 and report["ratio_median"] > 0

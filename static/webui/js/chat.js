@@ -13,7 +13,7 @@ import { createConversation, flushOutbox, newId, pendingFor, saveOnLeave, writeT
 import { asNewVersion, fillAnswer, messageElement, withVersion } from "./chat-view.js";
 import { Composer } from "./composer.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
-import { ModelPicker, modalitiesOf } from "./models.js";
+import { ModelPicker, modalitiesOf, writesText } from "./models.js";
 
 const ui = {
   messages: $("messages"), send: $("send"), stop: $("stop"), error: $("error"), notice: $("notice"),
@@ -21,8 +21,7 @@ const ui = {
   thinking: $("thinking"), tools: $("tools"), announce: $("announce"), exportBox: $("export"),
 };
 // Chat needs a model that writes text: text, image and audio input (a speech-to-text model is not one).
-const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "chat.model", showError,
-  (model) => modalitiesOf(model).includes("text"));
+const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "chat.model", showError, writesText);
 const composer = new Composer({ picker, showError, messages: () => current.messages, isBusy: () => busy });
 const sidebar = new ConversationList({
   currentId: () => current.id, open: openConversation, showError,

@@ -2,7 +2,7 @@
 // "Score text": each token's log-probability under each model, with its difference from the first.
 import { apiJSON, messageOf } from "./api.js";
 import { $, el } from "./dom.js";
-import { modalitiesOf } from "./models.js";
+import { pickerEntries, writesText } from "./models.js";
 
 const MAX_MODELS = 4;
 
@@ -94,13 +94,13 @@ export function initCompare({ prompt, fields, onError }) {
   box.addEventListener("toggle", async () => {
     if (!box.open || $("compare-models").childElementCount) return;
     try {
-      const models = (await apiJSON("/v1/models")).data.filter((m) => modalitiesOf(m).includes("text"));
-      $("compare-models").replaceChildren(...models.map((m) => {
-        const input = el("input", { type: "checkbox", value: m.id });
+      const models = (await apiJSON("/v1/models")).data.filter(writesText);
+      $("compare-models").replaceChildren(...pickerEntries(models).map(({ model, label }) => {
+        const input = el("input", { type: "checkbox", value: model.id });
         input.addEventListener("change", () => {
           if (chosen().length > MAX_MODELS) input.checked = false;
         });
-        return el("label", { className: "inline" }, input, m.id);
+        return el("label", { className: "inline" }, input, model.parent ? label : model.id);
       }));
     } catch (error) { onError(messageOf(error)); }
   });

@@ -4,6 +4,32 @@ import { APIProblem, apiJSON, streamSSE } from "./api.js";
 /** A model's input modalities as the picker shows them beside its name. */
 export const modalitiesOf = (model) => (model && model.modalities) || [];
 
+/** Whether a model writes text from text (chat and the playground): an embedding, scoring or
+ * speech-to-text model cannot, whatever it takes as input. A LoRA adapter generates as its base does. */
+export const writesText = (model) => modalitiesOf(model).includes("text") && ((model && model.tasks) || []).includes("generate");
+
+/**
+ * The models in the order a picker shows them, each with its label: every model followed by its LoRA
+ * adapters (`local/lora-a · adapter of local/tiny-llama`); an adapter whose base this team may not see
+ * comes at the end, labelled the same way.
+ */
+export function pickerEntries(models) {
+  const adapters = models.filter((m) => m.parent);
+  const placed = new Set();
+  const entries = [];
+  const adaptersOf = (base) => adapters.filter((a) => a.parent === base.id).map((a) => {
+    placed.add(a.id);
+    return { model: a, label: `${a.id} · adapter of ${a.parent}` };
+  });
+  for (const model of models.filter((m) => !m.parent)) {
+    entries.push({ model, label: `${model.id} · ${modalitiesOf(model).join(", ")}` }, ...adaptersOf(model));
+  }
+  for (const adapter of adapters.filter((a) => !placed.has(a.id))) {
+    entries.push({ model: adapter, label: `${adapter.id} · adapter of ${adapter.parent}` });
+  }
+  return entries;
+}
+
 export class ModelPicker {
   /**
    * root: the `[data-model-picker]` element; storageKey: where this page's last choice is remembered;
@@ -54,9 +80,10 @@ export class ModelPicker {
     const usable = body.data.filter((m) => this.suits(m));
     this.models = new Map(usable.map((m) => [m.id, m]));
     const choices = [this.select.value, localStorage.getItem(this.storageKey), document.body.dataset.defaultModel];
-    this.select.replaceChildren(...usable.map((m) => {
-      const option = new Option(`${m.id} · ${modalitiesOf(m).join(", ")}`, m.id);
-      option.dataset.modalities = modalitiesOf(m).join(" ");
+    this.select.replaceChildren(...pickerEntries(usable).map(({ model, label }) => {
+      const option = new Option(label, model.id);
+      option.dataset.modalities = modalitiesOf(model).join(" ");
+      if (model.parent) option.dataset.parent = model.parent;
       return option;
     }));
     if (!usable.length) this.select.replaceChildren(new Option("No model available", ""));

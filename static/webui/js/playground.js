@@ -6,7 +6,7 @@
 import { apiJSON, messageOf, streamSSE } from "./api.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
 import { initCompare } from "./compare.js";
-import { ModelPicker, modalitiesOf } from "./models.js";
+import { ModelPicker, writesText } from "./models.js";
 import { initViewCode } from "./view-code.js";
 
 const ui = {
@@ -16,8 +16,7 @@ const ui = {
 };
 const ALTERNATIVES = 5;
 // Models that write text (a speech-to-text model is not one).
-const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "playground.model", showError,
-  (model) => modalitiesOf(model).includes("text"));
+const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "playground.model", showError, writesText);
 
 let segments = [];      // [{kind: "text"|"token", text, logprob?, top?}]
 const undoStack = [];   // earlier `segments`
