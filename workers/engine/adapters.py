@@ -5,9 +5,10 @@ the base). Loading one loads its base first if this worker does not hold it yet 
 own), then injects the adapter's LoRA layers into the base's modules (`PeftModel`, on the engine
 thread, between steps): the base's weights are never loaded twice. Every tuner layer is left with no
 active adapter, so a forward without `adapter_names` is the base model's own (beam search, prompt
-scoring and anything else that calls the model directly); the runner passes `adapter_names` (one per
-row, `__base__` for the base's rows) through `PeftModel.forward` for a batch holding adapter rows,
-so requests for different adapters and for the base decode in one batch (peft's mixed-adapter batches).
+scoring and anything else that calls the model directly); for a batch holding adapter rows the runner
+adds each row's adapter term (workers/engine/lora_batch.py, or peft's mixed-adapter forward with
+`adapter_names`, one per row and `__base__` for the base's rows, for variants that does not serve),
+so requests for different adapters and for the base decode in one batch.
 
 The adapter's `LoadedModel` shares the base's modules and tokenizer, with `adapter` (its peft name)
 and `base_key` (the base model's key: its requests run in the base's runner).
@@ -24,6 +25,7 @@ from transformers.utils import cached_file
 
 from protocol import ModelRef
 from workers.engine.errors import ModelLoadError
+from workers.engine.lora_batch import dense_lora
 from workers.engine.model_loader import LoadedModel
 
 BASE_ROW = "__base__"  # peft's name for a row without an adapter in a mixed batch
@@ -85,6 +87,7 @@ def attach(base: LoadedModel, files: AdapterFiles) -> LoadedModel:
         raise ModelLoadError(f"The adapter `{files.ref.key}` could not be loaded onto `{files.base.key}`: {exc}") from exc
     base.peft.eval()
     _no_active_adapter(base.model)
+    dense_lora(base.peft).changed()
     added = sum(p.numel() * p.element_size() for p in base.model.parameters()) - before
     return dataclasses.replace(base, model_id=files.ref.repo_id, revision=files.ref.branch, memory_bytes=max(added, 0),
                                adapter=name, base_key=files.base.key, peft=None,
@@ -105,6 +108,7 @@ def detach(base: LoadedModel, adapter: LoadedModel) -> None:
         peft.set_adapter(remaining[0])
     peft.delete_adapter(adapter.adapter)
     _no_active_adapter(base.model)
+    dense_lora(peft).changed()
 
 
 def adapter_names(rows) -> list[str] | None:

@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from workers.engine.adapters import adapter_names
+from workers.engine.lora_batch import dense_lora
 from workers.engine.kv.batch import clone_cache, slice_rows, supports_batching
 from workers.engine.kv.slab import SlabKV
 from workers.engine.model_loader import LoadedModel
@@ -32,11 +33,16 @@ class ModelRunner:
         self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
 
     def _forward(self, rows: list[Sequence], **inputs):
-        """The model's forward over `rows`; through peft with one adapter name per row where a row has a LoRA
-        adapter (workers/engine/adapters.py), so adapters and the base share the batch."""
+        """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
+        (workers/engine/lora_batch.py; peft's mixed forward for variants it does not serve), so adapters
+        and the base share the batch."""
         names = adapter_names(rows) if self.loaded.peft is not None else None
         if names is None:
             return self.loaded.model(**inputs)
+        stacked = dense_lora(self.loaded.peft)
+        if stacked.serves():
+            with stacked.rows(names):
+                return self.loaded.model(**inputs)
         return self.loaded.peft(**inputs, adapter_names=names)
 
     @property
