@@ -7,6 +7,8 @@ error), `loaded_on` (worker names), `size_bytes` on disk and the input `modaliti
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from channels.db import database_sync_to_async
 from rest_framework.response import Response
 
@@ -19,7 +21,9 @@ from .base import OpenAIView
 from .server_info import config_max_model_len
 
 
-def model_object(model: CacheEntry, state: dict) -> dict:
+def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> dict:
+    """One model's card; `snapshots` (repo id -> snapshot) gives an adapter its base's context length."""
+    context_from = snapshots.get(model.parent, model.snapshot_path) if model.parent else model.snapshot_path
     return {
         "id": model.repo_id,
         "object": "model",
@@ -32,20 +36,27 @@ def model_object(model: CacheEntry, state: dict) -> dict:
         "tasks": list(model.tasks),
         "root": model.repo_id,  # vLLM's: the model a name serves (aliases and adapters point to theirs)
         "parent": model.parent,  # a LoRA adapter's base model
-        "max_model_len": config_max_model_len(model.snapshot_path),
+        "max_model_len": config_max_model_len(context_from),  # an adapter's is its base's
     }
 
 
 class ModelListView(OpenAIView):
     async def get(self, request):
         models = await database_sync_to_async(listed_models, thread_sensitive=False)()
-        return Response({"object": "list", "data": [model_object(m, state) for m, state in models
+        snapshots = snapshots_of(models)
+        return Response({"object": "list", "data": [model_object(m, state, snapshots) for m, state in models
                                                     if request.auth.may_use(m.repo_id)]})
 
 
-def _find(model_id: str) -> tuple[CacheEntry, dict] | None:
+def snapshots_of(models: list[tuple[CacheEntry, dict]]) -> dict[str, Path]:
+    return {model.repo_id: model.snapshot_path for model, _ in models}
+
+
+def _find(model_id: str) -> tuple[CacheEntry, dict, dict[str, Path]] | None:
     repo_id = canonical_repo_id(model_id)
-    return next(((m, s) for m, s in listed_models() if m.repo_id == repo_id), None)
+    models = listed_models()
+    found = next(((m, s) for m, s in models if m.repo_id == repo_id), None)
+    return None if found is None else (*found, snapshots_of(models))
 
 
 class ModelDetailView(OpenAIView):

@@ -18,7 +18,6 @@ from rest_framework.response import Response
 from catalog.config import web_config
 
 from .base import GenerationView, OpenAIView, resolve_model, sse_response
-from .completions import CompletionsView
 from .errors import APIError
 from .generation import GenerationStream
 from .serializers.completions import CompletionRequestSerializer

@@ -91,6 +91,8 @@ def test_models_list_shows_adapters_with_their_parent(client):
     for name in ADAPTERS:
         assert models[name]["parent"] == TINY_MODEL and models[name]["root"] == name
         assert models[name]["tasks"] == ["generate"]
+        assert models[name]["max_model_len"] == models[TINY_MODEL]["max_model_len"] != 2048  # its base's
+        assert client.models.retrieve(name).model_dump()["max_model_len"] == models[TINY_MODEL]["max_model_len"]
     assert models[TINY_MODEL]["parent"] is None
 
 
