@@ -22,18 +22,21 @@ import torch
 
 
 class _Stacked:
-    """One layer's adapters stacked: which adapters (in order), their A and B, and each one's columns."""
+    """One layer's adapters stacked: their A and B, each one's columns and scaling.
+
+    `layout` (each adapter's name, rank and scaling here) keys the per-step row masks, which layers of
+    the same layout share; ranks and scalings may differ by layer (peft's rank and alpha patterns).
+    """
 
     def __init__(self, layer, adapters: tuple[str, ...], generation: int) -> None:
-        self.adapters = adapters
         self.generation = generation
-        self.a = torch.cat([layer.lora_A[name].weight for name in adapters], dim=0)
-        self.b = torch.cat([layer.lora_B[name].weight for name in adapters], dim=1)
-        self.blocks: dict[str, slice] = {}
+        self.layout = tuple((name, layer.lora_A[name].weight.shape[0], float(layer.scaling[name])) for name in adapters)
+        self.a = torch.cat([layer.lora_A[name].weight for name in adapters], dim=0) if adapters else None
+        self.b = torch.cat([layer.lora_B[name].weight for name in adapters], dim=1) if adapters else None
+        self.blocks: dict[str, tuple[slice, float]] = {}
         start = 0
-        for name in adapters:
-            rank = layer.lora_A[name].weight.shape[0]
-            self.blocks[name] = slice(start, start + rank)
+        for name, rank, scaling in self.layout:
+            self.blocks[name] = (slice(start, start + rank), scaling)
             start += rank
 
 
@@ -46,12 +49,11 @@ class DenseLoRA:
 
     def __init__(self, peft_model: torch.nn.Module) -> None:
         self.peft_model = peft_model
-        self._hooked: set[int] = set()
         self._config_names: tuple[str, ...] = ()
         self.generation = 0  # bumped by changed(): every layer restacks its adapters on its next forward
         self._fresh = False
         self._names: list[str] | None = None  # the rows' adapters while inside rows()
-        self._row_terms: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._row_terms: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per layout, this forward
         self._plain = True
 
     def _lora_layers(self):
@@ -78,9 +80,9 @@ class DenseLoRA:
             and all(layer.lora_B[name].bias is None for name in layer.lora_B)
             for layer in layers)
         for layer in layers:
-            if id(layer) not in self._hooked and isinstance(layer, Linear):
+            if isinstance(layer, Linear) and not getattr(layer, "_dense_lora_hooked", False):
                 layer.register_forward_hook(self._add_terms)
-                self._hooked.add(id(layer))
+                layer._dense_lora_hooked = True
 
     def serves(self) -> bool:
         """Whether every loaded adapter is vanilla LoRA on linear layers (else peft's mixed forward)."""
@@ -96,19 +98,18 @@ class DenseLoRA:
         finally:
             self._names, self._row_terms = None, {}
 
-    def _terms_for(self, stacked: _Stacked, layer, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _terms_for(self, stacked: _Stacked, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row: the mask that keeps its adapter's block of `x @ A.T`, and its adapter's scaling."""
-        terms = self._row_terms.get(stacked.adapters)
+        terms = self._row_terms.get(stacked.layout)
         if terms is None:
             mask = torch.zeros(len(self._names), stacked.a.shape[0], dtype=like.dtype)
             scale = torch.zeros(len(self._names), dtype=torch.float32)  # a Python float's precision, as peft's
             for row, name in enumerate(self._names):
-                block = stacked.blocks.get(name)
-                if block is not None:
+                if name in stacked.blocks:
+                    block, scale[row] = stacked.blocks[name]
                     mask[row, block] = 1
-                    scale[row] = layer.scaling[name]
             terms = (mask.to(like.device), scale.to(like.device))
-            self._row_terms[stacked.adapters] = terms
+            self._row_terms[stacked.layout] = terms
         return terms
 
     def _add_terms(self, layer, args, result: torch.Tensor):
@@ -118,8 +119,10 @@ class DenseLoRA:
         if stacked is None or stacked.generation != self.generation:
             adapters = tuple(name for name in layer.lora_A if name in self._config_names)
             stacked = layer._dense_lora = _Stacked(layer, adapters, self.generation)
+        if stacked.a is None:  # every adapter of this layer was unloaded
+            return None
         x = args[0].to(stacked.a.dtype)
-        mask, scale = self._terms_for(stacked, layer, x)
+        mask, scale = self._terms_for(stacked, x)
         lead = (x.shape[0],) + (1,) * (x.dim() - 2)  # one mask and scale per row, over its positions
         hidden = (x @ stacked.a.T) * mask.view(*lead, -1)
         term = (hidden @ stacked.b.T) * scale.view(*lead, 1)  # scaled in float32, rounded once, as peft's
