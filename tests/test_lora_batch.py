@@ -24,10 +24,10 @@ def lora(rank: int, alpha: int, **extra) -> LoraConfig:
 def mixed(hf_cache):
     """The tiny model with three adapters of different ranks and scalings (by layer too; one on fewer layers), none active."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(snapshot_download(TINY_MODEL, cache_dir=hf_cache, local_files_only=True),
-                                                 dtype=torch.float32).eval()
+    snapshot = snapshot_download(TINY_MODEL, cache_dir=hf_cache, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
     peft = get_peft_model(model, lora(8, 16), adapter_name="a")
-    peft.add_adapter("b", lora(4, 5, rank_pattern={"q_proj": 2}, alpha_pattern={"v_proj": 7}))  # per-layer ranks
+    peft.add_adapter("b", lora(4, 5, rank_pattern={"q_proj": 2}, alpha_pattern={"v_proj": 7}))  # by layer
     peft.add_adapter("c", LoraConfig(r=2, lora_alpha=3, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     peft.eval()
     _no_active_adapter(model)
