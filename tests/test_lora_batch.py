@@ -22,7 +22,8 @@ def lora(rank: int, alpha: int, **extra) -> LoraConfig:
 
 @pytest.fixture
 def mixed(hf_cache):
-    """The tiny model with three adapters of different ranks and scalings (by layer too; one on fewer layers), none active."""
+    """The tiny model with three adapters of different ranks and scalings (by layer too; one on fewer
+    layers), none active."""
     torch.manual_seed(0)
     snapshot = snapshot_download(TINY_MODEL, cache_dir=hf_cache, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
