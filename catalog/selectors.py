@@ -115,7 +115,9 @@ def models_on_worker(worker: Worker) -> list[str]:
 
 
 def routing_table() -> dict:
-    """What a worker needs to pass a job on: {"loaded": {repo_id: [worker channel]}, "free": {channel: MiB}}."""
+    """What a worker needs to pass a job on: {"loaded": {repo_id: [worker channel]}, "free": {channel: MiB},
+    "room": {channel: jobs}, "beats": {channel: its last heartbeat}}. A beat is only ever compared with an
+    earlier beat of the same worker (has it beaten since?), never with another machine's clock."""
     workers = [w for w in live_workers() if w.channel_name]
     free = {w.channel_name: (w.memory_total_mb or 0.0) - w.memory_used_mb for w in workers}
     loaded: dict[str, list[str]] = {}
@@ -123,7 +125,8 @@ def routing_table() -> dict:
     for repo_id, channel in rows.values_list("model__repo_id", "worker__channel_name"):
         loaded.setdefault(repo_id, []).append(channel)
     room = {w.channel_name: w.free_slots for w in workers if w.free_slots is not None}
-    return {"loaded": loaded, "free": free, "room": room}
+    beats = {w.channel_name: w.last_heartbeat.isoformat() for w in workers if w.last_heartbeat is not None}
+    return {"loaded": loaded, "free": free, "room": room, "beats": beats}
 
 
 def listed_models() -> list[tuple[CacheEntry, dict]]:

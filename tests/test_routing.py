@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from protocol import ModelRef
-from workers.adapter.routing import choose_worker, without_worker
+from workers.adapter.routing import Unconfirmed, choose_worker, without_worker
 
 TABLE = {"loaded": {"local/tiny-llama": ["dead", "alive"]}, "free": {"here": 100.0, "dead": 50.0, "alive": 10.0}}
 
@@ -15,6 +15,22 @@ def test_a_worker_that_did_not_confirm_is_never_chosen_again_and_the_job_goes_to
     table = without_worker(TABLE, "dead")
     assert {choose_worker(ModelRef("local/tiny-llama"), "here", set(), table) for _ in range(50)} == {"alive"}
     assert "dead" not in table["free"] and TABLE["loaded"]["local/tiny-llama"] == ["dead", "alive"]  # a copy
+
+
+def test_a_worker_that_did_not_confirm_is_left_out_until_it_beats_again():
+    """A dead worker's beat never changes: it stays out. A live one only slow to confirm is back as soon as
+    the table shows a newer beat of its own (not for WORKER_LOST_AFTER, which made its peers load copies)."""
+    table = {**TABLE, "beats": {"dead": "t1", "alive": "t1", "here": "t1"}}
+    unconfirmed = Unconfirmed(lost_after=60.0)
+    unconfirmed.add("dead", table)
+    unconfirmed.add("alive", table)
+    assert unconfirmed.filter(table)["loaded"]["local/tiny-llama"] == []
+    later = {**TABLE, "beats": {"dead": "t1", "alive": "t2", "here": "t2"}}
+    assert unconfirmed.filter(later)["loaded"]["local/tiny-llama"] == ["alive"]
+    assert "alive" not in unconfirmed and "dead" in unconfirmed
+    expired = Unconfirmed(lost_after=-1.0)  # past WORKER_LOST_AFTER the catalog itself has dropped a dead worker
+    expired.add("dead", table)
+    assert expired.filter(table)["loaded"]["local/tiny-llama"] == ["dead", "alive"]
 
 
 def test_with_no_holder_left_the_job_stays_here_when_this_worker_has_the_most_room():

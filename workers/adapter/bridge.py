@@ -6,7 +6,11 @@ once; a job's media are read first, off the loop) and relays the engine's model 
 whoever records them. While it holds a job it
 keeps the job's reply channel from going silent (`generation.alive`), so the web side can tell
 a dead worker by silence within seconds; a job whose reply channel cannot be reached (Redis
-down) is cancelled rather than generated for nobody.
+down) is cancelled rather than generated for nobody — and its reply channel hears nothing more
+from this worker: a channel that lost a message must not get the ones after it (a delta after a
+lost `started`, the rest of an answer after a lost delta), or its client would get a protocol
+error or an answer with a hole in it. Silence instead lets the web side send the job again (or end
+it with `worker_lost`) as it does for a dead worker.
 
 Nothing here fails unseen: its background tasks are watched (`workers.tasks.watch`), a job whose
 media cannot be read for any reason is answered, and an engine that dies (workers/supervision.py)
@@ -18,6 +22,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import protocol
@@ -28,6 +33,7 @@ from workers.engine.config import EngineConfig
 logger = logging.getLogger(__name__)
 
 RecordChange = Callable[[protocol.ModelChange], Awaitable[None]]
+CUT_OFF_CHANNELS = 10_000  # reply channels remembered as cut off (each job has its own; the oldest are forgotten)
 
 
 class EngineBridge:
@@ -47,6 +53,7 @@ class EngineBridge:
         self._record_change = record_change
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
+        self._cut_off: OrderedDict[str, None] = OrderedDict()  # reply channels that lost a message: silent now
         self.dead: asyncio.Future[str] = self.loop.create_future()  # why the engine or a task died
         self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name,
                              on_dead=lambda reason: self.loop.call_soon_threadsafe(self._die, reason))
@@ -140,6 +147,9 @@ class EngineBridge:
             items = [await self.outbox.get()]
             while not self.outbox.empty():
                 items.append(self.outbox.get_nowait())
+            items = [(channel, message) for channel, message in items if channel not in self._cut_off]
+            if not items:
+                continue
             try:
                 await failpoints.ahit("bridge.send")
             except failpoints.FailpointError as exc:  # as if the layer had refused the whole batch
@@ -169,8 +179,11 @@ class EngineBridge:
         if error is not None:  # a full or vanished reply channel must not stop the worker
             logger.warning("could not deliver %s to %s: %s", message.get("type"), channel, error)
             held = self._held.pop(channel, None)
-            if held is not None:  # nobody can hear this job any more: free its slot
+            if held is not None:  # nobody can hear this job any more: free its slot, send its channel nothing more
                 self.engine.cancel(held[0])
+                self._cut_off[channel] = None  # no hole, no message out of order: silence, which the web side reads
+                if len(self._cut_off) > CUT_OFF_CHANNELS:
+                    self._cut_off.popitem(last=False)
             return
         held = self._held.get(channel)
         if held is not None:

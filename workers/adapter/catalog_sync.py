@@ -30,16 +30,20 @@ class Welcome:
 
     settings: dict[str, protocol.ModelSettings]
     preload: list[str]
+    routing: RoutingTable
 
 
 async def join(name: str, channel_name: str, device: str, memory_budget_mb: float | None) -> Welcome | None:
-    """Register (marking what this worker held before as unloaded); the settings map and the models to preload."""
+    """Register (marking what this worker held before as unloaded); the settings map, the models to preload,
+    and the routing table at once, not at the first beat: a restarted worker passes its first jobs to the
+    live holders instead of loading their model itself."""
     try:
         register = database_sync_to_async(worker_registry.register_worker)
         await register(name, socket.gethostname(), os.getpid(), channel_name, device,
                        memory_budget_mb or _system_memory_mb())
         return Welcome(await database_sync_to_async(selectors.model_settings_map)(),
-                       await database_sync_to_async(selectors.preload_models)())
+                       await database_sync_to_async(selectors.preload_models)(),
+                       await database_sync_to_async(selectors.routing_table)())
     except Exception as exc:  # the database is down or not migrated yet: the caller retries
         logger.warning("worker %s could not register in the catalog: %s", name, exc)
         return None

@@ -13,7 +13,6 @@ import importlib
 import logging
 import os
 import socket
-import time
 
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.layers import get_channel_layer
@@ -28,10 +27,13 @@ from protocol.tasks import watch
 from workers.adapter import catalog_sync
 from workers.adapter.bridge import EngineBridge
 from workers.adapter.resilience import retrying
-from workers.adapter.routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, choose_worker, without_worker
+from workers.adapter.routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, Unconfirmed, choose_worker
 from workers.engine.config import EngineConfig
 
 DRAIN_SECONDS = 2.0  # a dying worker's last errors get this long to reach their clients
+# A worker that has just started waits this long at most for its first routing table before it chooses
+# where a job runs: with none it would run every job itself, loading a model a live worker already holds.
+FIRST_TABLE_SECONDS = 2.0
 
 
 class WorkerDead(RuntimeError):
@@ -53,9 +55,10 @@ class InferenceConsumer(AsyncConsumer):
         self.config = settings.INFERENCE
         self.catalog_settings: dict[str, protocol.ModelSettings] = {}
         self.routing: RoutingTable = EMPTY_TABLE
-        self.claims = JobClaims(self.channel_layer)
+        self.routing_known = asyncio.Event()  # set once the catalog gave this worker a table
+        self.claims = JobClaims(self.channel_layer, self.channel_name)
         self.passed = PassedJobs()
-        self.unconfirmed: dict[str, float] = {}  # worker channel -> until when it is not passed jobs
+        self.unconfirmed = Unconfirmed(self.config["WORKER_LOST_AFTER"])
         self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
         self._engine_import: asyncio.Future | None = None
@@ -127,6 +130,7 @@ class InferenceConsumer(AsyncConsumer):
                                                   self.config["WORKER_MEMORY_BUDGET_MB"] or None)) is None:
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
         self.catalog_settings = welcome.settings
+        self._route_by(welcome.routing)  # before any preload: jobs go to the live holders meanwhile
         if welcome.preload:
             await self._started_bridge()
         for name in welcome.preload:
@@ -135,10 +139,15 @@ class InferenceConsumer(AsyncConsumer):
             try:
                 await failpoints.ahit("worker.heartbeat")
                 loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
-                self.routing = await catalog_sync.beat(self.worker_name, loaded, self._free_slots()) or self.routing
+                self._route_by(await catalog_sync.beat(self.worker_name, loaded, self._free_slots()))
             except Exception:  # a missed beat is retried at the next; the catalog calls the worker lost only after several
                 logger.exception("the heartbeat of worker %s failed", self.worker_name)
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+
+    def _route_by(self, table: RoutingTable | None) -> None:
+        if table is not None:
+            self.routing = table
+            self.routing_known.set()
 
     def _free_slots(self) -> int | None:
         if self._bridge is None:
@@ -171,12 +180,16 @@ class InferenceConsumer(AsyncConsumer):
                 self.worker_name, {"status": "not_loaded", "model": protocol.ModelRef.from_wire(message["model"]).key}))
 
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
+        # Passed here by another worker: confirm at once, whatever becomes of it here. The confirmation
+        # says "a live worker has it"; a copy this worker already took (the layer can deliver a shared
+        # channel's message twice) or a cancelled job is dropped below, and left unconfirmed the passer
+        # would take this live worker for dead and stop passing it jobs.
+        if message.get("route_ack"):
+            await self.channel_layer.send(message["route_ack"], protocol.route_ack_message(message["request_id"]))
         if message["request_id"] in self.claims.taken:
-            logger.info("dropped %s: cancelled, or its client stopped waiting before a worker took it",
+            logger.info("dropped %s: taken here already, or cancelled (its client stopped waiting)",
                         message["request_id"])
             return
-        if message.get("route_ack"):  # passed here by another worker: confirm at once
-            await self.channel_layer.send(message["route_ack"], protocol.route_ack_message(message["request_id"]))
         # The in-process layer reaches no other worker (a channel in the catalog from an earlier
         # process is dead), so only a layer shared between processes routes.
         if (self.config["ROUTE_JOBS"] and not message.get("routed")
@@ -186,13 +199,14 @@ class InferenceConsumer(AsyncConsumer):
         await self._take(message)
 
     async def _pass_or_take(self, message: protocol.SubmitMessage) -> None:
+        if not self.routing_known.is_set():  # just started: which workers hold what is not known yet
+            try:
+                async with asyncio.timeout(FIRST_TABLE_SECONDS):
+                    await self.routing_known.wait()
+            except TimeoutError:
+                pass
         held = self._bridge.engine.models if self._bridge is not None else {}
-        table, now = self.routing, time.monotonic()
-        for channel, until in list(self.unconfirmed.items()):
-            if until < now:
-                del self.unconfirmed[channel]
-            else:
-                table = without_worker(table, channel)
+        table = self.unconfirmed.filter(self.routing)
         here_full = self._bridge is not None and not self._bridge.engine.has_room()
         target = choose_worker(protocol.ModelRef.from_wire(message["model"]), self.channel_name, held, table, here_full,
                                affinity=message["params"].get("prompt_cache_key"))
@@ -200,19 +214,31 @@ class InferenceConsumer(AsyncConsumer):
             await self._take(message)
             return
         # One hop at most: the receiver takes it whatever its table says.
-        await self.channel_layer.send(target, protocol.routed_job(message, self.channel_name))
+        self.passed.expect(message["request_id"])
+        try:
+            await self.channel_layer.send(target, protocol.routed_job(message, self.channel_name))
+        except BaseException:
+            self.passed.confirm(message["request_id"], expected=False)
+            raise
         self._in_background(self._take_unless_confirmed(message, target))
 
     async def generation_route_ack(self, message: protocol.RouteAckMessage) -> None:
         self.passed.confirm(message["request_id"])
 
     async def _take_unless_confirmed(self, message: protocol.SubmitMessage, target: str) -> None:
-        """A receiver that does not confirm died since the last heartbeat: it is left out of this worker's
-        choices until the catalog would call it lost, and the job goes to another holder (or is run here)."""
-        if not await self.passed.confirmed(message["request_id"], self.config["ROUTE_ACK_TIMEOUT"]):
-            logger.warning("the worker %s was passed to did not confirm it; passing it on again or running it here",
-                           message["request_id"])
-            self.unconfirmed[target] = time.monotonic() + self.config["WORKER_LOST_AFTER"]
+        """A receiver that does not confirm died since the last heartbeat (or is slow): it is left out of
+        this worker's choices until it beats again (`Unconfirmed`), and the job goes to another holder (or
+        is run here)."""
+        if await self.passed.confirmed(message["request_id"], self.config["ROUTE_ACK_TIMEOUT"]):
+            return
+        claimed_by = await self.claims.claimed_by(message["request_id"])
+        if claimed_by == target:  # it runs the job: alive, only its confirmation came late
+            logger.info("%s: the worker it was passed to confirmed it late, but has it", message["request_id"])
+            return
+        logger.warning("%s: the worker it was passed to (%s) did not confirm it; %s", message["request_id"], target,
+                       "passing it on again or running it here" if claimed_by is None else f"claimed by {claimed_by}")
+        self.unconfirmed.add(target, self.routing)
+        if claimed_by is None:  # nobody has it yet
             await self._pass_or_take(message)
 
     async def _take(self, message: protocol.SubmitMessage) -> None:
