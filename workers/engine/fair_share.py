@@ -62,6 +62,10 @@ class FairQueue:
     def __bool__(self) -> bool:
         return any(True for _ in self)
 
+    def has_waiting(self, klass: str) -> bool:
+        """Whether any sequence of the class waits."""
+        return any(self._trim(line) for (k, _), line in self._queues.items() if k == klass)
+
     def peek(self) -> Queued | None:
         """The sequence that starts next: the first class with anyone waiting, its least-served team."""
         for klass in CLASSES:
