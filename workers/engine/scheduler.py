@@ -10,6 +10,7 @@ Plain Python + torch: the engine owns requests and publishing, this owns the bat
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import torch
 
@@ -98,7 +99,8 @@ class Scheduler:
         reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self.in_flight())
         limited = self._batch_limited()
         batch_held = sum(1 for seq in self.in_flight() if seq.priority_class == "batch") if limited else 0
-        while running < self.max_num_seqs and (seq := self.waiting.peek()) is not None:
+        held = Counter(seq.team for seq in self.in_flight())
+        while running < self.max_num_seqs and (seq := self.waiting.peek(held)) is not None:
             if limited and seq.priority_class == "batch":
                 if batch_held >= self.batch_rows_beside_interactive:
                     break  # batch work waits for interactive work to leave (interactive ones come first)
@@ -106,7 +108,8 @@ class Scheduler:
             needed = 0 if budget is None else self._kv_reservation(seq)
             if budget is not None and running and reserved + needed > budget:
                 break  # it waits for running sequences to finish (alone, it always runs)
-            self.waiting.pop()
+            self.waiting.pop(held)
+            held[seq.team] += 1
             if seq.paused:
                 seq.paused = False
                 self.runners[seq.request.model_name].join([seq])
