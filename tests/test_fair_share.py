@@ -84,6 +84,12 @@ def test_a_newcomer_tied_with_a_flooding_team_takes_the_slot_before_it():
     assert queue.peek(held={"a": 4}) is newcomer  # the team holding fewer rows goes first
 
 
+def test_batch_rows_beside_interactive_fit_the_device_unless_set():
+    assert EngineConfig(max_num_seqs=0).fitted("cuda").batch_rows_beside_interactive == 256  # a GPU: every slot
+    assert EngineConfig(max_num_seqs=0).fitted("cpu").batch_rows_beside_interactive == 2
+    assert EngineConfig(batch_rows_beside_interactive=5).fitted("cpu").batch_rows_beside_interactive == 5
+
+
 class Outbox:
     def __init__(self) -> None:
         self.messages: dict[str, list[tuple[float, dict]]] = {}
