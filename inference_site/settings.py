@@ -267,6 +267,9 @@ INFERENCE = {
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
     # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/prefill_pacing.py).
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 0),  # 0: fit the device (256 on CUDA, 32 on CPU)
+    # Rows batch-priority work may hold while interactive work runs or waits; -1: fit the device
+    # (every slot on CUDA, 2 on CPU). Below the slots, batch prompts are not prefilled beside interactive decode.
+    "BATCH_ROWS_BESIDE_INTERACTIVE": env_int("INFERENCE_BATCH_ROWS_BESIDE_INTERACTIVE", -1),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
     "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
     "PREFILL_SHARE": env_float("INFERENCE_PREFILL_SHARE", 0.5),

@@ -250,3 +250,28 @@ def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, bat
             assert entry["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
     finally:
         again.stop()
+
+
+@pytest.mark.django_db
+def test_a_group_of_finished_lines_is_written_once_and_counted_once():
+    """The runner writes lines that finished together in one transaction: each line once (a line a
+    taken-over runner finished too is not rewritten), the batch's counts moved by what was written."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from openai_api.batches import state
+    from openai_api.batches.models import Batch, BatchLine
+    from teams.models import Team
+
+    team = Team.objects.create(name="grouped-writes")
+    batch = Batch.objects.create(id="batch_grouped", team=team, endpoint="/v1/completions", status=Batch.IN_PROGRESS,
+                                 total=3, expires_at=timezone.now() + timedelta(hours=1))
+    lines = [BatchLine.objects.create(batch=batch, index=i, custom_id=f"l{i}", body={}) for i in range(3)]
+    assert state.record_lines(batch.pk, [(lines[0].pk, {"n": 0}, False), (lines[1].pk, {"n": 1}, True)]) == 2
+    assert [pk for pk, *_ in state.pending_lines(batch.pk, set(), 10)] == [lines[2].pk]
+    assert state.record_lines(batch.pk, [(lines[1].pk, {"n": "again"}, False), (lines[2].pk, {"n": 2}, False)]) == 1
+    batch.refresh_from_db()
+    assert (batch.completed, batch.failed) == (2, 1)
+    assert BatchLine.objects.get(pk=lines[1].pk).result == {"n": 1}
+    assert state.pending_lines(batch.pk, set(), 10) == []

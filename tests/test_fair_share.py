@@ -1,7 +1,8 @@
 """Fair share and priority inside the engine: the real engine and tiny model, no server.
 
-A full box (few slots) flooded by one team: another team's request starts within a step or two,
-interactive work pauses batch work, and every paused sequence resumes to exactly the tokens it
+A full box (few slots) flooded by one team: another team's request starts within a step or two (its
+prefill before that step's decode), interactive work pauses batch work (down to
+`batch_rows_beside_interactive` rows), and every paused sequence resumes to exactly the tokens it
 would have produced uninterrupted (greedy equal to `model.generate`).
 """
 from __future__ import annotations
@@ -71,15 +72,39 @@ def test_a_team_alone_keeps_the_whole_box_and_a_newcomer_takes_one_row_from_the_
     assert queue.to_preempt(batch_rows, slots=4) == batch_rows[-2:][::-1]
 
 
+def test_a_newcomer_tied_with_a_flooding_team_takes_the_slot_before_it():
+    queue = FairQueue()
+    running = [Waiting("a") for _ in range(4)]
+    queue.extend(running[:1])
+    queue.charge(queue.pop(), generated=10)
+    queue.extend([Waiting("a")], running=running)
+    newcomer = Waiting("b")
+    queue.extend([newcomer], running=running)  # b rejoins at a's counter: a tie
+    assert queue.counters["b"] == queue.counters["a"]
+    assert queue.peek(held={"a": 4}) is newcomer  # the team holding fewer rows goes first
+
+
+def test_batch_rows_beside_interactive_fit_the_device_unless_set():
+    assert EngineConfig(max_num_seqs=0).fitted("cuda").batch_rows_beside_interactive == 256  # a GPU: every slot
+    assert EngineConfig(max_num_seqs=0).fitted("cpu").batch_rows_beside_interactive == 2
+    assert EngineConfig(batch_rows_beside_interactive=5).fitted("cpu").batch_rows_beside_interactive == 5
+
+
 class Outbox:
     def __init__(self) -> None:
         self.messages: dict[str, list[tuple[float, dict]]] = {}
+        self.order: list[str] = []  # the channel of every token-carrying message, in the order sent
         self.changed = threading.Condition()
+        self.hook = None  # called (channel, message) in the engine's thread, after the message is kept
 
     def emit(self, channel: str, message: dict) -> None:
         with self.changed:
             self.messages.setdefault(channel, []).append((time.monotonic(), message))
+            if message["type"] in (protocol.DELTA, protocol.DONE) and any(c["token_ids"] for c in message["choices"]):
+                self.order.append(channel)
             self.changed.notify_all()
+        if self.hook is not None:
+            self.hook(channel, message)
 
     def done(self, channel: str) -> bool:
         return any(m["type"] in (protocol.DONE, protocol.ERROR) for _, m in self.messages.get(channel, []))
@@ -119,9 +144,11 @@ def small_box(hf_cache):
 
 
 def submit(engine: Engine, prompt: str, team: str, max_tokens: int, priority_class: str = "interactive",
-           share: float = 1.0) -> str:
+           share: float = 1.0, stream: bool = False) -> str:
+    """A job; `stream`: a message for every step's token (else the first token and the whole answer)."""
     reply = f"reply.{uuid.uuid4().hex}"
-    params = protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, priority_class=priority_class)
+    params = protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, priority_class=priority_class,
+                                stream=stream)
     engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL),
                                           [prompt], params, team={"name": team, "share": share}))
     return reply
@@ -154,3 +181,68 @@ def test_interactive_work_pauses_batch_work_which_then_finishes_unchanged(small_
     assert outbox.first_token_at(chat) - started < 5.0
     for prompt, reply in zip(batch_prompts, batch):
         assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 200, min_new_tokens=200)
+
+
+def test_a_newcomers_first_token_comes_before_the_next_decode_step_of_a_full_box(small_box, reference):
+    """b arrives while the flood's step publishes (submitted from the engine's own thread, so the moment
+    is exact): its first token goes out before the flood row that announced it gets another token."""
+    engine, outbox = small_box
+    flood_prompts = [f"Wave {i}: it was a dark night" for i in range(6)]
+    flood = [submit(engine, p, "a", 120, stream=True) for p in flood_prompts]
+    outbox.wait_tokens(flood[0])
+    sent: dict[str, object] = {}
+
+    def arrive(channel: str, message: dict) -> None:
+        if channel == flood[0] and message["type"] == protocol.DELTA and "b" not in sent:
+            sent["at"] = len(outbox.order)  # this message is the last one before b arrives
+            sent["b"] = submit(engine, "A quick one", "b", 6, stream=True)
+
+    outbox.hook = arrive
+    try:
+        b = _wait_for(sent)
+        outbox.wait_all(flood + [b])
+    finally:
+        outbox.hook = None
+    first_b = outbox.order.index(b, sent["at"])
+    assert flood[0] not in outbox.order[sent["at"]:first_b], "b's prefill waited for a decode step"
+    assert outbox.tokens(b) == reference.greedy(reference.encode("A quick one"), 6, min_new_tokens=6)
+    for prompt, reply in zip(flood_prompts, flood):
+        assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 120, min_new_tokens=120)
+
+
+def _wait_for(sent: dict, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while sent.get("b") is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return sent["b"]
+
+
+@pytest.fixture(scope="module")
+def one_batch_row_box(hf_cache):
+    """4 slots, and batch work holds at most one row while interactive work is here."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        outbox = Outbox()
+        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=4, batch_rows_beside_interactive=1))
+        engine.start()
+        yield engine, outbox
+        engine.stop()
+
+
+def test_batch_rows_beyond_the_limit_pause_while_interactive_work_runs(one_batch_row_box, reference):
+    engine, outbox = one_batch_row_box
+    batch_prompts = [f"Nightly job {i} reads" for i in range(5)]
+    batch = [submit(engine, p, "research", 150, "batch", stream=True) for p in batch_prompts]
+    outbox.wait_tokens(batch[3])  # four rows running, one waiting
+    chat = submit(engine, "Hello again", "product", 12, stream=True)
+    outbox.wait_tokens(chat)
+    outbox.wait_all([chat])
+    first = outbox.order.index(chat)
+    last = len(outbox.order) - 1 - outbox.order[::-1].index(chat)
+    beside = {channel for channel in outbox.order[first:last] if channel in batch}
+    assert len(beside) <= 1, f"{len(beside)} batch rows decoded beside the interactive one"
+    outbox.wait_all(batch)
+    assert outbox.tokens(chat) == reference.greedy(reference.encode("Hello again"), 12, min_new_tokens=12)
+    for prompt, reply in zip(batch_prompts, batch):  # paused rows resumed where they stopped
+        assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 150, min_new_tokens=150)

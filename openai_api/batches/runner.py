@@ -4,8 +4,10 @@ Batch API call starts it in a process that has none).
 Every BATCH_POLL_SECONDS it beats for the batches it holds and takes over those whose runner has been
 silent BATCH_LOST_AFTER seconds (a process that died or was restarted), then runs each held batch:
 validate its input, run its pending lines (BATCH_CONCURRENCY at once over every batch of the process,
-so a batch never floods the workers' queue), then write its output and error files. Everything a
-restart needs is in the database: lines already done are never run again.
+so a batch never floods the workers' queue; a freed slot starts the next line at once), then write its
+output and error files. Everything a restart needs is in the database: a finished line is written
+(in a group with the lines that finished beside it) before anything else waits on it, and lines
+already done are never run again.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import logging
 import os
 import secrets
 import socket
+import time
+from collections import deque
 
 from channels.db import database_sync_to_async
 from django.utils import timezone
@@ -27,6 +31,9 @@ from .models import Batch
 
 logger = logging.getLogger(__name__)
 RUNNER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+STATE_SECONDS = 0.5  # how often a running batch's status is read (a cancel is seen within this)
+READ_AHEAD = 4  # lines read from the database at once, per slot
+WRITE_TRIES = 3  # a group of finished lines the database refuses this often is left to run again
 
 
 def db(function):
@@ -99,42 +106,96 @@ class BatchRunner:
         logger.info("batch %s done", batch_id)
 
     async def run_lines(self, batch_id: str, current: state.BatchState) -> None:
-        """Pending lines, at most BATCH_CONCURRENCY running per batch (and per process), until none is
-        left, the batch is cancelled or expires, or another runner took it."""
+        """Pending lines, BATCH_CONCURRENCY running per batch (and per process), until none is left, the
+        batch is cancelled or expires, or another runner took it.
+
+        A slot that frees starts the next line at once, from lines read ahead (no database round trip
+        between one line and the next), and finished lines are written in groups (`LineWriter`), so the
+        batch keeps as many requests in flight as a client sending them directly at that concurrency.
+        """
         principal = batch_principal(await db(state.principal_of)(current))
         running: dict[asyncio.Task, int] = {}
+        ahead: deque[tuple[int, int, str, dict]] = deque()  # read, not started
+        writer = LineWriter(batch_id)
         limit = max(1, web_config().batch_concurrency)
+        every = min(STATE_SECONDS, web_config().batch_poll_seconds)
+        checked = time.monotonic()
         try:
             while True:
-                current = await db(state.state)(batch_id)
+                if time.monotonic() - checked >= every:
+                    current, checked = await db(state.state)(batch_id), time.monotonic()
                 if (current.status != Batch.IN_PROGRESS or current.runner != RUNNER_ID
                         or current.expires_at <= timezone.now()):
                     return
-                if len(running) < limit:
-                    pending = await db(state.pending_lines)(batch_id, set(running.values()), limit - len(running))
-                    for pk, _, custom_id, body in pending:
-                        task = asyncio.ensure_future(self.one_line(batch_id, pk, principal, current.endpoint,
-                                                                   custom_id, body))
-                        running[task] = pk
+                if len(running) < limit and not ahead:
+                    skip = set(running.values()) | writer.unwritten
+                    ahead.extend(await db(state.pending_lines)(batch_id, skip, limit * READ_AHEAD))
+                while len(running) < limit and ahead:
+                    pk, _, custom_id, body = ahead.popleft()
+                    task = asyncio.ensure_future(self.one_line(principal, current.endpoint, custom_id, body))
+                    running[task] = pk
                 if not running:
                     return
-                done, _ = await asyncio.wait(running, timeout=web_config().batch_poll_seconds,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(running, timeout=every, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    del running[task]
-                    if not task.cancelled() and task.exception() is not None:
-                        logger.error("batch %s: a line failed", batch_id, exc_info=task.exception())
+                    writer.take(running.pop(task), task)
         finally:
             for task in running:  # cancelled or taken over: lines not done stay pending
                 task.cancel()
             if running:
                 await asyncio.wait(running)
+            for task, pk in running.items():
+                writer.take(pk, task)  # those that finished as they were cancelled still count
+            # Shielded: a cancel arriving now must not lose finished lines (they would run again).
+            await asyncio.shield(writer.flush())
 
-    async def one_line(self, batch_id: str, pk: int, principal, url: str, custom_id: str, body: dict) -> None:
+    async def one_line(self, principal, url: str, custom_id: str, body: dict) -> tuple[dict, bool]:
         async with self.slots:
-            line, is_error = await run_line(principal, url, custom_id, body)
-        # Shielded: a cancel arriving now must not lose a finished line (it would run again).
-        await asyncio.shield(db(state.record_line)(batch_id, pk, line, is_error))
+            return await run_line(principal, url, custom_id, body)
+
+
+class LineWriter:
+    """Finished lines written to the database in groups: one transaction for every line that finished
+    while the previous group was being written (group commit), so a line waits for at most one write
+    before it is recorded, and a busy batch costs one commit per group, not per line."""
+
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
+        self.pending: list[tuple[int, dict, bool]] = []
+        self.unwritten: set[int] = set()  # finished here, not yet in the database: not to be read again
+        self.writing: asyncio.Task | None = None
+
+    def take(self, pk: int, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            logger.error("batch %s: a line failed", self.batch_id, exc_info=task.exception())
+            return
+        line, is_error = task.result()
+        self.pending.append((pk, line, is_error))
+        self.unwritten.add(pk)
+        if self.writing is None or self.writing.done():
+            self.writing = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        while self.pending:
+            group, self.pending = self.pending, []
+            for attempt in range(WRITE_TRIES):
+                try:
+                    await db(state.record_lines)(self.batch_id, group)
+                    break
+                except Exception:
+                    logger.warning("batch %s: writing %d lines failed", self.batch_id, len(group), exc_info=True)
+                    await asyncio.sleep(0.2 * (attempt + 1))
+            self.unwritten -= {pk for pk, _, _ in group}  # written, or (after the tries) left to run again
+
+    async def flush(self) -> None:
+        """Until every line taken so far is written."""
+        while self.writing is not None and not self.writing.done():
+            await self.writing
+        if self.pending:
+            self.writing = asyncio.ensure_future(self._write())
+            await self.writing
 
 
 def start_runner() -> BatchRunner:

@@ -68,14 +68,17 @@ def pending_lines(batch_id: str, skip: set[int], limit: int) -> list[tuple[int, 
     return list(rows)
 
 
-def record_line(batch_id: str, line_pk: int, result: dict, is_error: bool) -> bool:
-    """A line's output line, written once (False: it was already done) and counted in the batch."""
+def record_lines(batch_id: str, results: list[tuple[int, dict, bool]]) -> int:
+    """Lines' output lines, (pk, result, is_error) each, in one transaction (one commit for a group of
+    lines that finished together), each written once and counted in the batch; how many were written."""
+    counts = {"completed": 0, "failed": 0}
     with transaction.atomic():
-        if not BatchLine.objects.filter(pk=line_pk, done=False).update(done=True, result=result, is_error=is_error):
-            return False
-        counter = "failed" if is_error else "completed"
-        Batch.objects.filter(pk=batch_id).update(**{counter: F(counter) + 1})
-    return True
+        for line_pk, result, is_error in results:
+            if BatchLine.objects.filter(pk=line_pk, done=False).update(done=True, result=result, is_error=is_error):
+                counts["failed" if is_error else "completed"] += 1
+        if any(counts.values()):
+            Batch.objects.filter(pk=batch_id).update(**{name: F(name) + n for name, n in counts.items() if n})
+    return sum(counts.values())
 
 
 def mark(batch_id: str, runner: str, status: str, **times: datetime) -> bool:
@@ -86,11 +89,10 @@ def mark(batch_id: str, runner: str, status: str, **times: datetime) -> bool:
 
 def expire_pending(batch_id: str) -> None:
     """Lines never run before the batch expired go to the error file (OpenAI's `batch_expired`)."""
-    for pk, _, custom_id, _ in pending_lines(batch_id, set(), 10 ** 9):
-        record_line(batch_id, pk, {"id": f"batch_req_{pk}", "custom_id": custom_id, "response": None,
-                                   "error": {"code": "batch_expired",
-                                             "message": "This request could not be executed before the completion "
-                                                        "window expired."}}, True)
+    error = {"code": "batch_expired",
+             "message": "This request could not be executed before the completion window expired."}
+    record_lines(batch_id, [(pk, {"id": f"batch_req_{pk}", "custom_id": custom_id, "response": None, "error": error},
+                             True) for pk, _, custom_id, _ in pending_lines(batch_id, set(), 10 ** 9)])
 
 
 def _jsonl(batch_id: str, is_error: bool):

@@ -5,9 +5,10 @@ channel layer: jobs come in as `protocol` dicts, and every outgoing
 message goes through the `emit(reply_channel, message)` callable it was given.
 
 Each step: drop finished rows, let waiting sequences in (up to `max_num_seqs`),
-decode one token for every running sequence in one batched forward, publish one
-message per request, then prefill newcomers within a token budget and publish
-their first tokens at once (they decode with the batch from the next step).
+prefill interactive newcomers (publishing their first tokens), decode one token for
+every running sequence in one batched forward, publish one message per request, then
+prefill the other newcomers within the step's token budget and publish their first
+tokens at once (they decode with the batch from the next step).
 A transcription (workers.engine.transcription) advances by one audio window per step, embedding jobs
 (workers.engine.embedding) and pair scores (workers.engine.pair_scoring) by one batched forward per model per step.
 Which sequences run and the step's forwards are workers/engine/scheduler.py's; this
@@ -363,12 +364,18 @@ class Engine:
 
     # --- one step --------------------------------------------------------
     def _step(self) -> None:
-        """Decode the running batch and publish, then prefill newcomers and publish their first tokens.
+        """Let newcomers in and prefill the interactive ones, decode the running batch and publish, then
+        prefill the other newcomers and publish their first tokens.
 
         Newcomers' first tokens go out as soon as their prefill ends (time to first token is
-        the prefill, not prefill + a decode step); they join the batch from the next step.
+        the prefill, not prefill + a decode step). An interactive newcomer is prefilled before the
+        step's decode, so it waits for no decode step of a full box and joins the batch at once;
+        the others join it from the next step.
         """
         started = time.perf_counter()
+        self.scheduler.admit()
+        if self.scheduler.prefill(self.scheduler.decoding(), first=True):
+            self._publish_all()
         decoded = self.scheduler.decode()
         for request in list(self.requests.values()):
             if isinstance(request, Transcription):

@@ -13,7 +13,7 @@ slots for a team below it).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 PREFILL_WEIGHT = 1.0  # as in VTC: a generated token costs the box more than a prompt token
@@ -62,17 +62,24 @@ class FairQueue:
     def __bool__(self) -> bool:
         return any(True for _ in self)
 
-    def peek(self) -> Queued | None:
-        """The sequence that starts next: the first class with anyone waiting, its least-served team."""
+    def has_waiting(self, klass: str) -> bool:
+        """Whether any sequence of the class waits."""
+        return any(self._trim(line) for (k, _), line in self._queues.items() if k == klass)
+
+    def peek(self, held: Mapping[str, int] | None = None) -> Queued | None:
+        """The sequence that starts next: the first class with anyone waiting, its least-served team; on
+        equal counters (a team rejoins at the least active one), the team holding fewer rows (`held`, by
+        team), so a newcomer takes the slot a preemption freed for it, not the flooding team it tied with."""
+        held = held or {}
         for klass in CLASSES:
-            lines = [(self.counters.get(team, 0.0), team, line) for (k, team), line in self._queues.items()
-                     if k == klass and self._trim(line)]
+            lines = [(self.counters.get(team, 0.0), held.get(team, 0), team, line)
+                     for (k, team), line in self._queues.items() if k == klass and self._trim(line)]
             if lines:
-                return min(lines, key=lambda item: (item[0], item[1]))[2][0]
+                return min(lines, key=lambda item: item[:3])[3][0]
         return None
 
-    def pop(self) -> Queued | None:
-        seq = self.peek()
+    def pop(self, held: Mapping[str, int] | None = None) -> Queued | None:
+        seq = self.peek(held)
         if seq is not None:
             self._queues[(seq.priority_class, seq.team)].popleft()
         return seq

@@ -10,6 +10,7 @@ Plain Python + torch: the engine owns requests and publishing, this owns the bat
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import torch
 
@@ -28,21 +29,33 @@ class Scheduler:
         self.runners = runners  # by model key, shared with (and filled by) the model manager
         self.metrics = metrics
         self.max_num_seqs = config.max_num_seqs
+        limit = config.batch_rows_beside_interactive  # < 0: not fitted to a device (EngineConfig.fitted): no limit
+        self.batch_rows_beside_interactive = config.max_num_seqs if limit < 0 else min(limit, config.max_num_seqs)
         self.kv_budget_bytes = config.kv_budget_bytes
         self.waiting = FairQueue()  # by team and class: who starts next (workers/engine/fair_share.py)
         self.prefilling: list[Sequence] = []
         self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
+        self._budget_left: int | None = None  # prompt tokens left for this step after the first prefill
 
     def enqueue(self, sequences: list[Sequence]) -> None:
         """New sequences wait in their team's line."""
         self.waiting.extend(sequences, running=self.in_flight())
 
-    def decode(self) -> list[Sequence]:
-        """Drop finished rows, let waiting sequences in, and give every running sequence its next token."""
+    def admit(self) -> None:
+        """A step's start: drop finished rows, pause the rows waiting sequences are owed, let waiting
+        sequences in."""
         for runner in self.runners.values():
             runner.drop_finished()
         self._preempt()
         self._let_waiting_in()
+        self._budget_left = None
+
+    def decoding(self) -> bool:
+        """Whether rows will decode this step (streams wait on it)."""
+        return any(runner.running for runner in self.runners.values())
+
+    def decode(self) -> list[Sequence]:
+        """Give every running sequence its next token (after `admit`)."""
         decoded: list[Sequence] = []
         started = time.perf_counter()
         for runner in self.runners.values():
@@ -64,6 +77,11 @@ class Scheduler:
         decoding = [seq for runner in self.runners.values() for seq in runner.rows if not seq.finished]
         victims = [seq for seq in self.waiting.to_preempt([*self.prefilling, *decoding], self.max_num_seqs)
                    if seq in decoding]
+        if self._batch_limited():  # batch rows beyond the limit give way while interactive work is here
+            batch_rows = [seq for seq in decoding if seq.priority_class == "batch" and seq not in victims]
+            excess = len(batch_rows) - self.batch_rows_beside_interactive
+            if excess > 0:
+                victims.extend(batch_rows[-excess:])
         for name, runner in self.runners.items():
             mine = [seq for seq in victims if seq.request.model_name == name]
             runner.pause(mine)
@@ -79,11 +97,19 @@ class Scheduler:
         running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
         budget = self.kv_budget_bytes
         reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self.in_flight())
-        while running < self.max_num_seqs and (seq := self.waiting.peek()) is not None:
+        limited = self._batch_limited()
+        batch_held = sum(1 for seq in self.in_flight() if seq.priority_class == "batch") if limited else 0
+        held = Counter(seq.team for seq in self.in_flight())
+        while running < self.max_num_seqs and (seq := self.waiting.peek(held)) is not None:
+            if limited and seq.priority_class == "batch":
+                if batch_held >= self.batch_rows_beside_interactive:
+                    break  # batch work waits for interactive work to leave (interactive ones come first)
+                batch_held += 1
             needed = 0 if budget is None else self._kv_reservation(seq)
             if budget is not None and running and reserved + needed > budget:
                 break  # it waits for running sequences to finish (alone, it always runs)
-            self.waiting.pop()
+            self.waiting.pop(held)
+            held[seq.team] += 1
             if seq.paused:
                 seq.paused = False
                 self.runners[seq.request.model_name].join([seq])
@@ -97,27 +123,53 @@ class Scheduler:
     def in_flight(self) -> list[Sequence]:
         return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
 
+    def _batch_limited(self) -> bool:
+        """Whether batch work is held to `batch_rows_beside_interactive` now: interactive work runs or waits
+        and the limit is below the slots."""
+        if self.batch_rows_beside_interactive >= self.max_num_seqs:
+            return False
+        return self.waiting.has_waiting("interactive") or any(
+            seq.priority_class == "interactive" and not seq.finished for seq in self.in_flight())
+
+    def _prefills_now(self, seq: Sequence, first: bool, interactive_decoding: bool) -> bool:
+        """Which prompts this pass may prefill: interactive ones go before the step's decode (a newcomer's
+        first token waits for no decode step); batch ones never share a step with interactive rows'
+        decode while batch work is limited beside interactive work (a prefill stretches that step)."""
+        if seq.priority_class == "interactive":
+            return True
+        if first:
+            return False
+        return not (interactive_decoding and self.batch_rows_beside_interactive < self.max_num_seqs)
+
     def _kv_reservation(self, seq: Sequence) -> int:
         """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
         runner = self.runners.get(seq.request.model_name)
         return 0 if runner is None else (len(seq.prompt_ids) + seq.max_tokens) * runner.kv_bytes_per_token
 
-    def prefill(self, decoding: bool) -> bool:
+    def prefill(self, decoding: bool, first: bool = False) -> bool:
         """Spend this step's prompt-token budget (`decoding`: streams wait on this step's tokens);
         whether any prompt finished its prefill.
 
-        Short prompts are prefilled together in one padded forward; a long prompt
-        (or one whose every position must be scored) goes alone, in chunks.
+        Called twice a step: `first`, before the decode, for interactive prompts (what the pacer allows);
+        then after it, with what is left, for the rest. Short prompts are prefilled together in one
+        padded forward; a long prompt (or one whose every position must be scored) goes alone, in chunks.
         Choices of one prompt share its prefill.
         """
-        budget = self.pacer.budget(decoding)
+        budget = self.pacer.budget(decoding) if first or self._budget_left is None else self._budget_left
         began, planned = time.perf_counter(), budget
-        started = [s for s in self.prefilling if s.state is not None and not s.finished]
+        interactive_decoding = any(seq.priority_class == "interactive" and not seq.finished
+                                   for runner in self.runners.values() for seq in runner.rows)
+        allowed = [s for s in self.prefilling if self._prefills_now(s, first, interactive_decoding)]
+        started = [s for s in allowed if s.state is not None and not s.finished]
         fresh: list[Sequence] = []
-        for seq in self.prefilling:
+        for seq in allowed:
             if seq.state is None and not seq.finished and not any(
                     f.request is seq.request and f.prompt_index == seq.prompt_index for f in fresh):
                 fresh.append(seq)
+        if not started and not fresh:
+            if first:
+                self._budget_left = budget
+            return False
         done: list[tuple[Sequence, torch.Tensor]] = []
         for seq in started:  # a long prompt already under way continues first
             used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
@@ -143,6 +195,7 @@ class Scheduler:
         for name, sequences in together.items():
             done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
         self.pacer.prefilled(planned - budget, time.perf_counter() - began)
+        self._budget_left = max(0, budget) if first else None
         self._start_decoding(done)
         return bool(done)
 
