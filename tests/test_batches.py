@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from .conftest import TINY_MODEL
+from .conftest import ENCODER, TINY_MODEL
 from .live_server import LiveServer, base_env
 from .teams_setup import make_teams, manage
 
@@ -26,9 +26,10 @@ FINAL = ("completed", "failed", "cancelled", "expired")
 
 
 @pytest.fixture(scope="module")
-def batch_env(hf_cache, tmp_path_factory) -> tuple[dict, object]:
+def batch_env(embed_cache, tmp_path_factory) -> tuple[dict, object]:
+    """The text model and the embedding models in its cache."""
     work_dir = tmp_path_factory.mktemp("batch-server")
-    env = base_env(hf_cache, work_dir, INFERENCE_BATCH_POLL_SECONDS="0.3", INFERENCE_BATCH_LOST_AFTER="2",
+    env = base_env(embed_cache[0], work_dir, INFERENCE_BATCH_POLL_SECONDS="0.3", INFERENCE_BATCH_LOST_AFTER="2",
                    INFERENCE_BATCH_CONCURRENCY="2", INFERENCE_BATCH_FILE_MAX_BYTES=str(MAX_FILE_BYTES),
                    INFERENCE_WORKER_ACK_TIMEOUT="60")
     return env, work_dir
@@ -137,6 +138,24 @@ def test_completions_and_chat_batches_equal_the_model_and_the_direct_requests(li
     assert listed.data[0].id == chats.id and listed.has_more
     assert client.batches.list(limit=1, after=chats.id).data[0].id == completions.id
     assert {f.id for f in client.files.list()} >= {done.output_file_id, chat_done.output_file_id}
+
+
+def test_an_embeddings_batch_equals_the_direct_requests(live):
+    """OpenAI's Batch API takes /v1/embeddings lines too: the same vectors and usage as sent directly."""
+    client = sdk(live)
+    bodies = {"one": {"model": ENCODER, "input": "a short text"},
+              "many": {"model": ENCODER, "input": ["first text", "second, longer text"], "dimensions": 16},
+              "bad": {"model": ENCODER, "input": ""}}
+    batch = wait_final(client, submit(client, [line(k, "/v1/embeddings", b) for k, b in bodies.items()],
+                                      "/v1/embeddings").id)
+    assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+    for output in read_lines(client, batch.output_file_id):
+        body = output["response"]["body"]
+        direct = client.embeddings.create(**bodies[output["custom_id"]], encoding_format="float")
+        assert [d["embedding"] for d in body["data"]] == pytest.approx([d.embedding for d in direct.data], abs=1e-6)
+        assert body["usage"]["prompt_tokens"] == direct.usage.prompt_tokens > 0
+    [error] = read_lines(client, batch.error_file_id)
+    assert error["custom_id"] == "bad" and error["response"]["status_code"] == 400
 
 
 def test_a_cancelled_batch_stops_and_keeps_what_was_done(live):

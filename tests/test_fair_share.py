@@ -246,3 +246,17 @@ def test_batch_rows_beyond_the_limit_pause_while_interactive_work_runs(one_batch
     assert outbox.tokens(chat) == reference.greedy(reference.encode("Hello again"), 12, min_new_tokens=12)
     for prompt, reply in zip(batch_prompts, batch):  # paused rows resumed where they stopped
         assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 150, min_new_tokens=150)
+
+
+def test_batch_work_keeps_moving_beside_a_steady_interactive_stream(one_batch_row_box, reference):
+    """Held to one row beside interactive work, batch lines still start one after another (their prompts
+    prefill when no batch row decodes): they finish long before a long interactive answer does."""
+    engine, outbox = one_batch_row_box
+    chat = submit(engine, "Tell me everything", "product", 300, stream=True)
+    outbox.wait_tokens(chat)
+    batch = [submit(engine, f"Nightly line {i} says", "research", 8, "batch") for i in range(4)]
+    outbox.wait_all(batch)
+    assert not outbox.done(chat), "the batch lines waited for the interactive answer to end"
+    for reply, prompt in zip(batch, [f"Nightly line {i} says" for i in range(4)]):
+        assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 8, min_new_tokens=8)
+    outbox.wait_all([chat])

@@ -17,12 +17,13 @@ from teams.principal import Principal
 
 from ..chat import ChatCompletionsView
 from ..completions import CompletionsView
+from ..embeddings import EmbeddingsView
 from ..errors import exception_handler
 from ..response_views import ResponsesView
 
 logger = logging.getLogger(__name__)
 VIEWS = {"/v1/completions": CompletionsView, "/v1/chat/completions": ChatCompletionsView,
-         "/v1/responses": ResponsesView}
+         "/v1/responses": ResponsesView, "/v1/embeddings": EmbeddingsView}
 MAX_WAIT = 30.0  # seconds between tries, at most
 MAX_TRIES = 60  # a line refused this often (503s, rate limits) goes to the error file as it was last answered
 
@@ -44,7 +45,8 @@ async def answer(principal: Principal, url: str, body: dict) -> tuple[int, str, 
         return meters[-1]
 
     try:
-        job = await view.start(view.validated({**body, "stream": False}), meter_for, priority_class="batch")
+        whole = {**body, "stream": False} if "stream" in view.serializer_class._declared_fields else body
+        job = await view.start(view.validated(whole), meter_for, priority_class="batch")
         if job.early is not None:
             return 200, job.request_id, job.early
         return 200, job.request_id, await view.whole_body(job.serializer, job.request_id, job.model, job.stream)

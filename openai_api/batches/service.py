@@ -17,7 +17,7 @@ from ..errors import APIError
 from .files import ID, file_not_found, get_file, paginate, path_of
 from .models import Batch, BatchLine, StoredFile, new_id
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 WINDOWS = {"24h": timedelta(hours=24)}
 MAX_ERRORS = 100  # validation errors reported per batch (OpenAI lists a bounded number too)
 

@@ -35,8 +35,8 @@ class FileListSerializer(PageSerializer):
 
 class BatchCreateSerializer(serializers.Serializer):
     input_file_id = serializers.CharField(max_length=100, help_text="a file uploaded with `purpose: batch`")
-    endpoint = serializers.CharField(max_length=100, help_text="`/v1/completions`, `/v1/chat/completions` or "
-                                                               "`/v1/responses`: every line's `url`")
+    endpoint = serializers.CharField(max_length=100, help_text="`/v1/completions`, `/v1/chat/completions`, "
+                                                               "`/v1/responses` or `/v1/embeddings`: every line's `url`")
     completion_window = serializers.CharField(max_length=10, help_text="`24h`")
     metadata = serializers.DictField(child=serializers.CharField(max_length=512, allow_blank=True), required=False,
                                      allow_null=True, allow_empty=True,

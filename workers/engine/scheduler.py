@@ -131,15 +131,17 @@ class Scheduler:
         return self.waiting.has_waiting("interactive") or any(
             seq.priority_class == "interactive" and not seq.finished for seq in self.in_flight())
 
-    def _prefills_now(self, seq: Sequence, first: bool, interactive_decoding: bool) -> bool:
+    def _prefills_now(self, seq: Sequence, first: bool, interactive_decoding: bool, batch_decoding: bool) -> bool:
         """Which prompts this pass may prefill: interactive ones go before the step's decode (a newcomer's
-        first token waits for no decode step); batch ones never share a step with interactive rows'
-        decode while batch work is limited beside interactive work (a prefill stretches that step)."""
+        first token waits for no decode step); while batch work is limited beside interactive work, batch
+        ones share a step with interactive rows' decode (a prefill stretches that step) only when no batch
+        row decodes, so batch work never starves behind a steady stream of interactive work."""
         if seq.priority_class == "interactive":
             return True
         if first:
             return False
-        return not (interactive_decoding and self.batch_rows_beside_interactive < self.max_num_seqs)
+        limited = self.batch_rows_beside_interactive < self.max_num_seqs
+        return not (limited and interactive_decoding and batch_decoding)
 
     def _kv_reservation(self, seq: Sequence) -> int:
         """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
@@ -157,9 +159,10 @@ class Scheduler:
         """
         budget = self.pacer.budget(decoding) if first or self._budget_left is None else self._budget_left
         began, planned = time.perf_counter(), budget
-        interactive_decoding = any(seq.priority_class == "interactive" and not seq.finished
-                                   for runner in self.runners.values() for seq in runner.rows)
-        allowed = [s for s in self.prefilling if self._prefills_now(s, first, interactive_decoding)]
+        decoding_classes = {seq.priority_class for runner in self.runners.values() for seq in runner.rows
+                            if not seq.finished}
+        allowed = [s for s in self.prefilling if self._prefills_now(s, first, "interactive" in decoding_classes,
+                                                                    "batch" in decoding_classes)]
         started = [s for s in allowed if s.state is not None and not s.finished]
         fresh: list[Sequence] = []
         for seq in allowed:
