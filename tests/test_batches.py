@@ -152,7 +152,9 @@ def test_an_embeddings_batch_equals_the_direct_requests(live):
     for output in read_lines(client, batch.output_file_id):
         body = output["response"]["body"]
         direct = client.embeddings.create(**bodies[output["custom_id"]], encoding_format="float")
-        assert [d["embedding"] for d in body["data"]] == pytest.approx([d.embedding for d in direct.data], abs=1e-6)
+        assert len(body["data"]) == len(direct.data)
+        for batched, sent in zip(body["data"], direct.data):
+            assert batched["embedding"] == pytest.approx(sent.embedding, abs=1e-6)
         assert body["usage"]["prompt_tokens"] == direct.usage.prompt_tokens > 0
     [error] = read_lines(client, batch.error_file_id)
     assert error["custom_id"] == "bad" and error["response"]["status_code"] == 400
