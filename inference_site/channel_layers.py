@@ -36,6 +36,20 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
         except asyncio.QueueFull:
             raise ChannelFull(channel) from None
 
+    def receive_ready(self, channel: str) -> list[dict]:
+        """The channel's messages that have already arrived, without waiting (the web side joins a
+        stream's queued deltas into one event when it falls behind)."""
+        queue = self.channels.get(channel)
+        if queue is None:
+            return []
+        now, ready = time.time(), []
+        while not queue.empty():
+            expires, message = queue.get_nowait()
+            if expires >= now:
+                ready.append(message)
+        self.channels.pop(channel, None)
+        return ready
+
     def _clean_expired(self) -> None:
         now = time.monotonic()
         if now - self._last_clean >= CLEAN_INTERVAL_SECONDS:

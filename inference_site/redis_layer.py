@@ -147,6 +147,16 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
             if not inbox.messages and self._inboxes.get(channel) is inbox:
                 del self._inboxes[channel]
 
+    def receive_ready(self, channel: str) -> list[dict]:
+        """An own channel's messages already read from Redis, without waiting (the web side joins a
+        stream's queued deltas into one event when it falls behind)."""
+        inbox = self._inboxes.get(channel)
+        ready = []
+        while inbox is not None and inbox.messages:
+            ready.append(self._take(channel, inbox))
+            inbox = self._inboxes.get(channel)
+        return ready
+
     def _take(self, channel: str, inbox: _Inbox) -> dict:
         message = self._counted(channel, inbox.messages.popleft())
         if not inbox.messages and inbox.waiter is None:

@@ -87,6 +87,7 @@ class GenerationStream:
         self.produced = False  # an event reached the view: the job can no longer be sent again
         self.resubmits = 0
         self.claimed = False  # the response began reading it (whoever claims it cancels it at the end)
+        self._held: list[dict] = []  # messages read ahead of a joined delta, next in line
 
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
@@ -145,6 +146,7 @@ class GenerationStream:
             raise self.error from None
         logger.warning("the worker of %s went silent before its first token; sending it again", self.request_id)
         await send_cancel(self.layer, self.request_id)  # in case it was only cut off, not dead
+        self._held.clear()
         self.resubmits += 1
         self.request_id = f"{self.job['request_id'].split('~')[0]}~{self.resubmits}"
         self.reply_channel = await self.layer.new_channel("reply.")
@@ -153,6 +155,8 @@ class GenerationStream:
     async def _next(self) -> dict:
         """The next message that is not a keepalive; WorkerLost after a silence, worker_timeout
         after WORKER_EVENT_TIMEOUT of keepalives only (a worker alive but stuck)."""
+        if self._held:
+            return self._held.pop(0)
         config = web_config()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.worker_event_timeout
@@ -177,6 +181,7 @@ class GenerationStream:
                 await self._prepare_resubmit()
                 await self.open_or_resubmit()
                 continue
+            event = self._join_ready(event)
             kind = event.get("type")
             if kind == protocol.ERROR:
                 self.finished = True
@@ -188,6 +193,27 @@ class GenerationStream:
                 self.finished = True
             self.produced = True
             yield event
+
+    def _join_ready(self, event: dict) -> dict:
+        """`event` with the deltas (and the done) that already wait behind it on the reply channel
+        joined in: a stream whose reader fell behind gets one event, one SSE frame and one write for
+        them all, not one each (adaptive: a reader that keeps up joins nothing)."""
+        ready = getattr(self.layer, "receive_ready", None)
+        if event.get("type") != protocol.DELTA or ready is None:
+            return event
+        self._held.extend(m for m in ready(self.reply_channel) if m.get("type") != protocol.ALIVE)
+        if not self._held or not all(_joinable(m) for m in (event, self._held[0])):
+            return event
+        merged: dict[int, protocol.ChoiceDelta] = {}
+        for delta in event["choices"]:
+            merge_delta(merged, delta)
+        joined: dict = {"type": protocol.DELTA}
+        while self._held and _joinable(self._held[0]) and joined["type"] == protocol.DELTA:
+            message = self._held.pop(0)
+            for delta in message["choices"]:
+                merge_delta(merged, delta)
+            joined = {**message, "type": message["type"]}
+        return {**joined, "choices": [merged[index] for index in sorted(merged)]}
 
     async def collect(self) -> Collected:
         """Drain the stream into the non-streamed answer (the streamed one joined); cancels if cut short."""
@@ -211,6 +237,12 @@ class GenerationStream:
         if self.meter is not None:
             error = self.error
             await self.meter.finish(error.status if error else 200, error.code if error else "", cancelled)
+
+
+def _joinable(message: dict) -> bool:
+    """A delta or done of generated tokens (not a transcription's words, an embedding or a score)."""
+    return message.get("type") in (protocol.DELTA, protocol.DONE) and not any(
+        key in delta for delta in message["choices"] for key in ("words", "embedding", "score"))
 
 
 def merge_delta(merged: dict[int, protocol.ChoiceDelta], delta: protocol.ChoiceDelta) -> None:
