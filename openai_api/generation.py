@@ -207,13 +207,12 @@ class GenerationStream:
         merged: dict[int, protocol.ChoiceDelta] = {}
         for delta in event["choices"]:
             merge_delta(merged, delta)
-        joined: dict = {"type": protocol.DELTA}
-        while self._held and _joinable(self._held[0]) and joined["type"] == protocol.DELTA:
-            message = self._held.pop(0)
-            for delta in message["choices"]:
+        last: dict = event
+        while self._held and _joinable(self._held[0]) and last["type"] == protocol.DELTA:  # up to a done
+            last = self._held.pop(0)
+            for delta in last["choices"]:
                 merge_delta(merged, delta)
-            joined = {**message, "type": message["type"]}
-        return {**joined, "choices": [merged[index] for index in sorted(merged)]}
+        return {**last, "choices": [merged[index] for index in sorted(merged)]}
 
     async def collect(self) -> Collected:
         """Drain the stream into the non-streamed answer (the streamed one joined); cancels if cut short."""
