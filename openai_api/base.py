@@ -188,7 +188,8 @@ class GenerationView(OpenAIView):
         return None
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream) -> HttpResponseBase:
-        raise NotImplementedError
+        """The answer: its whole body (endpoints that stream override this)."""
+        return Response(await self.whole_body(serializer, request_id, model, stream))
 
     async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
         """The non-streamed answer's body (a `stream: false` response, a batch line's `response.body`)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import struct
 
-from rest_framework.response import Response
 
 from .base import GenerationView
 from .errors import APIError
@@ -27,9 +26,6 @@ def encode_vector(vector: list[float], encoding_format: str) -> list[float] | st
 class EmbeddingsView(GenerationView):
     serializer_class = EmbeddingRequestSerializer
     id_prefix = "embd"
-
-    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
-        return Response(await self.whole_body(serializer, request_id, model, stream))
 
     async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
         answer = await stream.collect()

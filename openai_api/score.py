@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-from rest_framework.response import Response
 
 from .base import GenerationView
 from .errors import APIError
@@ -32,9 +31,6 @@ class ScoreView(GenerationView):
     serializer_class = ScoreRequestSerializer
     id_prefix = "score"
 
-    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
-        return Response(await self.whole_body(serializer, request_id, model, stream))
-
     async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
         answer = await stream.collect()
         values = scores(answer, len(serializer.validated_data["pairs"]))
@@ -53,9 +49,6 @@ class RerankView(GenerationView):
 
     serializer_class = RerankRequestSerializer
     id_prefix = "rerank"
-
-    async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
-        return Response(await self.whole_body(serializer, request_id, model, stream))
 
     async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
         data = serializer.validated_data

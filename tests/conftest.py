@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from workers.tiny.builders import build_tiny_model
 
 from .live_server import LiveServer, base_env
+from .services import RedisServer, require_binary
 
 TINY_MODEL = "local/tiny-llama"
 
@@ -170,3 +171,12 @@ def media_server(media_cache, tmp_path_factory):
 @pytest.fixture(scope="session")
 def media_client(media_server) -> OpenAI:
     return OpenAI(base_url=f"{media_server.base_url}/v1", api_key=media_server.key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A private redis-server for one test module (the scale-out layer's tests)."""
+    require_binary("redis-server")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()

@@ -13,16 +13,6 @@ from inference_site.redis_layer import BatchingRedisChannelLayer
 from openai_api.errors import APIError
 from openai_api.generation import GenerationStream
 
-from .services import RedisServer, require_binary
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    require_binary("redis-server")
-    server = RedisServer(tmp_path_factory.mktemp("joined-deltas"))
-    yield server
-    server.stop()
-
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.scale_out)])
 def layers(request):

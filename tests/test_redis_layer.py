@@ -9,17 +9,9 @@ from redis import exceptions as redis_exceptions
 
 from inference_site.redis_layer import BatchingRedisChannelLayer
 
-from .services import RedisServer, require_binary
+from .services import RedisServer
 
 pytestmark = pytest.mark.scale_out
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    require_binary("redis-server")
-    server = RedisServer(tmp_path_factory.mktemp("redis-layer"))
-    yield server
-    server.stop()
 
 
 def layer_for(server: RedisServer, **config) -> BatchingRedisChannelLayer:

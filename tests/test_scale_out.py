@@ -8,16 +8,9 @@ from openai import AsyncOpenAI
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
-from .services import PostgresServer, RedisServer
+from .services import PostgresServer
 
 pytestmark = pytest.mark.scale_out
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
