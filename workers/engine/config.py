@@ -44,7 +44,7 @@ class EngineConfig:
     max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/supervision.py)
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
     embedding_batch: int = 32  # embedding inputs per batched forward, one forward per engine step
-    stream_interval: int = 1  # decode steps between a stream's messages (1: every token as it comes)
+    stream_interval: int = 1  # new tokens a stream gathers before its next message (1: every token as it comes)
     templates: TemplateSettings = field(default_factory=TemplateSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
 

@@ -392,14 +392,14 @@ class Engine:
                 logger.exception("embedding forward failed")
                 for request in embeddings:
                     self._fail(request)
-        self._publish_all(decoded_step=True)
+        self._publish_all()
         if self.scheduler.prefill(bool(decoded)):
             self._publish_all()
         self.metrics.step_took(time.perf_counter() - started)
 
-    def _publish_all(self, decoded_step: bool = False) -> None:
+    def _publish_all(self) -> None:
         for request in list(self.requests.values()):
-            self._publish(request, decoded_step)
+            self._publish(request)
 
     def _fail(self, request: GenerationJob) -> None:
         self.requests.pop(request.request_id, None)
@@ -409,13 +409,13 @@ class Engine:
         self.metrics.forget(request)
         self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
 
-    def _publish(self, request: GenerationJob, decoded_step: bool = False) -> None:
+    def _publish(self, request: GenerationJob) -> None:
         """A message per request when it has something due: its first token at once, then (streamed) its
-        new deltas every `stream_interval` decode steps, and everything with the usage when it is done."""
+        new deltas every `stream_interval` tokens, and everything with the usage when it is done."""
         if request.request_id not in self.requests:
             return
         failpoints.hit("engine.publish")
-        if request.answered and not request.finished and not request.due(decoded_step, self.config.stream_interval):
+        if request.answered and not request.finished and not request.due(self.config.stream_interval):
             return  # held: its deltas pile up in the sequences meanwhile (a non-streamed answer until the end)
         deltas = request.take_deltas()
         if request.finished:

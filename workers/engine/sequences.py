@@ -212,7 +212,6 @@ class GenerationJob:
         self.share: float = float(team.get("share", 1.0))
         self.priority_class: str = params.priority_class
         self.answered = False  # something was published
-        self.held_steps = 0  # decode steps since the last message (streamed answers go out every stream_interval)
         if model.kind == "speech":
             raise JobError(400, f"The model `{model.model_id}` turns speech into text: send its audio to "
                            "/v1/audio/transcriptions.", "model", "unsupported_model")
@@ -375,16 +374,13 @@ class GenerationJob:
         return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),
                 "completion_tokens": sum(len(seq.completion_ids) for seq in self.sequences)}
 
-    def due(self, decoded_step: bool, stream_interval: int) -> bool:
-        """Whether an answered, unfinished job's new deltas go out now: a streamed one's every
-        `stream_interval` decode steps (SGLang's and vLLM's `--stream-interval`), a non-streamed one's never."""
+    def due(self, stream_interval: int) -> bool:
+        """Whether an answered, unfinished job's new deltas go out now: a streamed one's as they come, or
+        once a choice holds `stream_interval` new tokens (SGLang's and vLLM's `--stream-interval`); a
+        non-streamed one's never."""
         if not self.streamed:
             return False
-        self.held_steps += decoded_step
-        if self.held_steps < stream_interval:
-            return False
-        self.held_steps = 0
-        return True
+        return stream_interval <= 1 or any(len(seq.pending_ids) >= stream_interval for seq in self.sequences)
 
     def take_deltas(self) -> list[ChoiceDelta]:
         return [delta for seq in self.sequences if (delta := seq.take_delta()) is not None]
