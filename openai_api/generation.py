@@ -28,6 +28,7 @@ from .errors import APIError
 
 logger = logging.getLogger(__name__)
 HANDOFF_SECONDS = 5.0  # a stream the view handed on must be taken up by then, else its client is gone
+JOIN_AT_MOST = 8  # messages joined into one event: a stream read late still moves in steps, not all at once
 
 
 async def receive_within(layer, channel: str, timeout: float) -> dict:
@@ -196,8 +197,8 @@ class GenerationStream:
 
     def _join_ready(self, event: dict) -> dict:
         """`event` with the deltas (and the done) that already wait behind it on the reply channel
-        joined in: a stream whose reader fell behind gets one event, one SSE frame and one write for
-        them all, not one each (adaptive: a reader that keeps up joins nothing)."""
+        joined in (up to JOIN_AT_MOST messages): a stream whose reader fell behind gets one event, one SSE
+        frame and one write for them, not one each (adaptive: a reader that keeps up joins nothing)."""
         ready = getattr(self.layer, "receive_ready", None)
         if event.get("type") != protocol.DELTA or ready is None:
             return event
@@ -208,7 +209,9 @@ class GenerationStream:
         for delta in event["choices"]:
             merge_delta(merged, delta)
         last: dict = event
-        while self._held and _joinable(self._held[0]) and last["type"] == protocol.DELTA:  # up to a done
+        for _ in range(JOIN_AT_MOST - 1):
+            if not self._held or not _joinable(self._held[0]) or last["type"] != protocol.DELTA:  # up to a done
+                break
             last = self._held.pop(0)
             for delta in last["choices"]:
                 merge_delta(merged, delta)

@@ -11,7 +11,7 @@ import protocol
 from inference_site.channel_layers import HandoverInMemoryChannelLayer
 from inference_site.redis_layer import BatchingRedisChannelLayer
 from openai_api.errors import APIError
-from openai_api.generation import GenerationStream
+from openai_api.generation import JOIN_AT_MOST, GenerationStream
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.scale_out)])
@@ -49,7 +49,8 @@ def test_deltas_waiting_behind_one_are_joined_into_it_and_a_done_ends_the_join(l
         for n in range(5):
             await sender.send(reply, protocol.delta_message([token(n)]))
             await sender.send(reply, protocol.alive_message())
-        await sender.send(reply, protocol.done_message([token(5, "length")], {"prompt_tokens": 1, "completion_tokens": 6}))
+        usage = {"prompt_tokens": 1, "completion_tokens": 6}
+        await sender.send(reply, protocol.done_message([token(5, "length")], usage))
         events = [event async for event in stream.events()]
         await close(sender, receiver)
         return events
@@ -72,7 +73,8 @@ def test_a_reader_that_keeps_up_gets_every_delta_alone_and_an_error_after_deltas
             alone.append(await anext(events))
         for n in range(3, 5):
             await sender.send(reply, protocol.delta_message([token(n)]))
-        await sender.send(reply, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
+        failed = protocol.error_message(500, "Generation failed on the worker.", None, "internal_error")
+        await sender.send(reply, failed)
         rest = []
         with pytest.raises(APIError) as failed:
             while True:
@@ -85,3 +87,20 @@ def test_a_reader_that_keeps_up_gets_every_delta_alone_and_an_error_after_deltas
     assert [t for e in rest for t in e["choices"][0]["token_ids"]] == [3, 4]  # joined where read together
     assert all(e["type"] == protocol.DELTA for e in rest)
     assert error.status == 500 and error.code == "internal_error"
+
+
+def test_a_long_backlog_is_joined_in_steps_of_at_most_join_at_most_messages():
+    """A stream read very late still moves in steps (the page shows it streaming), each of up to 8 messages."""
+    async def run():
+        layer = HandoverInMemoryChannelLayer()
+        stream, reply = await stream_of(layer, layer)
+        for n in range(20):
+            await layer.send(reply, protocol.delta_message([token(n)]))
+        usage = {"prompt_tokens": 1, "completion_tokens": 21}
+        await layer.send(reply, protocol.done_message([token(20, "length")], usage))
+        return [event async for event in stream.events()]
+
+    events = asyncio.run(run())
+    assert [len(e["choices"][0]["token_ids"]) for e in events] == [JOIN_AT_MOST, JOIN_AT_MOST, 21 - 2 * JOIN_AT_MOST]
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == list(range(21))
+    assert [e["type"] for e in events] == [protocol.DELTA, protocol.DELTA, protocol.DONE]
