@@ -73,8 +73,8 @@ def test_a_reader_that_keeps_up_gets_every_delta_alone_and_an_error_after_deltas
             alone.append(await anext(events))
         for n in range(3, 5):
             await sender.send(reply, protocol.delta_message([token(n)]))
-        failed = protocol.error_message(500, "Generation failed on the worker.", None, "internal_error")
-        await sender.send(reply, failed)
+        worker_error = protocol.error_message(500, "Generation failed on the worker.", None, "internal_error")
+        await sender.send(reply, worker_error)
         rest = []
         with pytest.raises(APIError) as failed:
             while True:
