@@ -234,8 +234,8 @@ INFERENCE = {
     # Worker death: a worker says "alive" on a job's reply channel after this long without a message;
     # a reply channel silent for WORKER_SILENCE_TIMEOUT means its worker died. A job that had produced
     # no token yet is then sent again (at most JOB_RESUBMITS times), else it ends with a 503.
-    "WORKER_KEEPALIVE_SECONDS": env_float("INFERENCE_WORKER_KEEPALIVE_SECONDS", 1.0),
-    "WORKER_SILENCE_TIMEOUT": env_float("INFERENCE_WORKER_SILENCE_TIMEOUT", 3.0),
+    "WORKER_KEEPALIVE_SECONDS": env_float("INFERENCE_WORKER_KEEPALIVE_SECONDS", 0.5),
+    "WORKER_SILENCE_TIMEOUT": env_float("INFERENCE_WORKER_SILENCE_TIMEOUT", 2.0),
     "JOB_RESUBMITS": env_int("INFERENCE_JOB_RESUBMITS", 2),
     # A stream whose first chunk is not ready yet (queued behind running sequences, sent again after
     # its worker died) gets an SSE comment this often, so its client and any proxy see it alive.

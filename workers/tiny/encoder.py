@@ -20,6 +20,12 @@ from workers.tiny.builders import PAD, SIZES, _install_into_cache, _resolve_cach
 
 HIDDEN = 64
 MAX_SEQ_LENGTH = 128
+# The encoder's shapes: the tests' tiny one, and all-MiniLM-L6-v2's (the most used sentence-transformers
+# model) for benchmarks, where a forward must cost what a real one does.
+ENCODER_SHAPES = {
+    "tiny": {"hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
+}
 
 
 def sentence_transformers_files(out: Path, dimension: int, pooling: str = "mean_tokens",
@@ -42,15 +48,18 @@ def sentence_transformers_files(out: Path, dimension: int, pooling: str = "mean_
         {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
 
 
-def build_tiny_encoder(repo_id: str, cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """A random BERT encoder with mean pooling and normalisation, stored as ``repo_id``; returns the snapshot."""
+def build_tiny_encoder(repo_id: str, cache_dir: str | os.PathLike | None = None, seed: int = 0,
+                       shape: str = "tiny") -> Path:
+    """A random BERT encoder with mean pooling and normalisation, stored as ``repo_id``; returns the snapshot.
+
+    `shape`: one of ENCODER_SHAPES (the tests' tiny one, or MiniLM-L6's for benchmarks)."""
     import torch
     from transformers import BertConfig, BertModel
 
     tokenizer = train_tokenizer(SIZES["tiny"]["vocab_target"], MAX_SEQ_LENGTH)
+    dims = ENCODER_SHAPES[shape]
     config = BertConfig(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=MAX_SEQ_LENGTH, initializer_range=0.2,
+        vocab_size=len(tokenizer), **dims, max_position_embeddings=MAX_SEQ_LENGTH, initializer_range=0.2,
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD), is_matryoshka=True,
     )
     with torch.random.fork_rng(devices=[]):  # seed locally, leave the caller's RNG alone
@@ -61,7 +70,7 @@ def build_tiny_encoder(repo_id: str, cache_dir: str | os.PathLike | None = None,
         out = Path(tmp)
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        sentence_transformers_files(out, HIDDEN)
+        sentence_transformers_files(out, dims["hidden_size"])
         return _install_into_cache(out, cache, repo_id)
 
 
