@@ -26,6 +26,9 @@ from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
 from workers.engine.pooling import Pooling, pool
 
+LENGTH_WINDOW = 4  # a forward picks its rows by length among this many batches' worth of the oldest inputs
+
+
 def is_embedding_prompt(prompt) -> bool:
     return isinstance(prompt, dict) and "embed" in prompt
 
@@ -45,7 +48,7 @@ class PooledJob:
         self.streamed, self.answered = False, False  # one answer, at the end
         self.inputs: list[list[int]] = []
         self.results: list[ChoiceDelta | None] = []  # one per input (an embedding) or per pair (a score)
-        self.taken = 0  # inputs handed to a forward so far
+        self._left: list[int] | None = None  # inputs not handed to a forward yet (all, until the first)
         self.delivered = False
 
     def row(self, index: int) -> dict[str, list[int]]:
@@ -56,10 +59,12 @@ class PooledJob:
     def finished(self) -> bool:
         return all(result is not None for result in self.results)
 
-    def take(self, count: int) -> list[tuple[PooledJob, int]]:
-        start = self.taken
-        self.taken = min(len(self.inputs), start + count)
-        return [(self, index) for index in range(start, self.taken)]
+    @property
+    def left(self) -> list[int]:
+        """The inputs not handed to a forward yet, by index."""
+        if self._left is None:
+            self._left = list(range(len(self.inputs)))
+        return self._left
 
     def deliver(self, index: int, output: torch.Tensor) -> None:
         raise NotImplementedError
@@ -131,18 +136,26 @@ class EmbeddingJob(PooledJob):
 
 
 def advance_embeddings(jobs: list[PooledJob], batch: int) -> None:
-    """One batched forward per model over up to `batch` inputs still pending, oldest job first: pooled vectors
-    of an embedding model, logits of a cross-encoder (workers.engine.pair_scoring)."""
+    """One batched forward per model over up to `batch` inputs still pending: pooled vectors of an embedding
+    model, logits of a cross-encoder (workers.engine.pair_scoring).
+
+    The rows are the longest of the oldest LENGTH_WINDOW batches' worth of pending inputs (oldest jobs
+    first), so a forward's rows are of similar lengths and pad little, as sentence-transformers' `encode`
+    sorts its inputs, while no input waits behind more than a few newer batches."""
     by_model: dict[int, list[PooledJob]] = {}
     for job in jobs:
-        if job.taken < len(job.inputs):
+        if job.left:
             by_model.setdefault(id(job.model), []).append(job)
     for model_jobs in by_model.values():
-        rows: list[tuple[PooledJob, int]] = []
+        window: list[tuple[PooledJob, int]] = []
         for job in sorted(model_jobs, key=lambda j: j.arrived):
-            rows += job.take(batch - len(rows))
-            if len(rows) >= batch:
+            window += [(job, index) for index in job.left[: LENGTH_WINDOW * batch - len(window)]]
+            if len(window) >= LENGTH_WINDOW * batch:
                 break
+        window.sort(key=lambda row: -len(row[0].inputs[row[1]]))  # stable: equal lengths keep their age
+        rows = window[:batch]
+        for job, index in rows:
+            job.left.remove(index)
         loaded = model_jobs[0].model
         inputs = padded(loaded, [job.row(index) for job, index in rows])
         outputs = classify_rows(loaded, inputs) if loaded.kind == "cross_encoder" else embed_rows(loaded, inputs)
