@@ -110,7 +110,10 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
                 error = APIError(500, "The server had an error processing your request.", code="internal_error")
             yield sse_frame(error_body(error.status, error.message, error.param, error.code, error.error_type))
         finally:
-            await stream.cancel()
+            try:
+                await stream.cancel()
+            except Exception:  # settling failed (logged): the client still gets the end of its stream
+                logger.exception("settling the stream of %s failed", stream.request_id)
         yield sse_frame("[DONE]")
 
     response = StreamingHttpResponse(body(), content_type="text/event-stream")

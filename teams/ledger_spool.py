@@ -67,10 +67,15 @@ class Spool:
                 self._close(segment)
 
     def _open(self) -> Segment:
-        path = self.directory / f"usage-{os.getpid()}-{time.time_ns()}.jsonl"
-        file = open(path, "a", encoding="utf-8")
-        os.chmod(path, 0o600)
+        """A new segment, locked before it takes a name `claim_abandoned` looks for: created under a
+        hidden name, locked, then renamed (the lock stays with the open file). Created, then locked
+        under its own name, an empty segment could be claimed and deleted by a replay in between."""
+        name = f"usage-{os.getpid()}-{time.time_ns()}.jsonl"
+        staging = self.directory / f".{name}.new"
+        file = os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
         fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        path = self.directory / name
+        os.rename(staging, path)
         return Segment(path, file)
 
     def _close(self, segment: Segment) -> None:
