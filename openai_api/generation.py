@@ -71,9 +71,10 @@ class GenerationStream:
     """Events of one job, read from its reply channel; `cancel()` stops the job on its worker.
 
     Workers keep a job's reply channel from going silent, so silence means the worker died.
-    A job that had produced nothing yet is then sent again (marked routed: whichever live
-    worker takes it runs it) under a fresh request id and reply channel; one that had ends
-    with a 503 `worker_lost`. Either way no client waits more than a few seconds on a dead worker.
+    A job that had produced nothing yet is then sent again under a fresh request id and reply
+    channel, routed like a new job (a worker that reads it passes it to a live holder of its model,
+    so a worker just restarted does not load a copy for it; a holder that died since the last
+    heartbeat costs one ROUTE_ACK_TIMEOUT); one that had ends with a 503 `worker_lost`. Either way no client waits more than a few seconds on a dead worker.
     """
 
     def __init__(self, layer, job: protocol.SubmitMessage) -> None:
@@ -151,7 +152,7 @@ class GenerationStream:
         self.resubmits += 1
         self.request_id = f"{self.job['request_id'].split('~')[0]}~{self.resubmits}"
         self.reply_channel = await self.layer.new_channel("reply.")
-        self.job = {**self.job, "request_id": self.request_id, "reply_channel": self.reply_channel, "routed": True}
+        self.job = {**self.job, "request_id": self.request_id, "reply_channel": self.reply_channel}
 
     async def _next(self) -> dict:
         """The next message that is not a keepalive; WorkerLost after a silence, worker_timeout
