@@ -97,9 +97,8 @@ def build_tiny_cross_encoder(repo_id: str, cache_dir: str | os.PathLike | None =
 
     tokenizer = pair_tokenizer(train_tokenizer(SIZES["tiny"]["vocab_target"], MAX_SEQ_LENGTH))
     config = BertConfig(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=MAX_SEQ_LENGTH, initializer_range=0.2,
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD), num_labels=1,
+        vocab_size=len(tokenizer), **ENCODER_SHAPES["tiny"], max_position_embeddings=MAX_SEQ_LENGTH,
+        initializer_range=0.2, pad_token_id=tokenizer.convert_tokens_to_ids(PAD), num_labels=1,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
