@@ -81,10 +81,10 @@ def ledger_rows(live, team: str) -> list[dict]:
             "select u.* from teams_usagerecord u join teams_team t on t.id = u.team_id where t.name = ?", (team,))]
 
 
-def wait_for_rows(live, team: str, count: int, timeout: float = 20.0) -> list[dict]:
-    """At least `count` ledger rows of the team (the ledger writes in batches)."""
+def wait_for_rows(live, team: str, count: int, timeout: float = 20.0, keep=None) -> list[dict]:
+    """At least `count` ledger rows of the team (the ledger writes in batches); `keep`: only rows it passes."""
     deadline = time.monotonic() + timeout
-    while len(rows := ledger_rows(live, team)) < count:
+    while len(rows := [row for row in ledger_rows(live, team) if keep is None or keep(row)]) < count:
         assert time.monotonic() < deadline, f"ledger of {team} has {len(rows)} rows, expected {count}"
         time.sleep(0.2)
     return rows

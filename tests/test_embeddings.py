@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import base64
-import sqlite3
 import struct
-import time
 
 import httpx
 import numpy as np
@@ -16,7 +14,7 @@ from workers.tiny.encoder import HIDDEN
 
 from .conftest import CAUSAL_EMBEDDER, ENCODER, TINY_MODEL, snapshot_of
 from .live_server import LiveServer, base_env
-from .teams_setup import fresh_minute, make_teams
+from .teams_setup import fresh_minute, make_teams, wait_for_rows
 
 TEXTS = ["Once upon a time", "the quick brown fox jumps over the lazy dog", "a", "Hello, world! " * 5]
 
@@ -132,15 +130,8 @@ def test_embeddings_count_against_the_teams_requests_and_tokens(live):
     used = [team.embeddings.create(model=ENCODER, input=TEXTS[:2]).usage.prompt_tokens for _ in range(3)]
     with pytest.raises(openai.RateLimitError):
         team.embeddings.create(model=ENCODER, input="one more")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
-            rows = db.execute("select u.endpoint, u.prompt_tokens, u.completion_tokens from teams_usagerecord u "
-                              "join teams_team t on t.id = u.team_id where t.name = 'embedders' "
-                              "and u.prompt_tokens > 0").fetchall()
-        if len(rows) >= 3:
-            break
-        time.sleep(0.2)
+    served = wait_for_rows(live, "embedders", 3, keep=lambda row: row["prompt_tokens"] > 0)
+    rows = [(row["endpoint"], row["prompt_tokens"], row["completion_tokens"]) for row in served]
     assert sorted(rows) == sorted(("/v1/embeddings", tokens, 0) for tokens in used)
 
 

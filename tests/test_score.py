@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import sqlite3
-import time
 
 import httpx
 import numpy as np
@@ -15,7 +13,7 @@ from openai import OpenAI
 
 from .conftest import CROSS_ENCODER, ENCODER, TINY_MODEL, snapshot_of
 from .live_server import LiveServer, base_env
-from .teams_setup import fresh_minute, make_teams
+from .teams_setup import fresh_minute, make_teams, wait_for_rows
 
 QUERIES = ["a dog in the park", "what is the capital of France?"]
 DOCUMENTS = ["the cat sat on the mat", "a dog runs in the park", "stock prices fell sharply today", "dogs",
@@ -198,13 +196,6 @@ def test_scores_count_against_the_teams_requests_and_tokens(live):
     assert used[0][1] == used[1][1]  # the same pairs: the same tokens
     limited = post(live, "/v1/score", body, live.secrets["scorer"])
     assert limited.status_code == 429 and limited.json()["error"]["type"] == "requests", limited.text
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
-            rows = db.execute("select u.endpoint, u.prompt_tokens, u.completion_tokens from teams_usagerecord u "
-                              "join teams_team t on t.id = u.team_id where t.name = 'scorers' "
-                              "and u.prompt_tokens > 0").fetchall()
-        if len(rows) >= 2:
-            break
-        time.sleep(0.2)
+    served = wait_for_rows(live, "scorers", 2, keep=lambda row: row["prompt_tokens"] > 0)
+    rows = [(row["endpoint"], row["prompt_tokens"], row["completion_tokens"]) for row in served]
     assert sorted(rows) == sorted(used)
