@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,20 @@ def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+@contextmanager
+def engine_running(hf_cache: Path, emit: Callable[[str, dict], None], config) -> Iterator:
+    """A real engine (workers.engine.engine.Engine) over the tests' cache, emitting to `emit`, stopped after."""
+    from huggingface_hub import constants
+
+    from workers.engine.engine import Engine
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        engine = Engine(emit, config)
+        engine.start()
+        try:
+            yield engine
+        finally:
+            engine.stop()

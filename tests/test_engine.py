@@ -6,13 +6,12 @@ import time
 import uuid
 
 import pytest
-from huggingface_hub import constants
 
 import protocol
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, engine_running
 
 
 class Outbox:
@@ -35,13 +34,9 @@ class Outbox:
 
 @pytest.fixture(scope="module")
 def engine(hf_cache):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=8))
-        engine.start()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=8)) as engine:
         yield engine, outbox
-        engine.stop()
 
 
 def submit(engine: Engine, prompt: str, **params) -> tuple[str, str]:
@@ -123,18 +118,12 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_groups_of_that_man
     default_engine, default_outbox = engine
     _, reply = submit(default_engine, "Once upon a time", max_tokens=10, ignore_eos=True)
     every_token = default_outbox.wait_for(reply, finished)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        grouped = Engine(outbox.emit, EngineConfig(max_num_seqs=8, stream_interval=4))
-        grouped.start()
-        try:
-            _, reply = submit(grouped, "Once upon a time", max_tokens=10, ignore_eos=True)
-            messages = outbox.wait_for(reply, finished)
-            _, whole_reply = submit(grouped, "Once upon a time", max_tokens=10, ignore_eos=True, stream=False)
-            whole = outbox.wait_for(whole_reply, finished)
-        finally:
-            grouped.stop()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=8, stream_interval=4)) as grouped:
+        _, reply = submit(grouped, "Once upon a time", max_tokens=10, ignore_eos=True)
+        messages = outbox.wait_for(reply, finished)
+        _, whole_reply = submit(grouped, "Once upon a time", max_tokens=10, ignore_eos=True, stream=False)
+        whole = outbox.wait_for(whole_reply, finished)
     assert token_counts(every_token) == [1] * 10
     assert token_counts(messages) == [1, 4, 4, 1]
     assert texts(messages) == texts(every_token) == texts(whole)

@@ -13,14 +13,13 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
-from huggingface_hub import constants
 
 import protocol
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.fair_share import FairQueue
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, engine_running
 
 
 @dataclass
@@ -134,13 +133,9 @@ class Outbox:
 @pytest.fixture(scope="module")
 def small_box(hf_cache):
     """An engine with 4 slots: a flood of one team fills it."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=4))
-        engine.start()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=4)) as engine:
         yield engine, outbox
-        engine.stop()
 
 
 def submit(engine: Engine, prompt: str, team: str, max_tokens: int, priority_class: str = "interactive",
@@ -221,13 +216,9 @@ def _wait_for(sent: dict, timeout: float = 60.0) -> str:
 @pytest.fixture(scope="module")
 def one_batch_row_box(hf_cache):
     """4 slots, and batch work holds at most one row while interactive work is here."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=4, batch_rows_beside_interactive=1))
-        engine.start()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=4, batch_rows_beside_interactive=1)) as engine:
         yield engine, outbox
-        engine.stop()
 
 
 def test_batch_rows_beyond_the_limit_pause_while_interactive_work_runs(one_batch_row_box, reference):
