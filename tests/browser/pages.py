@@ -59,6 +59,14 @@ def wait_for_answer(page) -> None:
     page.wait_for_selector(".message.assistant.streaming", state="detached", timeout=DONE_TIMEOUT_MS)
 
 
+def stop_answer(page) -> None:
+    """Press Stop if the answer still streams, then wait until the page is idle.
+
+    The answer may end between a check and the click, so Stop is pressed in the page in one step."""
+    page.evaluate("() => { const stop = document.getElementById('stop'); if (!stop.hidden) stop.click(); }")
+    wait_for_answer(page)
+
+
 def conversation_id(page) -> int:
     return int(page.evaluate("() => new URLSearchParams(location.search).get('c')"))
 

@@ -18,6 +18,7 @@ from .pages import (
     chat_settings,
     conversation_id,
     send_message,
+    stop_answer,
     store_conversation,
     stored_conversation,
     wait_for_answer,
@@ -111,9 +112,7 @@ def test_the_list_follows_the_answer_only_while_the_reader_is_at_the_bottom(page
     assert page.locator(STREAMING_BODY).count() == 1, "the answer ended before the test could watch it grow"
     page.wait_for_timeout(100)  # a frame or more: a snap back would have happened
     assert abs(page.evaluate(f"() => {messages}.scrollTop") - top) < 2
-    if page.is_visible("#stop"):  # the answer may have ended meanwhile on a fast machine
-        page.click("#stop")
-    wait_for_answer(page)
+    stop_answer(page)  # the answer may have ended meanwhile on a fast machine
 
 
 def test_a_selection_in_the_answer_survives_while_it_streams(page_of, web_server):
@@ -136,8 +135,7 @@ def test_a_selection_in_the_answer_survives_while_it_streams(page_of, web_server
     wait_for_growth(page, streamed_length(page), by=60)
     assert page.locator(STREAMING_BODY).count() == 1, "the answer ended before the test could watch it grow"
     assert page.evaluate("() => getSelection().toString().trim()") == first
-    page.click("#stop")
-    wait_for_answer(page)
+    stop_answer(page)
 
 
 def test_only_the_finished_answer_is_announced(page_of, web_server):
