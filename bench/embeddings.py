@@ -1,6 +1,6 @@
 """`python -m bench.run --scenario embeddings`: 1,000 short texts embedded through the server vs. in-process.
 
-Ours: the OpenAI SDK's `client.embeddings.create(input=[...])`, `--batch-size` texts per request,
+Ours: the OpenAI SDK's `client.embeddings.create(input=[...])`, `--per-request` texts per request,
 `--concurrency` requests in flight, through HTTP, the channel layer and the worker's batched forward
 (`INFERENCE_EMBEDDING_BATCH` set to the same batch size). The baseline: sentence-transformers'
 `SentenceTransformer(snapshot).encode(texts, batch_size=...)` on the same model in this process.
@@ -41,14 +41,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the shape to build if the model is missing: all-MiniLM-L6-v2's (6 layers, 384 wide), "
                              "or the tests' tiny one (2 layers, 64 wide: a forward costs almost nothing)")
     parser.add_argument("--texts", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=32, help="texts per request, and per in-process batch")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="texts per forward: the server's INFERENCE_EMBEDDING_BATCH and encode's batch_size")
+    parser.add_argument("--per-request", type=int, default=100,
+                        help="texts per request (100: LlamaIndex's embed_batch_size; LangChain sends up to 1,000)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment setting for our server (repeatable)")
     parser.add_argument("--quick", action="store_true", help="96 texts, batches of 16, 2 in flight, one round")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.texts, args.batch_size, args.concurrency, args.rounds = 96, 16, 2, 1
+        args.texts, args.batch_size, args.per_request, args.concurrency, args.rounds = 96, 16, 16, 2, 1
         if args.model == MINILM_SHAPED:  # checks it runs: the tiny shape builds in a moment
             args.model, args.shape = "local/tiny-encoder", "tiny"
     return args
@@ -73,8 +78,8 @@ def ensure_encoder(model: str, cache: Path, shape: str = "minilm") -> Path:
         return build_tiny_encoder(model, cache_dir=cache, shape=shape)
 
 
-async def through_server(base_url: str, model: str, texts: list[str], batch_size: int, concurrency: int):
-    """(seconds, vectors in input order): every text embedded, `batch_size` a request, `concurrency` in flight."""
+async def through_server(base_url: str, model: str, texts: list[str], per_request: int, concurrency: int):
+    """(seconds, vectors in input order): every text embedded, `per_request` a request, `concurrency` in flight."""
     client = AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
 
@@ -84,7 +89,7 @@ async def through_server(base_url: str, model: str, texts: list[str], batch_size
             return [item.embedding for item in sorted(response.data, key=lambda item: item.index)]
 
     started = time.perf_counter()
-    answers = await asyncio.gather(*[one(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)])
+    answers = await asyncio.gather(*[one(texts[i:i + per_request]) for i in range(0, len(texts), per_request)])
     seconds = time.perf_counter() - started
     await client.close()
     return seconds, [vector for answer in answers for vector in answer]
@@ -100,8 +105,8 @@ def main(argv: list[str]) -> None:
     texts = short_texts(args.texts)
     reference = SentenceTransformer(str(snapshot), device="cpu")
     reference.encode(texts, batch_size=args.batch_size)  # warm-up: its first batches of each shape are slow
-    server = OurServer(cache, Path(tempfile.mkdtemp(prefix="bench-embeddings-")),
-                       INFERENCE_EMBEDDING_BATCH=str(args.batch_size))
+    env = {"INFERENCE_EMBEDDING_BATCH": str(args.batch_size), **dict(item.split("=", 1) for item in args.server_env)}
+    server = OurServer(cache, Path(tempfile.mkdtemp(prefix="bench-embeddings-")), **env)
     rounds = []
     max_diff = None
     try:
@@ -111,7 +116,7 @@ def main(argv: list[str]) -> None:
             expected = reference.encode(texts, batch_size=args.batch_size)
             local_s = time.perf_counter() - started
             time.sleep(SETTLE_SECONDS)
-            ours_s, vectors = asyncio.run(through_server(server.base_url, args.model, texts, args.batch_size,
+            ours_s, vectors = asyncio.run(through_server(server.base_url, args.model, texts, args.per_request,
                                                          args.concurrency))
             if max_diff is None:
                 max_diff = float(np.abs(np.asarray(vectors, dtype=np.float32) - expected).max())
@@ -123,7 +128,7 @@ def main(argv: list[str]) -> None:
         server.stop()
     summary = {
         "scenario": "embeddings", "model": args.model, "texts": len(texts), "batch_size": args.batch_size,
-        "concurrency": args.concurrency, "rounds": rounds, "max_abs_diff": max_diff,
+        "per_request": args.per_request, "concurrency": args.concurrency, "rounds": rounds, "max_abs_diff": max_diff,
         "server_texts_per_s": statistics.median(r["server_texts_per_s"] for r in rounds),
         "in_process_texts_per_s": statistics.median(r["in_process_texts_per_s"] for r in rounds),
         "ratio_median": statistics.median(r["ratio"] for r in rounds),

@@ -26,7 +26,8 @@ from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
 from workers.engine.pooling import Pooling, pool
 
-LENGTH_WINDOW = 4  # a forward picks its rows by length among this many batches' worth of the oldest inputs
+LENGTH_WINDOW = 8  # a forward picks its rows by length among this many batches' worth of the oldest inputs
+OVERTAKEN_AT_MOST = 8  # forwards that may take newer jobs' rows while a job's own wait; then it goes alone
 
 
 def is_embedding_prompt(prompt) -> bool:
@@ -49,6 +50,7 @@ class PooledJob:
         self.inputs: list[list[int]] = []
         self.results: list[ChoiceDelta | None] = []  # one per input (an embedding) or per pair (a score)
         self._left: list[int] | None = None  # inputs not handed to a forward yet (all, until the first)
+        self.overtaken = 0  # forwards that took a newer job's rows while this one's waited beside them
         self.delivered = False
 
     def row(self, index: int) -> dict[str, list[int]]:
@@ -139,21 +141,29 @@ def advance_embeddings(jobs: list[PooledJob], batch: int) -> None:
     """One batched forward per model over up to `batch` inputs still pending: pooled vectors of an embedding
     model, logits of a cross-encoder (workers.engine.pair_scoring).
 
-    The rows are the longest of the oldest LENGTH_WINDOW batches' worth of pending inputs (oldest jobs
-    first), so a forward's rows are of similar lengths and pad little, as sentence-transformers' `encode`
-    sorts its inputs, while no input waits behind more than a few newer batches."""
+    The rows are the longest among every pending input of the oldest job and the oldest LENGTH_WINDOW
+    batches' worth of the others' (oldest jobs first), so a forward's rows are of similar lengths and pad
+    little, as sentence-transformers' `encode` sorts all of a call's inputs (a job answers only once all its
+    inputs are done: their order within it costs it nothing). Short inputs could wait behind a stream of
+    newer long ones: once the oldest job has been overtaken OVERTAKEN_AT_MOST times, its rows go alone."""
     by_model: dict[int, list[PooledJob]] = {}
     for job in jobs:
         if job.left:
             by_model.setdefault(id(job.model), []).append(job)
     for model_jobs in by_model.values():
-        window: list[tuple[PooledJob, int]] = []
-        for job in sorted(model_jobs, key=lambda j: j.arrived):
-            window += [(job, index) for index in job.left[: LENGTH_WINDOW * batch - len(window)]]
+        oldest, *newer = sorted(model_jobs, key=lambda j: j.arrived)
+        window: list[tuple[PooledJob, int]] = [(oldest, index) for index in oldest.left]
+        waiting = [oldest]
+        for job in newer if oldest.overtaken < OVERTAKEN_AT_MOST else ():
             if len(window) >= LENGTH_WINDOW * batch:
                 break
+            window += [(job, index) for index in job.left[: LENGTH_WINDOW * batch - len(window)]]
+            waiting.append(job)
         window.sort(key=lambda row: -len(row[0].inputs[row[1]]))  # stable: equal lengths keep their age
         rows = window[:batch]
+        newest_taken = max(waiting.index(job) for job, _ in rows)
+        for job in waiting[:newest_taken]:
+            job.overtaken += 1
         for job, index in rows:
             job.left.remove(index)
         loaded = model_jobs[0].model
