@@ -18,6 +18,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
+# Offline before huggingface_hub is first imported: it reads the setting once, and without it
+# transformers asks the hub for each model's adapter_config.json (30 s of retries with no network).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 from .load import bench_prompts, run_load
 from .models import ensure_model, prepare_cache
 from .raw import RawEngine
