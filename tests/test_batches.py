@@ -162,17 +162,20 @@ def test_an_embeddings_batch_equals_the_direct_requests(live):
 
 def test_a_cancelled_batch_stops_and_keeps_what_was_done(live):
     client = sdk(live)
-    lines = [line(f"slow-{i}", "/v1/completions", {"model": TINY_MODEL, "prompt": f"Count {i}", "max_tokens": 48,
-                                                   "temperature": 0, "ignore_eos": True}) for i in range(10)]
+    # A few quick lines, then more slow ones than the engine runs at once: once a quick one is written,
+    # the slow ones are hundreds of steps from their end, so the cancel lands before the batch is done.
+    lines = [line(f"line-{i}", "/v1/completions", {"model": TINY_MODEL, "prompt": f"Count {i}",
+                                                   "max_tokens": 2 if i < 4 else 300, "temperature": 0,
+                                                   "ignore_eos": True}) for i in range(40)]
     batch = submit(client, lines, "/v1/completions")
     deadline = time.monotonic() + 60
-    while client.batches.retrieve(batch.id).status == "validating" and time.monotonic() < deadline:
+    while client.batches.retrieve(batch.id).request_counts.completed == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = wait_final(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at
-    assert done.request_counts.total == 10 and done.request_counts.completed < 10
+    assert done.request_counts.total == 40 and 0 < done.request_counts.completed < 40
     output = read_lines(client, done.output_file_id)
     assert len(output) == done.request_counts.completed
     assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
