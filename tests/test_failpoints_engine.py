@@ -131,3 +131,44 @@ def test_an_engine_that_keeps_failing_dies_loudly_and_its_server_exits(hf_cache,
         assert "The embedded worker stopped" in live.log()
     finally:
         live.stop()
+
+
+def test_a_failure_publishing_one_request_stops_that_request_alone(hf_cache, tmp_path):
+    """Each time publishing fails, one request ends with an engine_fault; its neighbours in the batch stream on."""
+    import asyncio
+
+    from openai import APIError, AsyncOpenAI
+
+    env = base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.publish=raise%1")
+    live = LiveServer(env, tmp_path, name="publish-faults")
+    try:
+        load(live)
+        client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.key, max_retries=0, timeout=120)
+
+        async def stream(index: int) -> str:
+            try:
+                async for chunk in await client.completions.create(
+                        model=TINY_MODEL, prompt=f"Story {index}:", max_tokens=48, stream=True,
+                        extra_body={"ignore_eos": True}):
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        return chunk.choices[0].finish_reason
+            except APIError as error:
+                return error.code or "error"
+            return "cut"
+
+        async def all_streams() -> list[str]:
+            ends = await asyncio.gather(*[stream(i) for i in range(16)])
+            await client.close()
+            return ends
+
+        ends = asyncio.run(all_streams())
+        log = live.log()
+        fired = log.count("ERROR protocol.failpoints [-]: failpoint engine.publish fired")
+        assert fired >= 1, "no failure happened: the test saw nothing"  # 16 x 49 publishes at 1 %: ~8 expected
+        assert sorted(set(ends)) <= ["engine_fault", "length"], ends
+        assert ends.count("engine_fault") == fired  # one request per failure, none of its neighbours
+        assert log.count("that request is stopped") == fired and "failing the running requests" not in log
+        response, _ = complete(live)
+        assert response.status_code == 200 or response.json()["error"]["code"] == "engine_fault"
+    finally:
+        live.stop()

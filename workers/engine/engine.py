@@ -401,15 +401,27 @@ class Engine:
         for request in list(self.requests.values()):
             self._publish(request)
 
-    def _fail(self, request: GenerationJob) -> None:
+    def _fail(self, request: GenerationJob, message: dict | None = None) -> None:
         self.requests.pop(request.request_id, None)
         for seq in request.sequences:
             seq.abort()
         self._job_done(request.request_id)
         self.metrics.forget(request)
-        self.emit(request.reply_channel, protocol.error_message(500, "Generation failed on the worker.", None, "internal_error"))
+        self.emit(request.reply_channel, message or protocol.error_message(
+            500, "Generation failed on the worker.", None, "internal_error"))
 
     def _publish(self, request: GenerationJob) -> None:
+        """Publish what is due; a failure here stops this request alone, never its neighbours in the batch."""
+        try:
+            self._publish_due(request)
+        except Exception as exc:
+            logger.exception("publishing %s failed; that request is stopped", request.request_id)
+            try:
+                self._fail(request, engine_fault_message(str(exc) or type(exc).__name__))
+            except Exception:  # the client hears the silence instead (the web side's worker-silence bound)
+                logger.exception("telling %s of its failure failed", request.request_id)
+
+    def _publish_due(self, request: GenerationJob) -> None:
         """A message per request when it has something due: its first token at once, then (streamed) its
         new deltas every `stream_interval` tokens, and everything with the usage when it is done."""
         if request.request_id not in self.requests:
