@@ -7,15 +7,13 @@ import uuid
 
 import pytest
 import torch
-from huggingface_hub import constants
 from transformers import DynamicCache
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
 from workers.engine.kv.slab import SlabKV
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, engine_running
 
 PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,",
            "The capital of France is a city where the river bends twice and the bridges " * 3, "def add(a, b):"]
@@ -92,19 +90,13 @@ def test_admission_waits_for_kv_budget(hf_cache, reference):
 
     for budget, replies_count in ((int(reservation * 1.5), 2), (reservation // 2, 1)):
         emitted.clear()
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-            engine = Engine(emit, EngineConfig(max_num_seqs=8, kv_budget_bytes=budget))
-            engine.start()
-            try:
-                replies = [f"reply.{uuid.uuid4().hex}" for _ in range(replies_count)]
-                for reply in replies:
-                    engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [prompt],
-                                                          protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)))
-                with changed:
-                    assert changed.wait_for(lambda: sum(m["type"] == protocol.DONE for _, m in emitted) == replies_count, 60)
-            finally:
-                engine.stop()
+        with engine_running(hf_cache, emit, EngineConfig(max_num_seqs=8, kv_budget_bytes=budget)) as engine:
+            replies = [f"reply.{uuid.uuid4().hex}" for _ in range(replies_count)]
+            for reply in replies:
+                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [prompt],
+                                                      protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)))
+            with changed:
+                assert changed.wait_for(lambda: sum(m["type"] == protocol.DONE for _, m in emitted) == replies_count, 60)
         if replies_count == 2:
             first_done = next(i for i, (c, m) in enumerate(emitted) if c == replies[0] and m["type"] == protocol.DONE)
             assert first_token_index(replies[1]) > first_done

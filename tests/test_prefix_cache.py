@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-from huggingface_hub import constants
 from prometheus_client import REGISTRY
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
 from workers.engine.kv.prefix_cache import BLOCK_TOKENS
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, engine_running
 from .test_engine import Outbox, finished
 
 SYSTEM = "You are a careful assistant. Answer briefly and cite the lighthouse keeper's log when you can. " * 2
@@ -21,23 +18,17 @@ QUESTIONS = ["What is the capital of France?", "Count to five:", "Once upon a ti
 
 def generate_all(hf_cache, prefix_cache_bytes: int) -> tuple[list[list[int]], dict]:
     """The questions one after another (each after the previous one is done), as token ids."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=4, prefix_cache_bytes=prefix_cache_bytes))
-        engine.start()
-        try:
-            outputs = []
-            for question in QUESTIONS + QUESTIONS[:1]:  # the last one repeats a whole prompt
-                reply = f"reply.{uuid.uuid4().hex}"
-                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [SYSTEM + question],
-                                                      protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
-                messages = outbox.wait_for(reply, finished)
-                assert messages[-1]["type"] == protocol.DONE, messages[-1]
-                outputs.append([t for m in messages[1:] for c in m["choices"] for t in c["token_ids"]])
-            return outputs, engine.stats()
-        finally:
-            engine.stop()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=4, prefix_cache_bytes=prefix_cache_bytes)) as engine:
+        outputs = []
+        for question in QUESTIONS + QUESTIONS[:1]:  # the last one repeats a whole prompt
+            reply = f"reply.{uuid.uuid4().hex}"
+            engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [SYSTEM + question],
+                                                  protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
+            messages = outbox.wait_for(reply, finished)
+            assert messages[-1]["type"] == protocol.DONE, messages[-1]
+            outputs.append([t for m in messages[1:] for c in m["choices"] for t in c["token_ids"]])
+        return outputs, engine.stats()
 
 
 def exported(name: str) -> float:

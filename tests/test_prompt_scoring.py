@@ -6,15 +6,13 @@ import uuid
 
 import pytest
 import torch
-from huggingface_hub import constants
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
 from workers.engine.prompt_scoring import PrefixOffsets
 from workers.engine.token_text import TokenText, settled_length
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, engine_running
 from .test_engine import Outbox, finished
 
 TEXTS = [
@@ -45,13 +43,9 @@ def test_prefix_offsets_equal_decoding_every_prefix(reference, stride):
 @pytest.fixture(scope="module")
 def chunked_engine(hf_cache):
     """Prefill chunks of 16 tokens: every prompt below is scored over several engine steps."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, EngineConfig(max_num_seqs=8, prefill_chunk=16))
-        engine.start()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=8, prefill_chunk=16)) as engine:
         yield engine, outbox
-        engine.stop()
 
 
 def run_job(engine_and_outbox, prompt, **params) -> list[dict]:

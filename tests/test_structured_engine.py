@@ -14,13 +14,12 @@ from contextlib import contextmanager
 import jsonschema
 import pytest
 import torch
-from huggingface_hub import constants
 
 import protocol
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, engine_running
 from .test_engine import Outbox, finished
 
 PERSON = {
@@ -41,15 +40,9 @@ PERSON = {
 
 @contextmanager
 def running_engine(hf_cache, config: EngineConfig) -> Iterator[tuple[Engine, Outbox]]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
-        outbox = Outbox()
-        engine = Engine(outbox.emit, config)
-        engine.start()
-        try:
-            yield engine, outbox
-        finally:
-            engine.stop()
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, config) as engine:
+        yield engine, outbox
 
 
 @pytest.fixture(scope="module")
