@@ -7,6 +7,7 @@ never picks an id the tokenizer lacks while the vocabulary matmul keeps its full
 """
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ def build_shape(shape: str, repo: str, cache: Path, device: str, dtype: str) -> 
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
     snapshot = _save_and_install(model, tokenizer, cache, repo)
     del model
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return snapshot
