@@ -4,7 +4,8 @@ Per model shape (random weights with the shapes of Qwen2.5-0.5B and Llama-3-8B, 
 Hugging Face cache; `bench/shapes.py`), in the benchmark's process: raw padded `model.generate` and
 transformers' continuous batching (`model.generate_batch`) at `--sizes` prompts at once; then, with that
 model freed, our server (`manage.py serve --device/--dtype` as a subprocess) over HTTP with the streaming
-client at `--server-sizes` concurrent streams (`--waves` waves of requests each, at most `--max-requests`).
+client at `--server-sizes` concurrent streams (`--waves` waves of requests each, at most `--max-requests`;
+each level after an untimed 4-token wave at its size).
 Greedy, `--max-tokens` new tokens, EOS ignored, prompts of ~`--prompt-len` tokens that share no prefix.
 
 Reports tok/s of each, ours/raw and ours/generate_batch at the sizes both ran, our TTFT, the engine's
@@ -174,6 +175,10 @@ def server_levels(args: argparse.Namespace, repo: str, tokenizer, cache: Path, b
         for index, concurrency in enumerate(args.server_sizes, 1):
             prompts = shape_prompts(tokenizer, requests_at(concurrency, args.waves, args.max_requests),
                                     args.prompt_len, salt=index)
+            # A short untimed wave at this batch size first: what the engine sets up on first use of a size
+            # (a CUDA graph captured for its bucket) is not timed, as generate_batch's warm-up is not.
+            asyncio.run(run_load(server.base_url, repo, shape_prompts(tokenizer, concurrency, args.prompt_len,
+                                                                      salt=1000 + index), concurrency, 4, extra))
 
             def measure() -> dict:
                 before = engine_counters(server.base_url)
