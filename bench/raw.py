@@ -19,6 +19,7 @@ class RawEngine:
         self.model = AutoModelForCausalLM.from_pretrained(model_id, local_files_only=True, dtype=torch_dtype).eval()
         self.model.to(device)
         self.device = device
+        self.prompts = prompts
         self.single = self.tokenizer(prompts[:1], return_tensors="pt").to(device)
         self.batch = self.tokenizer(prompts, return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
@@ -39,6 +40,15 @@ class RawEngine:
 
     def batch_tokens_per_s(self, max_new_tokens: int) -> float:
         return round(self.batch_size * max_new_tokens / self._generate(self.batch, max_new_tokens), 1)
+
+    def padded_tokens_per_s(self, count: int, max_new_tokens: int) -> dict:
+        """The first `count` prompts as one left-padded batch: tok/s, seconds and ms per decode step."""
+        inputs = self.tokenizer(self.prompts[:count], return_tensors="pt", padding=True).to(self.device)
+        seconds = self._generate(inputs, max_new_tokens)
+        return {"tokens": count * max_new_tokens, "seconds": round(seconds, 3),
+                "tokens_per_s": round(count * max_new_tokens / seconds, 1),
+                "step_ms": round(seconds / max_new_tokens * 1000, 2),
+                "prompt_len_padded": int(inputs["input_ids"].shape[1])}
 
     @property
     def batch_size(self) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 
 from tests.live_server import ROOT, LiveServer, ManagedProcess, base_env, free_port
-from tests.services import RedisServer
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -80,6 +79,8 @@ class ScaleOut:
     """Web process + two `run_worker` processes meeting through a private redis-server."""
 
     def __init__(self, hf_cache: Path, work_dir: Path, workers: int = 2) -> None:
+        from tests.services import RedisServer  # here: it imports pytest, which a GPU machine's image may lack
+
         work_dir.mkdir(parents=True, exist_ok=True)
         self.redis = RedisServer(work_dir)
         # The workers share this machine's cores: each gets its part, not torch's default of all of them.

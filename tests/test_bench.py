@@ -57,3 +57,24 @@ def test_embeddings_scenario_reports_both_rates_and_equal_vectors(hf_cache, tmp_
     assert report["texts"] == 96 and report["batch_size"] == 16 and report["concurrency"] == 2
     assert report["max_abs_diff"] < 1e-4  # the server embeds what sentence-transformers does
     assert report["server_texts_per_s"] > 0 and report["in_process_texts_per_s"] > 0 and report["ratio_median"] > 0
+
+
+def test_gpu_scenario_runs_every_phase_on_the_cpu(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "gpu")
+    assert report["device"] == "cpu" and report["gpu"] is None and report["busy_source"] is None
+    [shape] = report["shapes"]
+    assert shape["shape"] == "tiny" and shape["model"] == "local/tiny-qwen2-shaped" and shape["weight_bytes"] > 0
+    assert shape["hbm_floor_ms"] is None and "server_error" not in shape  # no floor without a GPU's bandwidth
+    for phase in ("raw_generate", "generate_batch"):
+        assert [row["size"] for row in shape[phase]] == [1, 4], shape[phase]
+        for row in shape[phase]:
+            assert "error" not in row and row["tokens"] == 8 * row["size"] and row["tokens_per_s"] > 0, row
+            assert row["gpu_busy_pct"] is None, row
+    assert [row["concurrency"] for row in shape["ours"]] == [1, 4]
+    for row in shape["ours"]:
+        assert "error" not in row and row["errors"] == 0 and row["first_error"] is None, row
+        assert row["tokens"] == 8 * row["requests"] and row["requests"] == max(2, 2 * row["concurrency"]), row
+        assert row["ttft_p50_ms"] > 0 and row["steps"] > 0 and row["batch_mean"] >= 1, row
+        assert row["ours_raw"] > 0 and row["ours_generate_batch"] > 0, row  # both ran at the same sizes
+        assert row["gpu_busy_pct"] is None and row["step_over_hbm_floor"] is None, row
+    assert "| 4 |" in (tmp_path / "results" / "gpu.md").read_text()
