@@ -18,7 +18,6 @@ import asyncio
 import io
 import json
 import re
-import statistics
 import tempfile
 import time
 from pathlib import Path
