@@ -26,8 +26,8 @@ from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
 from workers.engine.pooling import Pooling, pool
 
-LENGTH_WINDOW = 8  # a forward picks its rows by length among this many batches' worth of the oldest inputs
-OVERTAKEN_AT_MOST = 8  # forwards that may take newer jobs' rows while a job's own wait; then it goes alone
+LENGTH_WINDOW = 8  # batches' worth of newer jobs' inputs a forward sorts beside all of the oldest job's
+OVERTAKEN_AT_MOST = 8  # forwards that may take newer jobs' rows while the oldest's wait; then it goes alone
 
 
 def is_embedding_prompt(prompt) -> bool:
