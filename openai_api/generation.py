@@ -74,7 +74,8 @@ class GenerationStream:
     A job that had produced nothing yet is then sent again under a fresh request id and reply
     channel, routed like a new job (a worker that reads it passes it to a live holder of its model,
     so a worker just restarted does not load a copy for it; a holder that died since the last
-    heartbeat costs one ROUTE_ACK_TIMEOUT); one that had ends with a 503 `worker_lost`. Either way no client waits more than a few seconds on a dead worker.
+    heartbeat costs one ROUTE_ACK_TIMEOUT); one that had ends with a 503 `worker_lost`. Either way
+    no client waits more than a few seconds on a dead worker.
     """
 
     def __init__(self, layer, job: protocol.SubmitMessage) -> None:
