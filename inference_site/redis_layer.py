@@ -176,21 +176,14 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         key = self.prefix + real_channel
         index = self.consistent_hash(real_channel)
         try:
-            while self._waiting[real_channel]:
+            while True:
                 connection = self.connection(index)
-                taken = [(c, n) for c, n in self._taken.items() if self.non_local_name(c) == real_channel]
-                if taken:
-                    async with connection.pipeline(transaction=False) as pipe:
-                        for channel, n in taken:
-                            pipe.decrby(self._count_key(channel), n)
-                        pipe.zpopmin(key, REPLY_BATCH)
-                        popped = (await pipe.execute())[-1]
-                    for channel, n in taken:
-                        self._taken[channel] -= n
-                        if self._taken[channel] <= 0:
-                            del self._taken[channel]
-                else:
-                    popped = await connection.zpopmin(key, REPLY_BATCH)
+                if not self._waiting[real_channel]:  # nobody reads on: the counts taken go back now
+                    await self._give_back_taken(connection, real_channel)
+                    if not self._waiting[real_channel]:
+                        break  # no await from this check to the task's end: a new receiver starts a new reader
+                    continue
+                popped = await self._give_back_taken(connection, real_channel, pop_from=key)
                 if not popped:
                     result = await connection.bzpopmin(key, timeout=1)
                     popped = [(result[1], result[2])] if result else []
@@ -202,6 +195,24 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
                 if (inbox.waiter is not None and not inbox.waiter.done()
                         and self.non_local_name(channel) == real_channel):
                     inbox.waiter.set_exception(exc)
+
+    async def _give_back_taken(self, connection, real_channel: str, pop_from: str | None = None) -> list:
+        """The counts of messages handed out since the last round trip leave their channels' counters, in one
+        round trip with the next pop of up to REPLY_BATCH messages from `pop_from` (what it returns)."""
+        taken = [(c, n) for c, n in self._taken.items() if self.non_local_name(c) == real_channel]
+        if not taken:
+            return await connection.zpopmin(pop_from, REPLY_BATCH) if pop_from else []
+        async with connection.pipeline(transaction=False) as pipe:
+            for channel, n in taken:
+                pipe.decrby(self._count_key(channel), n)
+            if pop_from:
+                pipe.zpopmin(pop_from, REPLY_BATCH)
+            results = await pipe.execute()
+        for channel, n in taken:
+            self._taken[channel] -= n
+            if self._taken[channel] <= 0:
+                del self._taken[channel]
+        return results[-1] if pop_from else []
 
     def _deliver(self, message: dict) -> None:
         channels = message.pop("__asgi_channel__")

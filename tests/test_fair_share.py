@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
+from prometheus_client import REGISTRY
 
 import protocol
 from workers.engine.config import EngineConfig
@@ -162,6 +163,24 @@ def test_another_teams_request_starts_beside_a_flood_and_everyone_gets_their_own
     for prompt, reply in zip(flood_prompts, flood):  # paused and resumed rows lost nothing
         assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 200, min_new_tokens=200)
 
+
+
+def test_a_row_given_up_to_a_team_owed_it_is_not_taken_straight_back(small_box, reference):
+    """b's long prompts make its counter the larger one while a holds more rows than its share: the row a
+    preemption frees goes to b, and a's paused row waits (it does not pause and rejoin every step)."""
+    engine, outbox = small_box
+    a_team, b_team = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    flood = [submit(engine, f"Row {i}: far away", a_team, 150) for i in range(4)]
+    outbox.wait_tokens(flood[-1])
+    long_prompt = " ".join(["river"] * 120)
+    b = [submit(engine, f"{i} {long_prompt}", b_team, 60) for i in range(2)]  # b's first one tied a's counter
+    outbox.wait_all(flood + b)
+    preempted = REGISTRY.get_sample_value("inference_team_preemptions_total", {"team": a_team}) or 0
+    assert preempted <= 3, f"a's rows were paused {preempted:.0f} times for b's two requests"
+    assert max(outbox.done_at(reply) for reply in b) < max(outbox.done_at(reply) for reply in flood)
+    for reply, i in zip(b, range(2)):
+        prompt = f"{i} {long_prompt}"
+        assert outbox.tokens(reply) == reference.greedy(reference.encode(prompt), 60, min_new_tokens=60)
 
 def test_interactive_work_pauses_batch_work_which_then_finishes_unchanged(small_box, reference):
     engine, outbox = small_box

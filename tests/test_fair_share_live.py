@@ -43,10 +43,26 @@ async def complete(api: AsyncOpenAI, prompt: str, max_tokens: int) -> float:
     return time.monotonic()
 
 
-def team_tokens(server: LiveServer) -> dict[str, float]:
+def team_series(server: LiveServer, name: str) -> dict[str, float]:
+    """One per-team series of /metrics (e.g. `inference_team_generation_tokens_total`), by team."""
     text = httpx.get(f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {server.key}"}, timeout=30).text
     return {m.group(1): float(m.group(2)) for m in
-            re.finditer(r'^inference_team_generation_tokens_total\{team="([^"]*)"\} ([0-9.e+]+)$', text, re.M)}
+            re.finditer(rf'^{re.escape(name)}\{{team="([^"]*)"\}} ([0-9.e+]+)$', text, re.M)}
+
+
+def team_tokens(server: LiveServer) -> dict[str, float]:
+    return team_series(server, "inference_team_generation_tokens_total")
+
+
+async def until_waiting(server: LiveServer, teams: tuple[str, ...], timeout: float = 30.0) -> None:
+    """Until every team in `teams` has sequences waiting in the engine (its requests have all come in)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = await asyncio.to_thread(team_series, server, "inference_team_sequences_waiting")
+        if all(waiting.get(team, 0) > 0 for team in teams):
+            return
+        assert time.monotonic() < deadline, f"not every team's work waits: {waiting}"
+        await asyncio.sleep(0.05)
 
 
 def test_a_flood_does_not_make_another_team_wait(box):
@@ -71,7 +87,7 @@ def test_two_flooding_teams_get_tokens_by_their_shares(box):
         await asyncio.gather(complete(heavy, "warm", 1), complete(light, "warm", 1))
         tasks = [asyncio.create_task(complete(api, f"{name} {i}: the story goes", 400))
                  for i in range(16) for name, api in (("heavy", heavy), ("light", light))]
-        await asyncio.sleep(0.5)  # both teams' rows running and waiting; the window ends long before either runs out
+        await until_waiting(box, ("heavy", "light"))  # the window ends long before either runs out
         before = await asyncio.to_thread(team_tokens, box)
         await asyncio.sleep(1.0)
         after = await asyncio.to_thread(team_tokens, box)

@@ -13,7 +13,7 @@ slots for a team below it).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Protocol
 
 PREFILL_WEIGHT = 1.0  # as in VTC: a generated token costs the box more than a prompt token
@@ -66,20 +66,23 @@ class FairQueue:
         """Whether any sequence of the class waits."""
         return any(self._trim(line) for (k, _), line in self._queues.items() if k == klass)
 
-    def peek(self, held: Mapping[str, int] | None = None) -> Queued | None:
+    def peek(self, held: Mapping[str, int] | None = None, passed_over: Collection[tuple[str, str]] = ()) -> Queued | None:
         """The sequence that starts next: the first class with anyone waiting, its least-served team; on
         equal counters (a team rejoins at the least active one), the team holding fewer rows (`held`, by
-        team), so a newcomer takes the slot a preemption freed for it, not the flooding team it tied with."""
+        team), so a newcomer takes the slot a preemption freed for it, not the flooding team it tied with.
+        The lines in `passed_over` ((class, team): those a preemption just took a row from) wait: the freed
+        slot is not theirs."""
         held = held or {}
         for klass in CLASSES:
             lines = [(self.counters.get(team, 0.0), held.get(team, 0), team, line)
-                     for (k, team), line in self._queues.items() if k == klass and self._trim(line)]
+                     for (k, team), line in self._queues.items()
+                     if k == klass and (k, team) not in passed_over and self._trim(line)]
             if lines:
                 return min(lines, key=lambda item: item[:3])[3][0]
         return None
 
-    def pop(self, held: Mapping[str, int] | None = None) -> Queued | None:
-        seq = self.peek(held)
+    def pop(self, held: Mapping[str, int] | None = None, passed_over: Collection[tuple[str, str]] = ()) -> Queued | None:
+        seq = self.peek(held, passed_over)
         if seq is not None:
             self._queues[(seq.priority_class, seq.team)].popleft()
         return seq
@@ -93,7 +96,7 @@ class FairQueue:
     # --- counters ------------------------------------------------------------------
     def _arrive(self, seq: Queued, running: list[Queued]) -> None:
         """A team with nothing waiting or running rejoins at the least counter of the active teams."""
-        active = {s.team for s in running} | {team for (_, team), line in self._queues.items() if self._trim(line)}
+        active = {s.team for s in running if not s.finished} | {team for (_, team), line in self._queues.items() if self._trim(line)}
         if seq.team in active:
             return
         floor = min((self.counters.get(team, 0.0) for team in active), default=None)

@@ -46,8 +46,7 @@ class Scheduler:
         sequences in."""
         for runner in self.runners.values():
             runner.drop_finished()
-        self._preempt()
-        self._let_waiting_in()
+        self._let_waiting_in(passed_over=self._preempt())
         self._budget_left = None
 
     def decoding(self) -> bool:
@@ -69,10 +68,12 @@ class Scheduler:
             self.pacer.decoded(time.perf_counter() - started)
         return decoded
 
-    def _preempt(self) -> None:
+    def _preempt(self) -> set[tuple[str, str]]:
         """Pause the running rows that waiting sequences are owed (batch rows for interactive newcomers,
         an over-share team's rows for an under-share team); each keeps its keys/values and waits at
-        the front of its team's line."""
+        the front of its team's line. Returned: the lines ((class, team)) that gave rows up, whose rows must
+        not take the freed slots straight back (their counter may be the lower one), or a row would pause
+        and rejoin every step."""
         self.prefilling = [seq for seq in self.prefilling if not seq.finished]
         decoding = [seq for runner in self.runners.values() for seq in runner.rows if not seq.finished]
         victims = [seq for seq in self.waiting.to_preempt([*self.prefilling, *decoding], self.max_num_seqs)
@@ -89,10 +90,12 @@ class Scheduler:
                 seq.paused = True
                 self.waiting.put_back(seq)
                 self.metrics.preempted(seq)
+        return {(seq.priority_class, seq.team) for seq in victims}
 
-    def _let_waiting_in(self) -> None:
-        """Whoever the fair queue says goes next, while a sequence slot is free and its KV reservation fits
-        the budget; a paused sequence rejoins the batch at once (its keys/values kept)."""
+    def _let_waiting_in(self, passed_over: set[tuple[str, str]]) -> None:
+        """Whoever the fair queue says goes next (not the lines in `passed_over`), while a sequence slot is
+        free and its KV reservation fits the budget; a paused sequence rejoins the batch at once (its
+        keys/values kept)."""
         self.prefilling = [seq for seq in self.prefilling if not seq.finished]
         running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
         budget = self.kv_budget_bytes
@@ -100,7 +103,7 @@ class Scheduler:
         limited = self._batch_limited()
         batch_held = sum(1 for seq in self.in_flight() if seq.priority_class == "batch") if limited else 0
         held = Counter(seq.team for seq in self.in_flight())
-        while running < self.max_num_seqs and (seq := self.waiting.peek(held)) is not None:
+        while running < self.max_num_seqs and (seq := self.waiting.peek(held, passed_over)) is not None:
             if limited and seq.priority_class == "batch":
                 if batch_held >= self.batch_rows_beside_interactive:
                     break  # batch work waits for interactive work to leave (interactive ones come first)
@@ -108,7 +111,7 @@ class Scheduler:
             needed = 0 if budget is None else self._kv_reservation(seq)
             if budget is not None and running and reserved + needed > budget:
                 break  # it waits for running sequences to finish (alone, it always runs)
-            self.waiting.pop(held)
+            self.waiting.pop(held, passed_over)
             held[seq.team] += 1
             if seq.paused:
                 seq.paused = False
