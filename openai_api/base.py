@@ -17,6 +17,7 @@ from catalog.config import web_config
 from catalog.selectors import resolve_model as resolve_catalog_model
 import protocol
 from teams.metering import RequestMeter
+from teams.authentication import LookupOnLongLivedThread
 from teams.response_headers import RateLimitHeadersMixin
 
 from .errors import APIError, error_body, unavailable
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 PriorityClass = Literal["interactive", "batch"]
 
 
-class OpenAIView(RateLimitHeadersMixin, APIView):
+class OpenAIView(RateLimitHeadersMixin, LookupOnLongLivedThread, APIView):
     """Async DRF view; bodies over the configured limit get 413 before parsing. Every response
     to an authenticated request carries OpenAI's x-ratelimit-* headers (`teams.response_headers`)."""
 

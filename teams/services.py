@@ -113,11 +113,18 @@ def revoke_keys(keys) -> int:
     return keys.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
-def touch_key(key: APIKey, every_seconds: int = 60) -> None:
-    """Record use, at most once a minute per key (a write on every request would queue on SQLite)."""
-    now = timezone.now()
-    if key.last_used_at is None or now - key.last_used_at > timedelta(seconds=every_seconds):
-        APIKey.objects.filter(pk=key.pk).update(last_used_at=now)
+TOUCH_EVERY_SECONDS = 60
+
+
+def touch_due(key: APIKey) -> bool:
+    """Whether the key's use is to be recorded now: at most once a minute per key (a write on every
+    request would queue on SQLite)."""
+    return key.last_used_at is None or timezone.now() - key.last_used_at > timedelta(seconds=TOUCH_EVERY_SECONDS)
+
+
+def touch_key(key: APIKey) -> None:
+    if touch_due(key):
+        APIKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
 
 
 def key_file_path(port: int) -> Path:

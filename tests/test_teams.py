@@ -59,6 +59,7 @@ def live(teams_cache, tmp_path_factory):
         "ledger": ["--team", "ledger"],
         "meter": ["--team", "meter", "--tpm", "500", "--manage-models"],  # the key's tpm is the tighter; the team's rpm
         "revoke-me": ["--team", "beta"],
+        "used": ["--team", "beta"],
         "expiring": ["--team", "beta", "--expires-days", "0.00003"],  # about 2.6 seconds
     })
     warm = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=120,
@@ -325,6 +326,21 @@ def test_revoked_and_expired_keys_fail_on_the_next_request(live):
         time.sleep(0.5)
     assert complete(live, "expiring").status_code == 401
 
+
+
+def test_a_keys_use_is_recorded_once_a_minute(live):
+    """Its first use writes last_used_at; the next ones within the minute (their lookup on the long-lived
+    thread, `initial` on the event loop) leave it alone, and are served."""
+    def last_used() -> str | None:
+        with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+            return db.execute("select last_used_at from teams_apikey where name = 'used'").fetchone()[0]
+
+    assert last_used() is None
+    assert complete(live, "used").status_code == 200
+    first = last_used()
+    assert first is not None
+    assert [complete(live, "used").status_code for _ in range(3)] == [200] * 3
+    assert last_used() == first
 
 def test_ledger_totals_equal_the_usage_clients_saw(live):
     client = sdk(live, "ledger")

@@ -52,6 +52,7 @@ class BatchCreateSerializer(serializers.Serializer):
 
 class BatchAPIView(OpenAIView):
     # Described in /openapi.json by schema.py (the objects, the multipart upload, the binary content).
+    initial_on_loop = False  # its initial starts the batch runner
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)

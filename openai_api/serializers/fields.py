@@ -1,6 +1,7 @@
 """Strict JSON fields: OpenAI rejects "5" where 5 is expected, and so do we."""
 from __future__ import annotations
 
+import copy
 import math
 
 from rest_framework import serializers
@@ -158,7 +159,21 @@ class LogitBiasField(serializers.Field):
 
 
 class RejectUnknownFieldsMixin:
-    """Unknown request fields are an error (OpenAI's message), never silently ignored."""
+    """Unknown request fields are an error (OpenAI's message), never silently ignored.
+
+    Also: DRF deep-copies every declared field for each serializer instance (for a chat request's 68
+    fields, 0.7 ms, the largest part of its validation). Here they are deep-copied once per class, and
+    each instance gets shallow copies of the leaf fields; fields that hold other fields (nested
+    serializers, list and dict fields) or a mutable default are still deep-copied.
+    """
+
+    def get_fields(self):
+        prototypes = type(self).__dict__.get("_field_prototypes")
+        if prototypes is None:
+            prototypes = super().get_fields()
+            type(self)._field_prototypes = prototypes
+        return {name: copy.deepcopy(field) if _needs_own_copy(field) else copy.copy(field)
+                for name, field in prototypes.items()}
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -169,6 +184,12 @@ class RejectUnknownFieldsMixin:
                 {unknown[0]: [f"Unrecognized request argument supplied: {unknown[0]}"]}
             )
         return super().to_internal_value(data)
+
+
+def _needs_own_copy(field: serializers.Field) -> bool:
+    """Whether a shallow copy would share state between requests: fields it holds, a mutable default."""
+    return (isinstance(field, serializers.BaseSerializer) or hasattr(field, "child") or hasattr(field, "fields")
+            or isinstance(getattr(field, "default", None), (list, dict, set)))
 
 
 class StreamOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
