@@ -2,6 +2,8 @@
 
 Four phases on one server with three teams (equal shares) and their keys:
 1. alone: team B sends one short request every `--b-every` seconds on an idle box (its TTFT and ITL alone);
+   B's client runs in a process of its own in every phase (another user's, not the floods' event loop),
+   and B's mean TTFT as the engine sees it (arrival to first token) is reported beside the client's;
 2. flood: teams A and C each flood (`--flood` streams x `--flood-tokens`, greedy, EOS ignored) while B
    keeps sending: B's TTFT/ITL beside the flood, and A's and C's shares of the tokens generated while
    both flooded (from the engine's per-team counters, /metrics);
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import io
 import json
+import multiprocessing
 import re
 import tempfile
 import time
@@ -61,6 +64,20 @@ def team_tokens(base_url: str) -> dict[str, float]:
             re.finditer(r'^inference_team_generation_tokens_total\{team="([^"]*)"\} ([0-9.e+]+)$', text, re.M)}
 
 
+def team_ttft(base_url: str, team: str = "b") -> tuple[float, float]:
+    """The engine's time-to-first-token histogram of `team` (arrival at the engine to first token): sum, count."""
+    text = httpx.get(base_url + "/metrics", timeout=30).text
+    found = [float(re.search(rf'^inference_team_time_to_first_token_seconds_{part}\{{team="{team}"\}} ([0-9.e+-]+)$',
+                             text, re.M).group(1)) for part in ("sum", "count")]
+    return found[0], found[1]
+
+
+def ttft_between(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The mean engine-side TTFT in ms of the requests between two `team_ttft` readings."""
+    count = after[1] - before[1]
+    return round(1000 * (after[0] - before[0]) / count, 1) if count else None
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -80,13 +97,47 @@ def summary(results: list[RequestResult]) -> dict:
 async def b_stream(client: AsyncOpenAI, args, stop: asyncio.Event | None, count: int | None) -> list[RequestResult]:
     """Team B: one short request every `b_every` seconds, until `stop` (or `count` requests)."""
     results, sent = [], 0
-    while (stop is None or not stop.is_set()) and (count is None or sent < count):
+    while (stop is None or not stop.is_set() or not sent) and (count is None or sent < count):  # one at least
         began = time.monotonic()
         results.append(await stream_one(client, args.model, f"B asks question {sent}:", args.b_tokens,
                                         {"ignore_eos": True, "return_token_ids": True}))
         sent += 1
         await asyncio.sleep(max(0.0, args.b_every - (time.monotonic() - began)))
     return results
+
+
+def _b_in_process(base_url: str, key: str, args: argparse.Namespace, ready, stop, count: int | None, out) -> None:
+    async def run() -> list[RequestResult]:
+        client = AsyncOpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=600)
+        ready.set()
+        try:
+            return await b_stream(client, args, stop, count)
+        finally:
+            await client.close()
+    out.put(asyncio.run(run()))
+
+
+class TeamBClient:
+    """Team B's requests from a process of its own: B is another user than the flooding teams, so the
+    floods' hundreds of streams must not delay B's client in a shared event loop (they did: every
+    flood event parsed by the SDK in B's loop added to B's measured TTFT)."""
+
+    def __init__(self, base_url: str, key: str, args: argparse.Namespace, count: int | None = None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.ready, self.stop, self.out = context.Event(), context.Event(), context.Queue()
+        self.process = context.Process(target=_b_in_process, daemon=True,
+                                       args=(base_url, key, args, self.ready, self.stop, count, self.out))
+        self.process.start()
+        if not self.ready.wait(60):
+            raise RuntimeError("team B's client process did not start")
+
+    async def results(self, stop: bool = True) -> list[RequestResult]:
+        """B's results: once it has sent its count, or (`stop`) after the request under way."""
+        if stop:
+            self.stop.set()
+        results = await asyncio.to_thread(self.out.get)
+        self.process.join(30)
+        return results
 
 
 async def flood(client: AsyncOpenAI, args, team: str) -> list[RequestResult]:
@@ -135,30 +186,32 @@ async def phases(args, base_url: str, keys: dict[str, str]) -> dict:
     sync_b = OpenAI(base_url=base_url + "/v1", api_key=keys["b"], max_retries=0, timeout=600)
     report: dict = {}
     await b_stream(clients["b"], args, None, 2)  # loads the model
-    report["b_alone"] = summary(await b_stream(clients["b"], args, None, args.b_alone))
+    engine_ttft = {}
+    ttft_before = await asyncio.to_thread(team_ttft, base_url)
+    report["b_alone"] = summary(await TeamBClient(base_url, keys["b"], args, args.b_alone).results(stop=False))
+    engine_ttft["alone"] = ttft_between(ttft_before, await asyncio.to_thread(team_ttft, base_url))
     print("B alone:", report["b_alone"], flush=True)
 
-    stop = asyncio.Event()
-    b_task = asyncio.create_task(b_stream(clients["b"], args, stop, None))
+    ttft_before = await asyncio.to_thread(team_ttft, base_url)
+    b_task = TeamBClient(base_url, keys["b"], args)
     floods = asyncio.gather(flood(clients["a"], args, "a"), flood(clients["c"], args, "c"))
     await asyncio.sleep(2.0)  # both teams' streams running and queued: their shares count from here
     before, began = await asyncio.to_thread(team_tokens, base_url), time.monotonic()
     await asyncio.sleep(min(60.0, max(5.0, args.flood * args.flood_tokens / 2000)))
     after, window = await asyncio.to_thread(team_tokens, base_url), time.monotonic() - began
     await floods
-    stop.set()
-    report["b_beside_flood"] = summary(await b_task)
+    report["b_beside_flood"] = summary(await b_task.results())
+    engine_ttft["beside_flood"] = ttft_between(ttft_before, await asyncio.to_thread(team_ttft, base_url))
+    report["b_engine_ttft_mean_ms"] = engine_ttft
     served = {team: after.get(team, 0) - before.get(team, 0) for team in ("a", "c")}
     total = sum(served.values()) or 1
     report["flood_shares"] = {team: round(tokens / total, 3) for team, tokens in served.items()}
     report["flood_window_s"] = round(window, 1)
     print("B beside the flood:", report["b_beside_flood"], "A/C shares:", report["flood_shares"], flush=True)
 
-    stop = asyncio.Event()
-    b_task = asyncio.create_task(b_stream(clients["b"], args, stop, None))
+    b_task = TeamBClient(base_url, keys["b"], args)
     batch_busy = await asyncio.to_thread(run_batch, sync_b, args)
-    stop.set()
-    report["b_beside_batch"] = summary(await b_task)
+    report["b_beside_batch"] = summary(await b_task.results())
     batch_idle = await asyncio.to_thread(run_batch, sync_b, args)
     direct_s = await direct(clients["b"], args)
     report["batch_seconds"] = {"beside_b": round(batch_busy, 2), "idle": round(batch_idle, 2),
