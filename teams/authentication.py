@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import import_module
 from inspect import iscoroutinefunction
 
-from django.conf import settings
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth import get_user
 from django.db import InterfaceError, OperationalError, connection
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
@@ -53,9 +53,12 @@ class BearerKeyAuthentication(BaseAuthentication):
         if key is None:
             bad_keys.failed(address, config.bad_key_window)
             raise AuthenticationFailed()
-        if not getattr(request._request, "initial_on_loop", False):  # on the loop its use was not due
+        if not getattr(request._request, "auth_on_loop", False):  # on the loop its use was not due
             services.touch_key(key)
         return key, selectors.principal_for_key(key)
+
+    def authenticate_header(self, request) -> str:
+        return 'Bearer realm="api"'
 
 
 def _key_of(header: list[bytes]):
@@ -92,11 +95,16 @@ async def look_up_before_initial(request) -> bool:
         header = get_authorization_header(request).split()
         if not header:
             return False
+        config = web_config()
+        if bad_keys.refused_for(request.META.get("REMOTE_ADDR") or "?", config.bad_key_limit,
+                                config.bad_key_window) is not None:
+            django_request.auth_on_loop = True  # authenticate refuses it before any lookup
+            return True
         lookup, args = _key_of, (header,)
     found = await asyncio.get_running_loop().run_in_executor(_lookups, _on_kept_connection, lookup, *args)
     django_request.looked_up = found
-    django_request.initial_on_loop = not (web_config().auth_enabled and found is not None and services.touch_due(found))
-    return django_request.initial_on_loop
+    django_request.auth_on_loop = not (web_config().auth_enabled and found is not None and services.touch_due(found))
+    return django_request.auth_on_loop
 
 
 class LookupOnLongLivedThread:
@@ -127,9 +135,6 @@ class LookupOnLongLivedThread:
             response = self.handle_exception(exc)
         self.response = self.finalize_response(request, response, *args, **kwargs)
         return self.response
-
-    def authenticate_header(self, request) -> str:
-        return 'Bearer realm="api"'
 
 
 class SessionPrincipalAuthentication(SessionAuthentication):

@@ -32,6 +32,15 @@ def test_models_needs_a_key(server):
     assert httpx.get(f"{server.base_url}/v1/models").status_code == 401
 
 
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-inf-wrong"}, {"Authorization": "Basic eDp5"}])
+def test_a_completion_without_a_valid_key_is_a_401_that_says_how_to_authenticate(server, headers):
+    answer = httpx.post(f"{server.base_url}/v1/completions", headers=headers, timeout=30,
+                        json={"model": TINY_MODEL, "prompt": "Hi", "max_tokens": 1})
+    assert answer.status_code == 401
+    assert answer.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert answer.json()["error"]["type"] == "authentication_error"
+
+
 def test_serve_writes_its_key_to_an_owner_only_file(server):
     mode = stat.S_IMODE(server.key_file.stat().st_mode)
     assert mode == 0o600
