@@ -234,7 +234,10 @@ def test_undeliverable_messages_never_make_a_protocol_error_or_a_hole(catalog_ca
         kinds = Counter(outcome for _, _, outcome, _ in results)
         print(f"{len(results)} requests: {dict(kinds)}")
         assert "failpoint bridge.send fired" in worker.log()
-        assert set(kinds) <= {"ok", "event worker_lost", "http 503 worker_lost"}, kinds
+        # no_worker: a starved machine (a CI run beside another) can leave the worker's heartbeats 2 s late;
+        # still an OpenAI-shaped answer, never a protocol error or a hole
+        assert set(kinds) <= {"ok", "event worker_lost", "http 503 worker_lost", "http 503 no_worker"}, kinds
+        assert kinds["http 503 no_worker"] <= 2, kinds
         texts = Counter(text for _, _, outcome, text in results if outcome == "ok")
         assert kinds["ok"] >= 10 and len(texts) == 1, texts  # greedy: every whole answer is the same text
     finally:
