@@ -80,6 +80,8 @@ def _on_kept_connection(lookup, *args):
     try:
         return lookup(*args)
     except (InterfaceError, OperationalError):
+        if connection.connection is not None and connection.is_usable():
+            raise  # the database answered (a lock timeout, an outage's refusal): no second wait
         connection.close()
         return lookup(*args)
 
