@@ -30,6 +30,7 @@ POINTS = {
     "bridge.send": "the worker carrying a batch of messages onto the channel layer",
     "media.read": "the worker reading a job's images, audio or video",
     "ledger.write": "the web process writing a batch of usage rows to the database",
+    "batch.record": "the batch runner writing a group of finished lines (and their usage rows)",
     "worker.heartbeat": "the worker's heartbeat into the catalog",
     "web.handoff": "a generation view, between opening the job and returning its response",
 }

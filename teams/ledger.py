@@ -51,6 +51,12 @@ class UsageEntry:
     tags: dict = field(default_factory=dict)  # the request's metadata, user, safety_identifier, service_tier
     refused: bool = False  # turned away without running (see RequestMeter.finish): not a served request
 
+    def as_model(self):
+        """The row as the database stores it (unsaved)."""
+        from .models import UsageRecord
+
+        return UsageRecord(**asdict(self))
+
     def pending(self) -> PendingRow | None:
         if self.team_id is None:
             return None
@@ -174,7 +180,7 @@ class LedgerWriter:
             try:
                 failpoints.hit("ledger.write")
                 close_old_connections()
-                UsageRecord.objects.bulk_create([UsageRecord(**asdict(entry)) for entry, _ in batch])
+                UsageRecord.objects.bulk_create([entry.as_model() for entry, _ in batch])
                 written = True
                 break
             except Exception as exc:  # bookkeeping must never take the server down; the spool keeps the rows

@@ -38,7 +38,8 @@ def refusal(status_code: int, completion_tokens: int) -> bool:
 
 
 class RequestMeter:
-    def __init__(self, principal: Principal, endpoint: str, request_id: str, model: str = "") -> None:
+    def __init__(self, principal: Principal, endpoint: str, request_id: str, model: str = "",
+                 hold_row: bool = False) -> None:
         self.principal = principal
         self.endpoint = endpoint
         self.request_id = request_id
@@ -55,6 +56,11 @@ class RequestMeter:
         self.finish_reasons: list[str] = []
         self.finished = False
         self.tags: dict = {}  # the request's own labels for its ledger row (metadata, user, ...)
+        # hold_row: `finish` keeps its row in `row` for the caller to write with its own result, in one
+        # transaction (a batch line: a process killed between the two leaves neither, so no line is
+        # counted twice); otherwise the ledger writer takes it.
+        self.hold_row = hold_row
+        self.row: UsageEntry | None = None
 
     def check_model(self, model: str, asked_as: str | None = None) -> None:
         """`model` as resolved (aliases followed); a model it may not use does not exist for it
@@ -114,7 +120,7 @@ class RequestMeter:
             return
         self.finished = True
         prompt, completion = self.used
-        await LedgerWriter.get().record_async(UsageEntry(
+        row = UsageEntry(
             request_id=self.request_id, created_at=self.started_at, team_id=self.principal.team.pk,
             key_id=self.principal.key.pk if self.principal.key else None,
             user_id=getattr(self.principal.user, "pk", None), model=self.model, endpoint=self.endpoint,
@@ -123,7 +129,11 @@ class RequestMeter:
             finish_reason=",".join(sorted(set(self.finish_reasons))), cancelled=cancelled,
             error_code=error_code or "", tags=self.tags,
             refused=self.refused or refusal(status_code, completion),
-        ))
+        )
+        if self.hold_row:
+            self.row = row
+        else:
+            await LedgerWriter.get().record_async(row)
         if self.admitted and not self.ticket.empty:
             # Shielded: a client that vanishes cancels this task, and the slot must still be freed.
             await asyncio.shield(limiter().settle(self.ticket, self._charged(prompt, completion)))

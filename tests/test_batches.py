@@ -235,20 +235,25 @@ def test_another_teams_files_and_batches_do_not_exist_for_it(live):
 
 
 def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, batch_env):
+    """The server is killed while finished lines wait for their record (the runner's writes are slowed by
+    a failpoint, so that window is there every time): those lines' usage rows must die with them, as
+    their results do, or the lines, run again, would be counted twice."""
     env, work_dir = batch_env
-    client = sdk(live)
+    live.stop()  # the last test of the module: the server is this test's own from here on
+    slowed = LiveServer({**env, "INFERENCE_FAILPOINTS": "batch.record=delay(1500)"}, work_dir, name="batch-slowed")
+    client = sdk(slowed)
     bodies = [{"model": TINY_MODEL, "prompt": f"Story {i}:", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
               for i in range(8)]
     time.sleep(1.1)  # the ledger check below counts every request from the batch's creation (whole seconds) on
     batch = submit(client, [line(f"r-{i}", "/v1/completions", body) for i, body in enumerate(bodies)],
                    "/v1/completions")
     deadline = time.monotonic() + 120
-    while (counts := client.batches.retrieve(batch.id).request_counts).completed < 2:
+    while (counts := client.batches.retrieve(batch.id).request_counts).completed < 1:  # the first group written
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert counts.completed < 8, "the batch ended before the kill: make its lines longer"
-    os.killpg(live.process.pid, signal.SIGKILL)  # the runner dies with its lines in flight
-    live.process.wait(10)
+    os.killpg(slowed.process.pid, signal.SIGKILL)  # the runner dies with lines in flight and lines unrecorded
+    slowed.process.wait(10)
 
     again = LiveServer(env, work_dir, name="batch-restarted")
     try:
@@ -278,24 +283,36 @@ def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, bat
 
 @pytest.mark.django_db
 def test_a_group_of_finished_lines_is_written_once_and_counted_once():
-    """The runner writes lines that finished together in one transaction: each line once (a line a
-    taken-over runner finished too is not rewritten), the batch's counts moved by what was written."""
+    """The runner writes lines that finished together in one transaction, with their usage rows: each line
+    once (a line a taken-over runner finished too is not rewritten), the batch's counts moved by what was
+    written."""
     from datetime import timedelta
 
     from django.utils import timezone
 
     from openai_api.batches import state
     from openai_api.batches.models import Batch, BatchLine
-    from teams.models import Team
+    from teams.ledger import UsageEntry
+    from teams.models import Team, UsageRecord
 
     team = Team.objects.create(name="grouped-writes")
     batch = Batch.objects.create(id="batch_grouped", team=team, endpoint="/v1/completions", status=Batch.IN_PROGRESS,
                                  total=3, expires_at=timezone.now() + timedelta(hours=1))
     lines = [BatchLine.objects.create(batch=batch, index=i, custom_id=f"l{i}", body={}) for i in range(3)]
-    assert state.record_lines(batch.pk, [(lines[0].pk, {"n": 0}, False), (lines[1].pk, {"n": 1}, True)]) == 2
+
+    def row(request_id: str) -> UsageEntry:
+        return UsageEntry(request_id, timezone.now(), team.pk, None, None, "m", "/v1/completions", 3, 4, 1, 2, 200,
+                          "length", False, "")
+
+    assert state.record_lines(batch.pk, [state.LineResult(lines[0].pk, {"n": 0}, False, [row("r0")]),
+                                         state.LineResult(lines[1].pk, {"n": 1}, True, [row("r1")])]) == 2
     assert [pk for pk, *_ in state.pending_lines(batch.pk, set(), 10)] == [lines[2].pk]
-    assert state.record_lines(batch.pk, [(lines[1].pk, {"n": "again"}, False), (lines[2].pk, {"n": 2}, False)]) == 1
+    assert state.record_lines(batch.pk, [state.LineResult(lines[1].pk, {"n": "again"}, False, [row("r1-again")]),
+                                         state.LineResult(lines[2].pk, {"n": 2}, False, [row("r2")])]) == 1
     batch.refresh_from_db()
     assert (batch.completed, batch.failed) == (2, 1)
     assert BatchLine.objects.get(pk=lines[1].pk).result == {"n": 1}
     assert state.pending_lines(batch.pk, set(), 10) == []
+    # Each run's row went in with its group, the one of the line written before too (that work was done).
+    assert sorted(UsageRecord.objects.filter(team=team).values_list("request_id", flat=True)) == \
+        ["r0", "r1", "r1-again", "r2"]

@@ -26,7 +26,7 @@ from catalog.config import web_config
 from protocol.tasks import watch
 
 from . import service, state
-from .lines import batch_principal, run_line
+from .lines import batch_principal, record_now, run_line
 from .models import Batch
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class BatchRunner:
             # Shielded: a cancel arriving now must not lose finished lines (they would run again).
             await asyncio.shield(writer.flush())
 
-    async def one_line(self, principal, url: str, custom_id: str, body: dict) -> tuple[dict, bool]:
+    async def one_line(self, principal, url: str, custom_id: str, body: dict) -> tuple[dict, bool, list]:
         async with self.slots:
             return await run_line(principal, url, custom_id, body)
 
@@ -161,7 +161,7 @@ class LineWriter:
 
     def __init__(self, batch_id: str) -> None:
         self.batch_id = batch_id
-        self.pending: list[tuple[int, dict, bool]] = []
+        self.pending: list[state.LineResult] = []
         self.unwritten: set[int] = set()  # finished here, not yet in the database: not to be read again
         self.writing: asyncio.Task | None = None
 
@@ -171,8 +171,8 @@ class LineWriter:
         if task.exception() is not None:
             logger.error("batch %s: a line failed", self.batch_id, exc_info=task.exception())
             return
-        line, is_error = task.result()
-        self.pending.append((pk, line, is_error))
+        line, is_error, rows = task.result()
+        self.pending.append(state.LineResult(pk, line, is_error, rows))
         self.unwritten.add(pk)
         if self.writing is None or self.writing.done():
             self.writing = asyncio.ensure_future(self._write())
@@ -187,7 +187,9 @@ class LineWriter:
                 except Exception:
                     logger.warning("batch %s: writing %d lines failed", self.batch_id, len(group), exc_info=True)
                     await asyncio.sleep(0.2 * (attempt + 1))
-            self.unwritten -= {pk for pk, _, _ in group}  # written, or (after the tries) left to run again
+            else:  # left to run again; the work done is still counted, once, by the ledger writer
+                record_now([row for result in group for row in result.rows])
+            self.unwritten -= {result.pk for result in group}  # written, or (after the tries) left to run again
 
     async def flush(self) -> None:
         """Until every line taken so far is written."""

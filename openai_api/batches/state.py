@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
@@ -16,7 +16,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from teams.models import APIKey, Team
+from protocol import failpoints
+from teams.ledger import UsageEntry
+from teams.models import APIKey, Team, UsageRecord
 from teams.principal import Principal
 
 from .files import delete_file, write_file
@@ -68,16 +70,30 @@ def pending_lines(batch_id: str, skip: set[int], limit: int) -> list[tuple[int, 
     return list(rows)
 
 
-def record_lines(batch_id: str, results: list[tuple[int, dict, bool]]) -> int:
-    """Lines' output lines, (pk, result, is_error) each, in one transaction (one commit for a group of
-    lines that finished together), each written once and counted in the batch; how many were written."""
+@dataclass(frozen=True)
+class LineResult:
+    pk: int
+    result: dict  # the output (or error) file's line
+    is_error: bool
+    rows: list[UsageEntry] = field(default_factory=list)  # the ledger rows of the run that gave it
+
+
+def record_lines(batch_id: str, results: list[LineResult]) -> int:
+    """Lines' results, and their ledger rows, in one transaction (one commit for a group of lines that
+    finished together), each line written once and counted in the batch; how many were written.
+
+    A row goes in even when its line was already written (by a runner that took the batch over): that
+    work was done too. A process killed before the commit leaves neither line nor row."""
+    failpoints.hit("batch.record")
     counts = {"completed": 0, "failed": 0}
     with transaction.atomic():
-        for line_pk, result, is_error in results:
-            if BatchLine.objects.filter(pk=line_pk, done=False).update(done=True, result=result, is_error=is_error):
-                counts["failed" if is_error else "completed"] += 1
+        for line in results:
+            if BatchLine.objects.filter(pk=line.pk, done=False).update(
+                    done=True, result=line.result, is_error=line.is_error):
+                counts["failed" if line.is_error else "completed"] += 1
         if any(counts.values()):
             Batch.objects.filter(pk=batch_id).update(**{name: F(name) + n for name, n in counts.items() if n})
+        UsageRecord.objects.bulk_create([row.as_model() for line in results for row in line.rows])
     return sum(counts.values())
 
 
@@ -91,8 +107,9 @@ def expire_pending(batch_id: str) -> None:
     """Lines never run before the batch expired go to the error file (OpenAI's `batch_expired`)."""
     error = {"code": "batch_expired",
              "message": "This request could not be executed before the completion window expired."}
-    record_lines(batch_id, [(pk, {"id": f"batch_req_{pk}", "custom_id": custom_id, "response": None, "error": error},
-                             True) for pk, _, custom_id, _ in pending_lines(batch_id, set(), 10 ** 9)])
+    record_lines(batch_id, [LineResult(pk, {"id": f"batch_req_{pk}", "custom_id": custom_id, "response": None,
+                                            "error": error}, True)
+                            for pk, _, custom_id, _ in pending_lines(batch_id, set(), 10 ** 9)])
 
 
 def _jsonl(batch_id: str, is_error: bool):
