@@ -2,8 +2,9 @@
 
 `web_config()` reads `settings.INFERENCE` (inference_site/settings.py owns every default and the
 environment variable behind each) into a frozen `WebConfig`. It lives in the catalog, the lowest
-web app that reads settings, so that teams and the API (above it) import it too; it is read on
-each call, never cached, so a value `serve` sets before it starts is the one every reader sees.
+web app that reads settings, so that teams and the API (above it) import it too. It is built once
+and kept (requests read it many times each); a change to `settings.INFERENCE` made through
+`set_inference` (as `serve` does before it starts) or Django's `override_settings` drops the kept one.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 
 @dataclass(frozen=True)
@@ -97,5 +99,26 @@ class WebConfig:
         )
 
 
+_kept: WebConfig | None = None
+
+
 def web_config() -> WebConfig:
-    return WebConfig.from_settings(settings.INFERENCE)
+    global _kept
+    if _kept is None:
+        _kept = WebConfig.from_settings(settings.INFERENCE)
+    return _kept
+
+
+def forget_web_config(**_signal) -> None:
+    """The next `web_config()` reads the settings again."""
+    global _kept
+    _kept = None
+
+
+def set_inference(key: str, value: Any) -> None:
+    """One `settings.INFERENCE` value changed in place (a `serve` flag), seen by every later reader."""
+    settings.INFERENCE[key] = value
+    forget_web_config()
+
+
+setting_changed.connect(forget_web_config)

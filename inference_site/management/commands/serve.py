@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
 from inference_site import http_limits
 
@@ -53,7 +54,7 @@ class Command(BaseCommand):
                              options.get("reasoning"))
         for key, setting in ENGINE_SETTINGS:  # settings, and env for workers started from here
             if options.get(key) is not None:
-                settings.INFERENCE[setting] = options[key]
+                set_inference(setting, options[key])
                 os.environ[f"INFERENCE_{setting}"] = str(options[key])
         call_command("migrate", interactive=False, verbosity=0)
         if not no_worker:
@@ -135,7 +136,7 @@ class Command(BaseCommand):
         if reasoning:
             values["REASONING"] = reasoning
         for key, value in values.items():
-            settings.INFERENCE[key] = value
+            set_inference(key, value)
             os.environ[f"INFERENCE_{key}"] = value
 
     def _allow_host(self, host: str) -> None:
@@ -183,7 +184,7 @@ class Command(BaseCommand):
 
     def _announce_auth(self, port: int, no_auth: bool) -> None:
         if no_auth:
-            settings.INFERENCE["AUTH_ENABLED"] = False
+            set_inference("AUTH_ENABLED", False)
         if not settings.INFERENCE["AUTH_ENABLED"]:
             self.stderr.write(self.style.WARNING(
                 "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
