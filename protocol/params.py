@@ -1,7 +1,7 @@
 """A job's sampling and output parameters: every default of the request path, declared once."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Mapping, NotRequired, TypedDict
 
 
@@ -70,17 +70,17 @@ class JobParams:
     prompt_cache_key: str | None = None  # OpenAI's: requests sharing it go to the same worker (its prefix cache)
     stream: bool = True  # False: the client reads the whole answer at once, so the worker sends its first
     # token (time to first token is still measured) and then the rest when done, not a message per step
-    priority_class: Literal["interactive", "batch"] = "interactive"  # batch: runs in what interactive work leaves
 
     @classmethod
     def from_wire(cls, params: Mapping[str, Any]) -> JobParams:
-        unknown = set(params) - {f.name for f in fields(cls)}
+        unknown = set(params) - set(_FIELD_NAMES)
         if unknown:
             raise ValueError(f"unknown job parameters: {sorted(unknown)}")
         return cls(**params)
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields as they are (no deep copy, as `asdict` makes: a job's params are its own)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
 
 # The sampling knobs a model may set defaults for (its generation_config.json, an admin's catalog
@@ -120,3 +120,6 @@ def to_job_params(request: Mapping[str, Any], **endpoint: Any) -> JobParams:
     shared = {name: request[name] for name in SHARED_REQUEST_FIELDS if request.get(name) is not None}
     endpoint.setdefault("stream", bool(request.get("stream", True)))
     return JobParams(**shared, **endpoint)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(JobParams))
