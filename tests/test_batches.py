@@ -241,19 +241,22 @@ def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, bat
     env, work_dir = batch_env
     live.stop()  # the last test of the module: the server is this test's own from here on
     slowed = LiveServer({**env, "INFERENCE_FAILPOINTS": "batch.record=delay(1500)"}, work_dir, name="batch-slowed")
-    client = sdk(slowed)
-    bodies = [{"model": TINY_MODEL, "prompt": f"Story {i}:", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
-              for i in range(8)]
-    time.sleep(1.1)  # the ledger check below counts every request from the batch's creation (whole seconds) on
-    batch = submit(client, [line(f"r-{i}", "/v1/completions", body) for i, body in enumerate(bodies)],
-                   "/v1/completions")
-    deadline = time.monotonic() + 120
-    while (counts := client.batches.retrieve(batch.id).request_counts).completed < 1:  # the first group written
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert counts.completed < 8, "the batch ended before the kill: make its lines longer"
-    os.killpg(slowed.process.pid, signal.SIGKILL)  # the runner dies with lines in flight and lines unrecorded
-    slowed.process.wait(10)
+    try:
+        client = sdk(slowed)
+        bodies = [{"model": TINY_MODEL, "prompt": f"Story {i}:", "max_tokens": 32, "temperature": 0,
+                   "ignore_eos": True} for i in range(8)]
+        time.sleep(1.1)  # the ledger check below counts every request from the batch's creation (whole seconds) on
+        batch = submit(client, [line(f"r-{i}", "/v1/completions", body) for i, body in enumerate(bodies)],
+                       "/v1/completions")
+        deadline = time.monotonic() + 120
+        while (counts := client.batches.retrieve(batch.id).request_counts).completed < 1:  # the first group written
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert counts.completed < 8, "the batch ended before the kill: make its lines longer"
+        os.killpg(slowed.process.pid, signal.SIGKILL)  # the runner dies with lines in flight and lines unrecorded
+        slowed.process.wait(10)
+    finally:
+        slowed.stop()
 
     again = LiveServer(env, work_dir, name="batch-restarted")
     try:

@@ -60,3 +60,42 @@ def test_the_cache_stays_within_its_budget(hf_cache, reference):
     budget = 3 * BLOCK_TOKENS * per_token  # three blocks
     _, stats = generate_all(hf_cache, budget)
     assert 0 < stats["prefix_cache_bytes"] <= budget
+
+
+def test_newcomers_with_short_cached_starts_prefill_together_and_long_ones_reuse_theirs(hf_cache, reference):
+    """Prompts arriving together whose cached start is short join one padded forward (no lookup, no
+    forward of their own); those whose cached start is long enough start from it. Output is unchanged."""
+    from workers.engine.scheduler import PREFIX_WORTH_BESIDE_OTHERS
+
+    short = [f"Story {i}: once upon a time there was a lighthouse that" for i in range(6)]
+    long_start = SYSTEM * 3
+    assert len(reference.encode(long_start)) >= PREFIX_WORTH_BESIDE_OTHERS + BLOCK_TOKENS
+    long = [long_start + question for question in QUESTIONS[:3]]
+    outbox = Outbox()
+
+    def run(engine, prompts: list[str]) -> list[list[int]]:
+        reply = f"reply.{uuid.uuid4().hex}"
+        engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL),
+                                              prompts, protocol.JobParams(temperature=0, max_tokens=8, ignore_eos=True)))
+        messages = outbox.wait_for(reply, finished)
+        assert messages[-1]["type"] == protocol.DONE, messages[-1]
+        tokens: dict[int, list[int]] = {}
+        for message in messages[1:]:
+            for choice in message["choices"]:
+                tokens.setdefault(choice["index"], []).extend(choice["token_ids"])
+        return [tokens[i] for i in range(len(prompts))]
+
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=8, prefix_cache_bytes=64 * 1024 * 1024)) as engine:
+        for prompt in short + long[:1]:  # one at a time: each is remembered
+            run(engine, [prompt])
+        before = engine.stats()
+        together = run(engine, short)  # one job, six prompts: newcomers of one step
+        after_short = engine.stats()
+        reused = run(engine, long)
+        after_long = engine.stats()
+    assert after_short["prefix_cache_hit_tokens"] == before["prefix_cache_hit_tokens"]
+    assert after_short["prefix_cache_lookup_tokens"] == before["prefix_cache_lookup_tokens"]
+    long_hits = after_long["prefix_cache_hit_tokens"] - after_short["prefix_cache_hit_tokens"]
+    assert long_hits >= len(long) * PREFIX_WORTH_BESIDE_OTHERS
+    for prompt, output in zip(short + long, together + reused):
+        assert output == reference.greedy(reference.encode(prompt), 8, min_new_tokens=8)

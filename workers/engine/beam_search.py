@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from workers.engine.cpu_share import torch_on_one_thread
 from workers.engine.sampling import TokenChoice
 from workers.engine.sequences import GenerationJob
 
@@ -70,7 +71,8 @@ class BeamRunner:
 
     def __init__(self, on_done: Callable[[str], None]) -> None:
         self.on_done = on_done
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="beam-search")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="beam-search",
+                                        initializer=torch_on_one_thread)  # the engine's threads stay its own
         self.running: dict[str, tuple[GenerationJob, threading.Event, Future]] = {}
 
     def submit(self, request: GenerationJob) -> None:

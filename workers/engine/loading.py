@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import protocol
 from protocol import ModelRef
+from workers.engine.cpu_share import torch_on_one_thread
 from workers.engine.model_loader import LoadedModel
 from workers.engine.model_manager import LoadPlan, ModelManager
 
@@ -94,11 +95,13 @@ class Loader:
 
 
 def _yield_to_decoding() -> None:
-    """Lower the loader thread's CPU priority (Linux: nice is per thread; torch threads it starts inherit it).
+    """Lower the loader thread's CPU priority (Linux: nice is per thread), and keep its torch work on
+    itself (no OpenMP team of its own beside the engine's: workers/engine/cpu_share.py).
 
     A load is mostly torch work on all cores; at equal priority it took three quarters of the
     running streams' speed on 2 cores. Niced, it runs in what decoding leaves idle.
     """
+    torch_on_one_thread()
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
     except (AttributeError, OSError):  # not Linux, or not allowed: loads just compete as before
