@@ -57,7 +57,10 @@ def _hold_off_eos(scores: torch.Tensor, batch: list[Sampler], generated: list[in
         return
     eos = sorted({t for r in rows for t in batch[r].eos_token_ids})
     if all(batch[r].eos_token_ids == batch[rows[0]].eos_token_ids for r in rows):
-        scores[torch.tensor(rows)[:, None], torch.tensor(eos)[None, :]] = NEG_INF
+        if len(rows) == len(batch):  # every row (ignore_eos in a whole batch): columns, no index tensors
+            scores[:, eos] = NEG_INF
+        else:
+            scores[torch.tensor(rows)[:, None], torch.tensor(eos)[None, :]] = NEG_INF
     else:
         for r in rows:
             scores[r, batch[r].eos_token_ids] = NEG_INF
