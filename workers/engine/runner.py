@@ -63,17 +63,13 @@ class ModelRunner:
         return [*self.batch_rows, *self.solo_rows]
 
     # --- prefill -----------------------------------------------------------
-    def attach_prefix(self, seq: Sequence, worth: int = 1) -> int | None:
+    def attach_prefix(self, seq: Sequence) -> int | None:
         """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
-        cached start, if that holds at least `worth` tokens; returns how many tokens that saves (None: not
-        looked up, as when every position must be scored, or the cached start is shorter than `worth`)."""
+        cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
         if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable
                 or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
             return None
-        root = getattr(seq.request.model, "adapter", None)
-        if worth > 1 and self.prefix_cache.cached_tokens(seq.prompt_ids, root) < worth:
-            return None
-        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, root)
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, getattr(seq.request.model, "adapter", None))
         return seq.prefilled
 
     def remember_prefix(self, seq: Sequence) -> None:

@@ -23,10 +23,6 @@ from workers.engine.prefill_pacing import PrefillPacer
 from workers.engine.runner import ModelRunner
 from workers.engine.sequences import Sequence
 
-# A cached prompt start shorter than this is not used when other newcomers prefill in the same step:
-# the prompt joins their one padded forward instead of taking a forward of its own (8 cache blocks).
-PREFIX_WORTH_BESIDE_OTHERS = 128
-
 
 class Scheduler:
     def __init__(self, runners: dict[str, ModelRunner], metrics: EngineMetrics, config: EngineConfig) -> None:
@@ -161,10 +157,8 @@ class Scheduler:
 
         Called twice a step: `first`, before the decode, for interactive prompts (what the pacer allows);
         then after it, with what is left, for the rest. Short prompts are prefilled together in one
-        padded forward; a long prompt (or one whose every position must be scored) goes alone, in chunks,
-        and so does one that starts from the prefix cache (its cached keys/values): beside other newcomers
-        only when that saves at least PREFIX_WORTH_BESIDE_OTHERS tokens, as a forward of its own costs more
-        than a few tokens in the shared one. Choices of one prompt share its prefill.
+        padded forward; a long prompt (or one whose every position must be scored) goes alone, in chunks.
+        Choices of one prompt share its prefill.
         """
         budget = self.pacer.budget(decoding) if first or self._budget_left is None else self._budget_left
         began, planned = time.perf_counter(), budget
@@ -193,7 +187,7 @@ class Scheduler:
             if budget <= 0:
                 break
             runner = self.runners[seq.request.model_name]
-            cached = runner.attach_prefix(seq, PREFIX_WORTH_BESIDE_OTHERS if len(fresh) > 1 else 1)
+            cached = runner.attach_prefix(seq)
             if cached is not None:
                 self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
             if cached or seq.wants_prompt_logprobs or seq.media_inputs is not None or len(seq.prompt_ids) > budget:

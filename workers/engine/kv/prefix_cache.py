@@ -59,12 +59,6 @@ class PrefixCache:
             parent = key
         return keys
 
-    def cached_tokens(self, prompt_ids: list[int], root: str | None = None) -> int:
-        """How many tokens `lookup` would find, without building their cache or counting the lookup."""
-        if self.budget <= 0:
-            return 0
-        return len(self._run(prompt_ids, (len(prompt_ids) - 1) // BLOCK_TOKENS, root)) * BLOCK_TOKENS
-
     def lookup(self, prompt_ids: list[int], root: str | None = None) -> tuple[DynamicCache | None, int]:
         """A cache holding the longest cached start of the prompt (leaving at least its last token
         to prefill, whose logits are needed) and how many tokens it holds. `root` keys the entries
