@@ -64,3 +64,20 @@ def test_what_ran_while_the_engine_was_idle_does_not_cost_it_threads():
         assert governor.threads == torch.get_num_threads() == most
     finally:
         torch.set_num_threads(before)
+
+
+def test_only_the_engine_thread_runs_torch_on_several_threads():
+    """The loader and beam-search threads keep their torch work on themselves: a second OpenMP team in
+    the worker makes the engine's every operator wait on sleeping threads (workers/engine/cpu_share.py)."""
+    from workers.engine.beam_search import BeamRunner
+    from workers.engine.loading import Loader
+
+    mine = torch.get_num_threads()
+    loader, beams = Loader(manager=None, wake=lambda message: None), BeamRunner(on_done=lambda request_id: None)
+    try:
+        assert loader._executor.submit(torch.get_num_threads).result() == 1
+        assert beams._pool.submit(torch.get_num_threads).result() == 1
+    finally:
+        loader.stop()
+        beams.shutdown()
+    assert torch.get_num_threads() == mine
