@@ -171,7 +171,8 @@ class RejectUnknownFieldsMixin:
     when it is used (`LazyFields`), and a field absent from a JSON body whose default is a plain value
     (not required, no `validate_<name>`, no callable or mutable default) takes that default without
     being copied or run, as DRF would give it. What the request names is validated by DRF's own steps.
-    `lazy_fields = False` is DRF's own way throughout (the tests compare the two).
+    `lazy_fields = False` is DRF's own way throughout (the tests compare the two), as it is for a class
+    that builds its own fields (overrides `get_fields`).
     """
 
     lazy_fields = True
@@ -186,23 +187,30 @@ class RejectUnknownFieldsMixin:
     def get_fields(self):
         return {name: _own_copy(field) for name, field in self.field_prototypes().items()}
 
+    @classmethod
+    def _binds_lazily(cls) -> bool:
+        """A class that builds its own fields (overrides `get_fields`) gets DRF's way."""
+        return cls.lazy_fields and cls.get_fields is RejectUnknownFieldsMixin.get_fields
+
     @cached_property
     def fields(self):
-        if not self.lazy_fields:
+        if not self._binds_lazily():
             return super().fields
         return LazyFields(self, self.field_prototypes())
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["The request body must be a JSON object."]})
-        prototypes = self.field_prototypes()
-        unknown = [key for key in data if key not in prototypes]
+        lazily = self._binds_lazily()
+        names = self.field_prototypes() if lazily else self.fields
+        unknown = [key for key in data if key not in names]
         if unknown:
             raise serializers.ValidationError(
                 {unknown[0]: [f"Unrecognized request argument supplied: {unknown[0]}"]}
             )
-        if not self.lazy_fields or type(data) is not dict or getattr(self.root, "partial", False):  # a form's QueryDict
+        if not lazily or type(data) is not dict or getattr(self.root, "partial", False):  # a form's QueryDict
             return super().to_internal_value(data)
+        prototypes = names
         ret: dict = {}
         errors: dict = {}
         for name, prototype in prototypes.items():
@@ -232,7 +240,7 @@ class RejectUnknownFieldsMixin:
 
     def _read_only_defaults(self):
         """DRF's, without binding every field to find the read-only ones (request serializers have none)."""
-        if not any(field.read_only for field in self.field_prototypes().values()):
+        if self._binds_lazily() and not any(field.read_only for field in self.field_prototypes().values()):
             return {}
         return super()._read_only_defaults()
 
