@@ -1,4 +1,5 @@
-"""Strict JSON fields: OpenAI rejects "5" where 5 is expected, and so do we."""
+"""Strict JSON fields: OpenAI rejects "5" where 5 is expected, and so do we. Also the request
+serializers' mixin: unknown fields refused, and fields bound only when a request uses them."""
 from __future__ import annotations
 
 import copy
