@@ -234,6 +234,33 @@ def test_another_teams_files_and_batches_do_not_exist_for_it(live):
         owner.files.retrieve(batch.input_file_id)
 
 
+def test_lines_whose_record_the_database_refuses_run_again_and_every_run_is_counted(batch_env, tmp_path):
+    """The runner's writes fail 3 times (`batch.record=raise*3`): the group is left to run again, and the
+    runs that gave it are still in the ledger (work done is never uncounted), beside the runs recorded."""
+    env, _ = batch_env
+    own = {**env, "INFERENCE_FAILPOINTS": "batch.record=raise*3", "INFERENCE_VAR_DIR": str(tmp_path / "var"),
+           "INFERENCE_KEY_DIR": str(tmp_path / "keys")}
+    server = LiveServer(own, tmp_path, name="batch-refused")
+    try:
+        client = sdk(server)
+        time.sleep(1.1)  # the ledger check counts every request from the batch's creation (whole seconds) on
+        batch = submit(client, [line(f"r-{i}", "/v1/completions", {"model": TINY_MODEL, "prompt": f"Story {i}:",
+                                                                    "max_tokens": 4, "temperature": 0})
+                                for i in range(2)], "/v1/completions")
+        done = wait_final(client, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 2
+        recorded = {entry["response"]["request_id"] for entry in read_lines(client, done.output_file_id)}
+        deadline = time.monotonic() + 15  # the refused group's rows reach the ledger through its writer
+        while time.monotonic() < deadline:
+            served = [row["request_id"] for row in ledger_rows(own, since=batch.created_at) if row["status_code"] == 200]
+            if len(served) > len(recorded):
+                break
+            time.sleep(0.5)
+        assert recorded < set(served) and len(served) == len(set(served))
+    finally:
+        server.stop()
+
+
 def test_a_batch_survives_a_killed_server_without_running_a_line_twice(live, batch_env):
     """The server is killed while finished lines wait for their record (the runner's writes are slowed by
     a failpoint, so that window is there every time): those lines' usage rows must die with them, as

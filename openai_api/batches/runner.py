@@ -135,6 +135,9 @@ class BatchRunner:
                     task = asyncio.ensure_future(self.one_line(principal, current.endpoint, custom_id, body))
                     running[task] = pk
                 if not running:
+                    if writer.busy:  # a group it cannot write is left to run again: read the lines once more
+                        await writer.flush()
+                        continue
                     return
                 done, _ = await asyncio.wait(running, timeout=every, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -190,6 +193,10 @@ class LineWriter:
             else:  # left to run again; the work done is still counted, once, by the ledger writer
                 record_now([row for result in group for row in result.rows])
             self.unwritten -= {result.pk for result in group}  # written, or (after the tries) left to run again
+
+    @property
+    def busy(self) -> bool:
+        return self.writing is not None and not self.writing.done()
 
     async def flush(self) -> None:
         """Until every line taken so far is written."""
