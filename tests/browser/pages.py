@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from ..live_server import LiveServer
 
@@ -31,6 +32,26 @@ def record_streamed_lengths(page) -> None:
             if (node) window.streamedLengths.push(node.textContent.length);
         }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
     }""")
+
+
+@contextmanager
+def slow_network(page, bytes_per_second: int = 2000):
+    """Chromium's own network throttling, for as long as the block runs.
+
+    The page paints a streaming answer once per animation frame, and the tiny model writes 40 tokens
+    within two frames on a fast machine; on a slow link the same SSE bytes arrive over a second or
+    more, so a test sees every step of the stream the page paints.
+    """
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    cdp.send("Network.emulateNetworkConditions",
+             {"offline": False, "latency": 0, "downloadThroughput": bytes_per_second, "uploadThroughput": -1})
+    try:
+        yield
+    finally:
+        cdp.send("Network.emulateNetworkConditions",
+                 {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+        cdp.detach()
 
 
 def record_open_reasoning(page) -> None:

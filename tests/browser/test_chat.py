@@ -16,6 +16,7 @@ from .pages import (
     record_open_reasoning,
     record_streamed_lengths,
     send_message,
+    slow_network,
     store_conversation,
     stored_conversation,
     wait_for_answer,
@@ -54,8 +55,9 @@ def test_chat_streams_an_answer_equal_to_the_api_and_keeps_the_conversation(page
     page = page_of("alice")
     chat_settings(page, temperature=0, max_tokens=40)
     record_streamed_lengths(page)
-    send_message(page, "Tell me a story about a lighthouse.")
-    wait_for_answer(page)
+    with slow_network(page):
+        send_message(page, "Tell me a story about a lighthouse.")
+        wait_for_answer(page)
     assert page.is_hidden("#error"), page.inner_text("#error")
 
     lengths = page.evaluate("() => window.streamedLengths")
