@@ -9,16 +9,20 @@ security headers, the access line). Channel: the worker consumer on the inferenc
 """
 import os
 
+import django
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
-from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_site.settings")
-full_django_app = ASGIStaticFilesHandler(get_asgi_application())
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
+
+from inference_site.request_threads import PooledThreadsASGIHandler, RequestThreads  # noqa: E402
+
+request_threads = RequestThreads()
+full_django_app = ASGIStaticFilesHandler(PooledThreadsASGIHandler(request_threads))
 
 
-class APIHandler(ASGIHandler):
+class APIHandler(PooledThreadsASGIHandler):
     """Django with settings.API_MIDDLEWARE instead of settings.MIDDLEWARE."""
 
     def load_middleware(self, is_async: bool = False) -> None:
@@ -32,7 +36,7 @@ class APIHandler(ASGIHandler):
 
 from inference_site.admission import AdmissionLimit  # noqa: E402
 
-api_app = AdmissionLimit(APIHandler(), settings.INFERENCE["WEB_MAX_IN_FLIGHT"])
+api_app = AdmissionLimit(APIHandler(request_threads), settings.INFERENCE["WEB_MAX_IN_FLIGHT"])
 
 
 async def http_app(scope, receive, send):

@@ -121,6 +121,11 @@ def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
     return path or None, str(detail)
 
 
+def _content_type(context: dict) -> str:
+    request = context.get("request")
+    return (request.META.get("CONTENT_TYPE") or "").lower() if request is not None else ""
+
+
 def exception_handler(exc: Exception, context: dict) -> Response:
     """DRF's EXCEPTION_HANDLER: map every exception to an OpenAI error body."""
     exc = team_error(exc) or exc
@@ -138,6 +143,9 @@ def exception_handler(exc: Exception, context: dict) -> Response:
             message = f"{param}: {message}"
         return Response(error_body(400, message, param, "invalid_value"), status=400)
     if isinstance(exc, drf_exceptions.ParseError):
+        if _content_type(context).startswith("multipart/"):
+            message = "We could not parse the multipart form body of your request. " + str(exc.detail)
+            return Response(error_body(400, message, None, "invalid_multipart"), status=400)
         message = "We could not parse the JSON body of your request. " + str(exc.detail)
         return Response(error_body(400, message, None, "invalid_json"), status=400)
     if isinstance(exc, drf_exceptions.UnsupportedMediaType):

@@ -119,6 +119,11 @@ def test_bad_audio_requests_are_openai_errors(media_server, media_client, whispe
     json_body = httpx.post(f"{media_server.base_url}/v1/audio/transcriptions", headers=media_server.headers,
                            json={"model": TINY_WHISPER}, timeout=60)
     assert_openai_error(json_body, 400)
+    # A multipart body without its boundary is the endpoint's 400, not the HTTP parser's "malformed request"
+    # (Twisted no longer parses form bodies before Django does).
+    no_boundary = httpx.post(f"{media_server.base_url}/v1/audio/transcriptions", timeout=60, content=b"no parts here",
+                             headers={**media_server.headers, "content-type": "multipart/form-data"})
+    assert "boundary" in assert_openai_error(no_boundary, 400, code="invalid_multipart")["message"]
     # Still serving.
     assert media_client.audio.transcriptions.create(model=TINY_WHISPER, file=("a.wav", wav)).text == "".join(
         whisper.windows(wav_samples(wav)))
