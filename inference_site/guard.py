@@ -9,6 +9,7 @@ request's log context; HTTP metrics are counted here (by route, not raw path).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -65,7 +66,14 @@ def refusal(scope: dict) -> tuple[int, str, str] | None:
 
 
 def route_of(path: str) -> str:
-    """The URL pattern a path matches (a bounded set of metric labels), never the raw path."""
+    """The URL pattern a path matches (a bounded set of metric labels), never the raw path.
+
+    Remembered for short paths: Django has resolved the same path once already for the request.
+    """
+    return _remembered_route_of(path) if len(path) <= 256 else _route_of(path)
+
+
+def _route_of(path: str) -> str:
     if path.startswith("/" + settings.STATIC_URL.lstrip("/")):
         return "static"
     try:
@@ -73,6 +81,9 @@ def route_of(path: str) -> str:
     except Resolver404:
         return "unmatched"
     return "/" + str(match.route)
+
+
+_remembered_route_of = functools.lru_cache(maxsize=2048)(_route_of)
 
 
 class RequestGuard:

@@ -18,7 +18,10 @@ async def root(request):
 
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
+# The API's own patterns first: every request is matched in order, and each include that fails
+# builds its list of patterns tried.
 urlpatterns = [
+    path("", include("openai_api.urls")),
     path("admin/", admin.site.urls),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
@@ -26,7 +29,6 @@ urlpatterns = [
     path("", root),
     path("", include("teams.urls")),
     path("", include("webui.urls")),
-    path("", include("openai_api.urls")),
 ]
 
 handler400 = "openai_api.errors.bad_request_view"
