@@ -5,7 +5,9 @@ raw `model.generate`'s is the server's own Python: sampling, detokenizing, messa
 raw padded `generate` of 64 prompts x 128 tokens, then ours with the same 64 requests at once,
 non-streaming and streaming (greedy, EOS ignored), in interleaved rounds. Reports tok/s and each
 as a ratio to raw, TTFT p95 of the streaming run, and the engine's own mean step time and batch
-(from its Prometheus histograms). Works on a GPU too (`--device cuda`).
+(from its Prometheus histograms), and the wall time of the same requests at once asking for one token
+each: the cost of admitting them (HTTP, auth, validation, a job each) with almost no decoding.
+Works on a GPU too (`--device cuda`).
 """
 from __future__ import annotations
 
@@ -110,15 +112,18 @@ def main(argv: list[str]) -> None:
             middle = engine_counters(server.base_url)
             streamed = streaming(server.base_url, args.model, prompts, args.max_tokens)
             after = engine_counters(server.base_url)
+            admitted = asyncio.run(non_streaming(server.base_url, args.model, prompts, 1))
             row = {"raw_tokens_per_s": raw_tps, "non_streaming": {**plain, **per_step(before, middle)},
-                   "streaming": {**streamed, **per_step(middle, after)}}
+                   "streaming": {**streamed, **per_step(middle, after)},
+                   "one_token_burst_ms": round(1000 * admitted["wall_s"], 1)}
             row["non_streaming_vs_raw"] = round(plain["tokens_per_s"] / raw_tps, 3)
             row["streaming_vs_raw"] = round(streamed["tokens_per_s"] / raw_tps, 3)
             rounds.append(row)
             print(f"round {index + 1}: raw {raw_tps} tok/s; ours {plain['tokens_per_s']} "
                   f"({row['non_streaming_vs_raw']}x), streaming {streamed['tokens_per_s']} ({row['streaming_vs_raw']}x), "
                   f"TTFT p95 {streamed['ttft_p95_ms']} ms; step {row['non_streaming']['step_ms_mean']} ms "
-                  f"at batch {row['non_streaming']['batch_mean']}", flush=True)
+                  f"at batch {row['non_streaming']['batch_mean']}; {args.requests} one-token requests {row['one_token_burst_ms']} ms",
+                  flush=True)
     finally:
         server.stop()
         raw.close()
@@ -128,6 +133,7 @@ def main(argv: list[str]) -> None:
         "median": {key: statistics.median(r[key] for r in rounds) for key in ("non_streaming_vs_raw", "streaming_vs_raw")},
         "median_ttft_p95_ms": statistics.median(r["streaming"]["ttft_p95_ms"] or 0 for r in rounds),
         "median_step_ms": statistics.median(r["non_streaming"]["step_ms_mean"] or 0 for r in rounds),
+        "median_one_token_burst_ms": statistics.median(r["one_token_burst_ms"] for r in rounds),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(summary, indent=2))
