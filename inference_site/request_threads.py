@@ -35,11 +35,27 @@ class RequestThreads:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
 
     def give_back(self, executor: ThreadPoolExecutor) -> None:
+        """Lend `executor` again once the calls it still holds have returned.
+
+        A request cancelled by its client's leaving can leave a sync call running on its thread; the
+        next borrower must not queue behind it.
+        """
+        executor.submit(_nothing).add_done_callback(lambda _: self._keep(executor))
+
+    def idle(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def _keep(self, executor: ThreadPoolExecutor) -> None:
         with self._lock:
             if len(self._idle) < self.keep_idle:
                 self._idle.append(executor)
                 return
-        executor.shutdown(wait=False)  # its thread ends once its last call returns; nobody waits for it
+        executor.shutdown(wait=False)  # its thread ends once this call returns; nobody waits for it
+
+
+def _nothing() -> None:
+    pass
 
 
 class PooledThreadsASGIHandler(ASGIHandler):

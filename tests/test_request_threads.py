@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from asgiref.testing import ApplicationCommunicator
@@ -29,6 +30,14 @@ async def get(app, path: str) -> int:
         pass
     await communicator.wait(10)
     return start["status"]
+
+
+async def given_back(threads: RequestThreads, idle: int) -> None:
+    """Until `idle` executors wait to be lent (one is lent again once its thread has finished its calls)."""
+    deadline = time.monotonic() + 10
+    while threads.idle() < idle:
+        assert time.monotonic() < deadline, "a request's thread was never given back"
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture
@@ -64,7 +73,11 @@ def test_sequential_requests_reuse_one_lent_thread_for_all_their_sync_work(noted
     app = PooledThreadsASGIHandler(threads)
 
     async def five():
-        return [await get(app, f"/no-such-page-{i}") for i in range(5)]
+        statuses = []
+        for i in range(5):
+            statuses.append(await get(app, f"/no-such-page-{i}"))
+            await given_back(threads, 1)
+        return statuses
 
     assert asyncio.run(five()) == [404] * 5
     assert len(started) == 5 and len(finished) == 5
@@ -88,5 +101,19 @@ def test_requests_at_once_each_get_a_thread_and_the_spare_ones_are_let_go(noted_
     assert started["/a"] != started["/b"] and threads.started == 2
     # One thread is kept for the next request, the other was let go.
     meeting.pop("barrier")
+    asyncio.run(given_back(threads, 1))
     asyncio.run(get(app, "/c"))
     assert started["/c"] in (started["/a"], started["/b"]) and threads.started == 2
+
+
+def test_a_thread_still_running_a_cancelled_requests_call_is_not_lent_until_it_returns():
+    threads = RequestThreads()
+    release = threading.Event()
+    busy = threads.borrow()
+    busy.submit(release.wait, 10)  # a sync call a cancelled request left running on its thread
+    threads.give_back(busy)
+    other = threads.borrow()
+    assert other is not busy and threads.started == 2
+    release.set()
+    asyncio.run(given_back(threads, 1))
+    assert threads.borrow() is busy
