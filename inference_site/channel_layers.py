@@ -2,8 +2,10 @@
 
 Every streamed token crosses the layer once per step per request, so its Python cost
 competes with the model for the same cores. Channels' InMemoryChannelLayer deep-copies
-each message and scans every channel for expired messages on each receive; this one
-hands messages over as they are and cleans up expired ones at most once a second.
+each message, scans every channel for expired messages on each receive, and builds a new
+queue for every receive and (having dropped the emptied one) for the next send; this one
+hands messages over as they are, keeps a channel's queue while it is in use, and cleans up
+expired messages and idle empty queues at most once a second.
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
 
     _last_clean = 0.0
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._receivers: dict[str, int] = {}  # channel -> receives waiting on it (its queue stays)
+
     async def send(self, channel: str, message: dict) -> None:
         assert isinstance(message, dict), "message is not a dict"
         queue = self.channels.get(channel)
@@ -35,6 +41,22 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
             queue.put_nowait((time.time() + self.expiry, message))
         except asyncio.QueueFull:
             raise ChannelFull(channel) from None
+
+    async def receive(self, channel: str) -> dict:
+        queue = self.channels.get(channel)
+        if queue is None:
+            self.require_valid_channel_name(channel)
+            queue = self.channels.setdefault(channel, asyncio.Queue(maxsize=self.get_capacity(channel)))
+        self._clean_expired()
+        if not queue.empty():
+            return queue.get_nowait()[1]
+        self._receivers[channel] = self._receivers.get(channel, 0) + 1
+        try:
+            return (await queue.get())[1]
+        finally:
+            waiting = self._receivers.pop(channel) - 1
+            if waiting:
+                self._receivers[channel] = waiting
 
     def receive_ready(self, channel: str) -> list[dict]:
         """The channel's messages that have already arrived, without waiting (the web side joins a
@@ -47,7 +69,6 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
             expires, message = queue.get_nowait()
             if expires >= now:
                 ready.append(message)
-        self.channels.pop(channel, None)
         return ready
 
     def _clean_expired(self) -> None:
@@ -55,6 +76,9 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
         if now - self._last_clean >= CLEAN_INTERVAL_SECONDS:
             self._last_clean = now
             super()._clean_expired()
+            for channel, queue in list(self.channels.items()):  # a finished request's reply channel
+                if queue.empty() and channel not in self._receivers:
+                    del self.channels[channel]
 
     async def group_send(self, group: str, message: dict) -> None:
         """Each member gets its own copy: receivers must never share one dict."""

@@ -54,6 +54,34 @@ def test_expired_messages_are_dropped_and_a_full_channel_refuses():
     assert received == {"type": "new"} and not stale_kept
 
 
+def test_a_channel_keeps_its_queue_while_used_and_an_idle_empty_one_is_forgotten(monkeypatch):
+    monkeypatch.setattr("inference_site.channel_layers.CLEAN_INTERVAL_SECONDS", 0.05)
+
+    async def scenario():
+        layer = HandoverInMemoryChannelLayer()
+        used, waiting, finished = [await layer.new_channel("reply.") for _ in range(3)]
+        await layer.send(used, {"type": "a"})
+        queue = layer.channels[used]
+        await layer.receive(used)
+        await layer.send(used, {"type": "b"})
+        kept = layer.channels[used] is queue
+        await layer.receive(used)
+        await layer.send(finished, {"type": "c"})
+        await layer.receive(finished)
+        reader = asyncio.ensure_future(layer.receive(waiting))
+        await asyncio.sleep(0.1)
+        await layer.send(used, {"type": "d"})
+        await layer.receive(used)  # the clean runs here: `finished` is empty and nobody waits on it
+        remaining = set(layer.channels)
+        await layer.send(waiting, {"type": "e"})
+        return kept, remaining, (used, waiting, finished), await asyncio.wait_for(reader, 5)
+
+    kept, remaining, (used, waiting, finished), late = asyncio.run(scenario())
+    assert kept, "the channel's queue was rebuilt between two messages"
+    assert finished not in remaining, "a finished request's empty reply channel was kept"
+    assert waiting in remaining and late == {"type": "e"}, "a channel someone waits on was dropped"
+
+
 def test_bad_channel_names_are_refused():
     with pytest.raises(TypeError):
         asyncio.run(HandoverInMemoryChannelLayer().send("bad name!", {"type": "x"}))
