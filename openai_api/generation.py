@@ -158,6 +158,8 @@ class GenerationStream:
     async def _next(self) -> dict:
         """The next message that is not a keepalive; WorkerLost after a silence, worker_timeout
         after WORKER_EVENT_TIMEOUT of keepalives only (a worker alive but stuck)."""
+        if not self._held:
+            self._take_ready()
         if self._held:
             return self._held.pop(0)
         config = web_config()
@@ -197,14 +199,20 @@ class GenerationStream:
             self.produced = True
             yield event
 
+    def _take_ready(self) -> None:
+        """Hold what already waits on the reply channel (a layer that can tell: the embedded one), so a
+        stream read behind its worker takes it without a timer and a wait each."""
+        ready = getattr(self.layer, "receive_ready", None)
+        if ready is not None:
+            self._held.extend(m for m in ready(self.reply_channel) if m.get("type") != protocol.ALIVE)
+
     def _join_ready(self, event: dict) -> dict:
         """`event` with the deltas (and the done) that already wait behind it on the reply channel
         joined in (up to JOIN_AT_MOST messages): a stream whose reader fell behind gets one event, one SSE
         frame and one write for them, not one each (adaptive: a reader that keeps up joins nothing)."""
-        ready = getattr(self.layer, "receive_ready", None)
-        if event.get("type") != protocol.DELTA or ready is None:
+        if event.get("type") != protocol.DELTA:
             return event
-        self._held.extend(m for m in ready(self.reply_channel) if m.get("type") != protocol.ALIVE)
+        self._take_ready()
         if not self._held or not all(_joinable(m) for m in (event, self._held[0])):
             return event
         merged: dict[int, protocol.ChoiceDelta] = {}
