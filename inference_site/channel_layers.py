@@ -43,11 +43,11 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
             raise ChannelFull(channel) from None
 
     async def receive(self, channel: str) -> dict:
+        self._clean_expired()  # first: it drops empty queues nobody waits on yet, this one included
         queue = self.channels.get(channel)
         if queue is None:
             self.require_valid_channel_name(channel)
             queue = self.channels.setdefault(channel, asyncio.Queue(maxsize=self.get_capacity(channel)))
-        self._clean_expired()
         if not queue.empty():
             return queue.get_nowait()[1]
         self._receivers[channel] = self._receivers.get(channel, 0) + 1

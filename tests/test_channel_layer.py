@@ -59,6 +59,10 @@ def test_a_channel_keeps_its_queue_while_used_and_an_idle_empty_one_is_forgotten
 
     async def scenario():
         layer = HandoverInMemoryChannelLayer()
+        first = asyncio.ensure_future(layer.receive("inference"))  # waits before anything was sent
+        await asyncio.sleep(0)
+        await layer.send("inference", {"type": "job"})
+        assert await asyncio.wait_for(first, 5) == {"type": "job"}
         used, waiting, finished = [await layer.new_channel("reply.") for _ in range(3)]
         await layer.send(used, {"type": "a"})
         queue = layer.channels[used]
