@@ -109,6 +109,25 @@ def test_the_batch_size_left_open_fits_the_device():
     assert EngineConfig(max_num_seqs=12).fitted("cuda").max_num_seqs == 12
 
 
+def test_cudnn_attention_is_off_on_cuda_unless_asked_for_and_untouched_elsewhere():
+    """INFERENCE_CUDNN_ATTENTION: torch's SDPA flag for cuDNN is set only for a CUDA device."""
+    import torch
+
+    from workers.engine.model_loader import set_attention_backends
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        set_attention_backends(torch.device("cpu"), False)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        set_attention_backends(torch.device("cuda"), False)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        set_attention_backends(torch.device("cuda"), True)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def texts(messages: list[dict]) -> str:
     return "".join(c["text"] for m in messages if m["type"] in (protocol.DELTA, protocol.DONE) for c in m["choices"])
 

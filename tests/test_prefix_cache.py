@@ -60,3 +60,43 @@ def test_the_cache_stays_within_its_budget(hf_cache, reference):
     budget = 3 * BLOCK_TOKENS * per_token  # three blocks
     _, stats = generate_all(hf_cache, budget)
     assert 0 < stats["prefix_cache_bytes"] <= budget
+
+
+def test_prompts_after_equally_long_cached_starts_prefill_in_one_forward_and_match_alone(hf_cache, reference):
+    """Newcomers whose cached starts are as long prefill the rest of their prompts together, and each
+    answer is still the one `generate` gives that prompt alone."""
+    outbox = Outbox()
+    config = EngineConfig(max_num_seqs=8, prefix_cache_bytes=64 * 1024 * 1024)
+    with engine_running(hf_cache, outbox.emit, config) as engine:
+        def run(prompts: list[str]) -> dict[int, list[int]]:
+            reply = f"reply.{uuid.uuid4().hex}"
+            engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), prompts,
+                                                  protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
+            messages = outbox.wait_for(reply, finished)
+            assert messages[-1]["type"] == protocol.DONE, messages[-1]
+            tokens: dict[int, list[int]] = {}
+            for message in messages[1:]:
+                for choice in message["choices"]:
+                    tokens.setdefault(choice["index"], []).extend(choice["token_ids"])
+            return tokens
+
+        run([SYSTEM + QUESTIONS[0]])  # the system prompt's blocks are cached now
+        forwards: list[tuple[int, int, int]] = []  # (rows, new columns, cached columns) of each forward
+
+        def record(module, args, kwargs):
+            past = kwargs.get("past_key_values")
+            forwards.append((kwargs["input_ids"].shape[0], kwargs["input_ids"].shape[1],
+                             past.get_seq_length() if past is not None else 0))
+
+        (runner,) = engine.runners.values()  # the one model loaded
+        model = runner.loaded.model
+        hook = model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            answers = run([SYSTEM + question for question in QUESTIONS[1:]])
+        finally:
+            hook.remove()
+    shared = len(reference.encode(SYSTEM)) // BLOCK_TOKENS * BLOCK_TOKENS
+    prefills = [forward for forward in forwards if forward[1] > 1 or forward[0] != len(QUESTIONS) - 1]
+    assert prefills == [(len(QUESTIONS) - 1, max(len(reference.encode(SYSTEM + q)) - shared for q in QUESTIONS[1:]), shared)], forwards
+    for index, question in enumerate(QUESTIONS[1:]):
+        assert answers[index] == reference.greedy(reference.encode(SYSTEM + question), 12, min_new_tokens=12)

@@ -34,7 +34,7 @@ from workers.engine.grammars import GrammarCompiler, PendingGrammars
 from workers.engine.loading import LOAD_FINISHED, Loader
 from workers.engine.model_control import ModelControl
 from workers.engine.metrics import EngineMetrics
-from workers.engine.model_loader import resolve_device
+from workers.engine.model_loader import resolve_device, set_attention_backends
 from workers.engine.model_manager import ModelManager
 from protocol import ModelRef
 from workers.engine.scheduler import Scheduler
@@ -61,7 +61,9 @@ class Engine:
                  on_dead: Callable[[str], None] | None = None) -> None:
         self.emit = emit
         self.name = name
-        self.config = config = config.fitted(resolve_device(config.device).type)
+        device = resolve_device(config.device)
+        set_attention_backends(device, config.cudnn_attention)
+        self.config = config = config.fitted(device.type)
         self.max_num_seqs = config.max_num_seqs
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from workers.engine.adapters import adapter_names
 from workers.engine.lora_batch import dense_lora
-from workers.engine.kv.batch import clone_cache, slice_rows, supports_batching
+from workers.engine.kv.batch import cache_from_tensors, clone_cache, join_rows, layer_tensors, slice_rows, supports_batching
 from workers.engine.kv.slab import SlabKV
 from workers.engine.model_loader import LoadedModel
 from workers.engine.kv.prefix_cache import PrefixCache
@@ -112,22 +112,37 @@ class ModelRunner:
                 for key, value in seq.media_inputs.items()}
 
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
-        """Whole prompts of several newcomers in one left-padded forward; each keeps its own cache rows."""
+        """The rest of several newcomers' prompts in one forward; each keeps its own cache rows.
+
+        Every sequence has the same cached start (`prefilled`: none, or a prefix-cache hit of equal
+        length), so the cached keys/values stack as they are; the rests are left-padded after them
+        (the padding masked out, and cut away again when each row takes its cache)."""
         if len(sequences) == 1:
-            return [self.prefill(sequences[0], len(sequences[0].prompt_ids))[1]]
-        device = self.loaded.device
-        lengths = [len(seq.prompt_ids) for seq in sequences]
+            seq = sequences[0]
+            return [self.prefill(seq, len(seq.prompt_ids) - seq.prefilled)[1]]
+        device, config = self.loaded.device, self.loaded.model.config
+        cached = sequences[0].prefilled
+        rests = [seq.prompt_ids[cached:] for seq in sequences]
+        lengths = [len(rest) for rest in rests]
         width = max(lengths)
         pad = self.loaded.tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([[pad] * (width - n) + seq.prompt_ids for seq, n in zip(sequences, lengths)], device=device)
-        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
+        input_ids = torch.tensor([[pad] * (width - n) + rest for rest, n in zip(rests, lengths)], device=device)
+        new_mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
+        if cached:
+            past = cache_from_tensors(config, [
+                (torch.cat([keys for keys, _ in layer]), torch.cat([values for _, values in layer]))
+                for layer in zip(*(layer_tensors(seq.state) for seq in sequences))])
+            mask = torch.cat([torch.ones((len(sequences), cached), dtype=new_mask.dtype, device=device), new_mask], dim=1)
+        else:
+            past, mask = DynamicCache(config=config), new_mask
         output = self._forward(
-            sequences, input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=DynamicCache(config=self.loaded.model.config), use_cache=True, logits_to_keep=1,
+            sequences, input_ids=input_ids, attention_mask=mask, position_ids=cached + (new_mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=past, use_cache=True, logits_to_keep=1,
         )
         for row, (seq, length) in enumerate(zip(sequences, lengths)):
-            seq.state = slice_rows(self.loaded.model.config, output.past_key_values, row, length)
-            seq.prefilled = length
+            seq.state = (slice_rows(config, output.past_key_values, row, length) if not cached
+                         else join_rows(config, output.past_key_values, row, cached, length))
+            seq.prefilled = cached + length
         return list(output.logits[:, -1])
 
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:

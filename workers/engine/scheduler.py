@@ -156,8 +156,9 @@ class Scheduler:
         whether any prompt finished its prefill.
 
         Called twice a step: `first`, before the decode, for interactive prompts (what the pacer allows);
-        then after it, with what is left, for the rest. Short prompts are prefilled together in one
-        padded forward; a long prompt (or one whose every position must be scored) goes alone, in chunks.
+        then after it, with what is left, for the rest. Short prompts (or short rests after equally long
+        cached starts) are prefilled together in one padded forward; a long prompt (or one whose every
+        position must be scored) goes alone, in chunks.
         Choices of one prompt share its prefill.
         """
         budget = self.pacer.budget(decoding) if first or self._budget_left is None else self._budget_left
@@ -190,15 +191,16 @@ class Scheduler:
             cached = runner.attach_prefix(seq)
             if cached is not None:
                 self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
-            if cached or seq.wants_prompt_logprobs or seq.media_inputs is not None or len(seq.prompt_ids) > budget:
+            rest = len(seq.prompt_ids) - seq.prefilled
+            if seq.wants_prompt_logprobs or seq.media_inputs is not None or rest > budget:
                 used, logits = runner.prefill(seq, budget)
                 budget -= used
                 if logits is not None:
                     done.append((seq, logits))
-            else:
-                together.setdefault(seq.request.model_name, []).append(seq)
-                budget -= len(seq.prompt_ids)
-        for name, sequences in together.items():
+            else:  # with the others of its model whose cached start is as long
+                together.setdefault((seq.request.model_name, seq.prefilled), []).append(seq)
+                budget -= rest
+        for (name, _), sequences in together.items():
             done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
         self.pacer.prefilled(planned - budget, time.perf_counter() - began)
         self._budget_left = max(0, budget) if first else None

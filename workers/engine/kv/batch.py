@@ -39,3 +39,12 @@ def slice_rows(config, cache: DynamicCache, row: int, last_columns: int) -> Dyna
     return cache_from_tensors(config, [(k[row:row + 1, :, k.shape[-2] - last_columns:],
                                         v[row:row + 1, :, v.shape[-2] - last_columns:])
                                        for k, v in layer_tensors(cache)])
+
+
+def join_rows(config, cache: DynamicCache, row: int, first_columns: int, last_columns: int) -> DynamicCache:
+    """One row of a batched cache whose real tokens are its first `first_columns` and its last
+    `last_columns` positions (padding between them), those two parts as one."""
+    return cache_from_tensors(config, [
+        (torch.cat([k[row:row + 1, :, :first_columns], k[row:row + 1, :, k.shape[-2] - last_columns:]], dim=-2),
+         torch.cat([v[row:row + 1, :, :first_columns], v[row:row + 1, :, v.shape[-2] - last_columns:]], dim=-2))
+        for k, v in layer_tensors(cache)])
