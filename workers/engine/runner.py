@@ -183,20 +183,24 @@ class ModelRunner:
             self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
         self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
 
-    def decode(self) -> list[tuple[Sequence, torch.Tensor]]:
-        """One token for every running sequence."""
-        results: list[tuple[Sequence, torch.Tensor]] = []
+    def decode(self) -> tuple[list[Sequence], torch.Tensor | None]:
+        """One token's scores for every running sequence: (the rows, their [rows, vocab] logits)."""
+        rows: list[Sequence] = []
+        logits: list[torch.Tensor] = []
         if self.batch_rows:
             inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
             output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
             self.batch.advance()
-            logits = output.logits[:, -1, :]
-            results.extend(zip(self.batch_rows, logits))
+            rows.extend(self.batch_rows)
+            logits.append(output.logits[:, -1, :])
         for seq in self.solo_rows:
             output = self._forward(
                 [seq], input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
                 past_key_values=seq.state, use_cache=True, logits_to_keep=1,
             )
             seq.state = output.past_key_values
-            results.append((seq, output.logits[0, -1]))
-        return results
+            rows.append(seq)
+            logits.append(output.logits[:, -1, :])
+        if not logits:
+            return rows, None
+        return rows, logits[0] if len(logits) == 1 else torch.cat(logits)

@@ -58,9 +58,10 @@ class Scheduler:
         decoded: list[Sequence] = []
         started = time.perf_counter()
         for runner in self.runners.values():
-            pairs = runner.decode()
-            sample_rows(pairs)
-            decoded.extend(seq for seq, _ in pairs)
+            rows, logits = runner.decode()
+            if rows:
+                sample_rows(rows, logits)
+                decoded.extend(rows)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
         self.waiting.charge_step(decoded)
@@ -224,33 +225,17 @@ class Scheduler:
                 (member, logits) for member in group if not member.finished)
             self.prefilling = [s for s in self.prefilling if s not in group]
         for name, pairs in first.items():
-            sample_rows(pairs)
+            sample_rows([member for member, _ in pairs], torch.stack([logits for _, logits in pairs]))
             self.metrics.tokens([member for member, _ in pairs])
             self.runners[name].join([member for member, _ in pairs if not member.finished])
 
 
-def sample_rows(pairs: list[tuple[Sequence, torch.Tensor]]) -> None:
-    """Each row takes its next token: the constrained rows' grammar masks filled together, then
-    every row's choice made in one batched pass (batch_sampling.choose_batch)."""
-    if not pairs:
-        return
-    sequences = [seq for seq, _ in pairs]
-    rows = [logits for _, logits in pairs]
-    logits = _stacked(rows)
+def sample_rows(sequences: list[Sequence], logits: torch.Tensor) -> None:
+    """Each row takes its next token from its row of `logits` ([rows, vocab]): the constrained rows'
+    grammar masks filled together, then every row's choice made in one batched pass
+    (batch_sampling.choose_batch)."""
     masks = masks_for([seq.constraint for seq in sequences], logits.shape[-1])
     choices = choose_batch([seq.sampler for seq in sequences], logits,
                            [(seq.prompt_ids, seq.completion_ids) for seq in sequences], masks)
     for seq, choice in zip(sequences, choices):
         seq.accept(choice)
-
-
-def _stacked(rows: list[torch.Tensor]) -> torch.Tensor:
-    """The rows as one [rows, vocab] tensor: a view when they are consecutive rows of one batch's logits."""
-    first = rows[0]
-    if first.dim() == 1 and all(r.dim() == 1 and r.shape == first.shape for r in rows):
-        base = first._base if first._base is not None else None
-        if base is not None and base.dim() == 2 and base.shape[0] == len(rows) and all(
-                r._base is base for r in rows) and [r.storage_offset() for r in rows] == [
-                base.storage_offset() + i * base.stride(0) for i in range(len(rows))] and first.stride() == (base.stride(1),):
-            return base
-    return torch.stack(rows)
