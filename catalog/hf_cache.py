@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
+from .snapshots import Snapshot
 from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind, model_tasks
 
 SCAN_TTL_SECONDS = 2.0
+SCAN_STALE_LIMIT_SECONDS = 10.0  # a scan this old is no longer answered while a new one runs (catalog/snapshots.py)
 
 
 @dataclass(frozen=True)
@@ -101,23 +102,34 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
     return sorted(models, key=lambda m: m.repo_id)
 
 
-_cache_lock = threading.Lock()
-_cache: dict[str, tuple[float, list[CacheEntry]]] = {}
+_scans_lock = threading.Lock()
+_scans: dict[str, Snapshot[list[CacheEntry]]] = {}  # by cache directory
+
+
+def _scan_of(cache_dir: str) -> Snapshot[list[CacheEntry]]:
+    with _scans_lock:
+        snapshot = _scans.get(cache_dir)
+        if snapshot is None:
+            snapshot = _scans[cache_dir] = Snapshot(
+                lambda: [m for m in scan_cached_models(cache_dir) if m.is_served],
+                SCAN_TTL_SECONDS, SCAN_STALE_LIMIT_SECONDS, f"the model cache scan of {cache_dir}")
+        return snapshot
 
 
 def cached_served_models(fresh: bool = False) -> list[CacheEntry]:
-    """The models in the cache this server serves; rescans when `fresh` or when the last scan is a couple of
-    seconds old."""
-    key = str(hf_constants.HF_HUB_CACHE)
-    with _cache_lock:
-        stamp, models = _cache.get(key, (0.0, []))
-        if fresh or time.monotonic() - stamp > SCAN_TTL_SECONDS:
-            models = [m for m in scan_cached_models(key) if m.is_served]
-            _cache[key] = (time.monotonic(), models)
-        return models
+    """The models in the cache this server serves; rescans when `fresh`, and a couple of seconds after
+    the last scan (in the background while the last scan is younger than SCAN_STALE_LIMIT_SECONDS)."""
+    return _scan_of(str(hf_constants.HF_HUB_CACHE)).get(fresh)
+
+
+def cached_served_models_now() -> list[CacheEntry] | None:
+    """The kept scan when it may still be answered (no disk read in the caller's path), else None."""
+    return _scan_of(str(hf_constants.HF_HUB_CACHE)).peek()
 
 
 def forget_scan() -> None:
     """The cache changed on disk (a scan, a delete): the next read rescans."""
-    with _cache_lock:
-        _cache.clear()
+    with _scans_lock:
+        snapshots = list(_scans.values())
+    for snapshot in snapshots:
+        snapshot.forget()

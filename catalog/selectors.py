@@ -2,8 +2,8 @@
 served and where it is loaded (what the cache on disk holds is `catalog.hf_cache`)."""
 from __future__ import annotations
 
-import time
 
+from django.db import connections
 from django.utils import timezone
 
 from protocol.hub import hub_reachable
@@ -11,10 +11,12 @@ from protocol import ModelRef
 
 from .config import web_config
 from .errors import ModelDisabled, ModelNotFound
-from .hf_cache import CacheEntry, cached_served_models
+from .hf_cache import CacheEntry, cached_served_models, cached_served_models_now
 from .models import CachedModel, ModelLoad, Worker
+from .snapshots import Snapshot
 
 RULES_TTL_SECONDS = 2.0
+RULES_STALE_LIMIT_SECONDS = 10.0  # rules this old are no longer answered while new ones are read (catalog/snapshots.py)
 
 
 def find_cached_model(name: str, fresh: bool = False) -> CacheEntry | None:
@@ -25,35 +27,36 @@ def find_cached_model(name: str, fresh: bool = False) -> CacheEntry | None:
     return next((m for m in cached_served_models(fresh) if m.repo_id == repo_id), None)
 
 
-# --- the catalog's rules: aliases and disabled models, read at most every couple of seconds ---
+# --- the catalog's rules: aliases and disabled models, read again every couple of seconds ---
 
-_rules: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
+def _read_rules() -> tuple[dict[str, str], set[str]]:
+    aliases, disabled = {}, set()
+    for repo_id, names, enabled in CachedModel.objects.filter(gone=False).values_list("repo_id", "aliases", "enabled"):
+        for alias in names or ():
+            aliases[str(alias)] = repo_id
+        if not enabled:
+            disabled.add(repo_id)
+    return aliases, disabled
+
+
+# A background read runs in a thread of its own, whose database connection is closed after it.
+_rules = Snapshot(_read_rules, RULES_TTL_SECONDS, RULES_STALE_LIMIT_SECONDS, "the catalog's rules",
+                  after_background_read=connections.close_all)
 
 
 def catalog_rules() -> tuple[dict[str, str], set[str]]:
     """({alias: repo_id}, {disabled repo_id}) from the catalog."""
-    global _rules
-    stamp, aliases, disabled = _rules
-    if time.monotonic() - stamp > RULES_TTL_SECONDS:
-        aliases, disabled = {}, set()
-        for repo_id, names, enabled in CachedModel.objects.filter(gone=False).values_list("repo_id", "aliases", "enabled"):
-            for alias in names or ():
-                aliases[str(alias)] = repo_id
-            if not enabled:
-                disabled.add(repo_id)
-        _rules = (time.monotonic(), aliases, disabled)
-    return aliases, disabled
+    return _rules.get()
 
 
 def forget_rules() -> None:
-    global _rules
-    _rules = (0.0, {}, set())
+    _rules.forget()
 
 
-def canonical_repo_id(name: str) -> str:
-    """The repo id a model name or alias refers to (the `@revision` dropped)."""
+def canonical_repo_id(name: str, aliases: dict[str, str] | None = None) -> str:
+    """The repo id a model name or alias refers to (the `@revision` dropped); `aliases`: the catalog's."""
     repo_id = ModelRef.parse(name).repo_id
-    aliases = catalog_rules()[0]
+    aliases = catalog_rules()[0] if aliases is None else aliases
     return aliases.get(repo_id, aliases.get(name, repo_id))
 
 
@@ -135,6 +138,20 @@ def listed_models() -> list[tuple[CacheEntry, dict]]:
     disabled = catalog_rules()[1]
     return [(m, states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}))
             for m in cached_served_models() if m.repo_id not in disabled]
+
+
+def resolve_model_now(name: str) -> ModelRef | None:
+    """`resolve_model`'s answer when the kept rules and scan give it without reading anything (a cached,
+    served model, or a disabled one: ModelDisabled), so the caller may ask on its event loop; None when
+    it takes a read (the database, the disk, the hub)."""
+    rules, models = _rules.peek(), cached_served_models_now()
+    if rules is None or models is None:
+        return None
+    aliases, disabled = rules
+    repo_id = canonical_repo_id(name, aliases)
+    if repo_id in disabled:
+        raise ModelDisabled(name)
+    return ModelRef(repo_id, ModelRef.parse(name).revision) if any(m.repo_id == repo_id for m in models) else None
 
 
 def resolve_model(name: str) -> ModelRef:

@@ -14,7 +14,7 @@ from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
 
 from catalog.config import web_config
-from catalog.selectors import resolve_model as resolve_catalog_model
+from catalog.selectors import resolve_model as resolve_catalog_model, resolve_model_now
 import protocol
 from teams.metering import RequestMeter
 from teams.authentication import LookupOnLongLivedThread
@@ -126,9 +126,13 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
 async def resolve_model(name: str) -> protocol.ModelRef:
     """The name a job carries for a client's model name (catalog errors become 404s in errors.py).
 
-    In a worker thread of its own (thread_sensitive=False), so a slow catalog read never
-    queues behind another request's.
+    On the event loop when the catalog's kept rules and scan answer it (catalog/snapshots.py); else in a
+    worker thread of its own (thread_sensitive=False), so a slow catalog read never queues behind
+    another request's.
     """
+    resolved = resolve_model_now(name)
+    if resolved is not None:
+        return resolved
     return await database_sync_to_async(resolve_catalog_model, thread_sensitive=False)(name)
 
 

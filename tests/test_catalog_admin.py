@@ -90,11 +90,17 @@ def test_aliases_resolve_and_disabled_models_are_unknown(cache):
     alpha = CachedModel.objects.get(repo_id="local/alpha")
     alpha.aliases = ["alpha"]
     model_settings.save_model_settings(alpha)
+    assert selectors.resolve_model_now("alpha") is None  # the change dropped the kept rules: a read is due
     assert str(selectors.resolve_model("alpha")) == "local/alpha"
     assert str(selectors.resolve_model("alpha@main")) == "local/alpha@main"
+    # Now kept: the same answers without a read (what a request asks on its event loop).
+    assert str(selectors.resolve_model_now("alpha@main")) == "local/alpha@main"
+    assert selectors.resolve_model_now("local/unknown") is None  # a miss takes a fresh scan (and maybe the hub)
     model_settings.set_enabled([alpha], False)
     with pytest.raises(ModelDisabled) as raised:
         selectors.resolve_model("local/alpha")
+    with pytest.raises(ModelDisabled):
+        selectors.resolve_model_now("alpha")
     error = catalog_error(raised.value)  # what the client gets
     assert error.status == 404 and "disabled" in error.message
     assert [m.repo_id for m, _ in selectors.listed_models()] == []
