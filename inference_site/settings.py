@@ -273,7 +273,7 @@ INFERENCE = {
     # (every slot on CUDA, 2 on CPU). Below the slots, batch prompts are not prefilled beside interactive decode.
     "BATCH_ROWS_BESIDE_INTERACTIVE": env_int("INFERENCE_BATCH_ROWS_BESIDE_INTERACTIVE", -1),
     "MAX_QUEUE": env_int("INFERENCE_MAX_QUEUE", 256),
-    "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 512),
+    "PREFILL_CHUNK": env_int("INFERENCE_PREFILL_CHUNK", 0),  # 0: fit the device (8192 on CUDA, 512 on CPU)
     "PREFILL_SHARE": env_float("INFERENCE_PREFILL_SHARE", 0.5),
     # Structured outputs: a grammar compiling longer than this is a 400 (the engine never waits on
     # it), compiled grammars kept per worker, and the size/nesting a JSON schema may have.

@@ -109,6 +109,13 @@ def test_the_batch_size_left_open_fits_the_device():
     assert EngineConfig(max_num_seqs=12).fitted("cuda").max_num_seqs == 12
 
 
+def test_the_prefill_chunk_left_open_fits_the_device():
+    """INFERENCE_PREFILL_CHUNK=0 (the default): 8,192 prompt tokens a step on a GPU, 512 on CPU; a set one stays."""
+    assert EngineConfig(prefill_chunk=0).fitted("cuda").prefill_chunk == 8192
+    assert EngineConfig(prefill_chunk=0).fitted("cpu").prefill_chunk == 512
+    assert EngineConfig(prefill_chunk=100).fitted("cuda").prefill_chunk == 100
+
+
 def test_cudnn_attention_is_off_on_cuda_unless_asked_for_and_untouched_elsewhere():
     """INFERENCE_CUDNN_ATTENTION: torch's SDPA flag for cuDNN is set only for a CUDA device."""
     import torch

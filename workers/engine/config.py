@@ -14,6 +14,11 @@ from workers.media.limits import MIB, MediaSettings
 # On 2 CPU cores a decode step takes about 2.6 ms for 1 row and 9 ms for 32 (tiny model): each row
 # beside an interactive one adds ~0.2 ms, so 2 keep its inter-token gap within ~1.2x of running alone.
 BATCH_ROWS_BESIDE_INTERACTIVE_CPU = 2
+# Prompt tokens one step may prefill (INFERENCE_PREFILL_CHUNK 0). On a GPU a forward of 8,192 tokens
+# costs little more than one of 512 (vLLM's default batch of tokens is 8,192), so 64 prompts of ~130
+# tokens are admitted in one step, not sixteen; on CPU a forward's time grows with its tokens.
+PREFILL_CHUNK_GPU = 8192
+PREFILL_CHUNK_CPU = 512
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class EngineConfig:
     max_num_seqs: int = 32  # 0: fit the device (`fitted`)
     batch_rows_beside_interactive: int = -1  # rows batch work may hold while interactive work is here; -1: fit
     max_queue: int = 256
-    prefill_chunk: int = 512
+    prefill_chunk: int = 512  # 0: fit the device (`fitted`)
     prefill_share: float = 0.5  # prefill time per step while streams run, as a multiple of a decode step
     model_timeout: float = 300.0  # idle seconds before a model is unloaded
     memory_budget_bytes: int | None = None  # None: no budget
@@ -53,9 +58,12 @@ class EngineConfig:
         """The device's defaults where the settings left the choice open (0, or -1): a GPU's step costs
         about the same for 1 row or 256, so it runs 256 sequences, and batch rows beside interactive ones
         cost those little (every slot); a CPU's grows with the rows, so 32, and batch rows beside
-        interactive ones at most BATCH_ROWS_BESIDE_INTERACTIVE_CPU."""
+        interactive ones at most BATCH_ROWS_BESIDE_INTERACTIVE_CPU; a step prefills up to PREFILL_CHUNK_GPU or
+        PREFILL_CHUNK_CPU prompt tokens."""
         gpu = device_type == "cuda"
         fitted = self if self.max_num_seqs > 0 else replace(self, max_num_seqs=256 if gpu else 32)
+        if fitted.prefill_chunk <= 0:
+            fitted = replace(fitted, prefill_chunk=PREFILL_CHUNK_GPU if gpu else PREFILL_CHUNK_CPU)
         if fitted.batch_rows_beside_interactive < 0:
             fitted = replace(fitted, batch_rows_beside_interactive=fitted.max_num_seqs if gpu
                              else BATCH_ROWS_BESIDE_INTERACTIVE_CPU)
