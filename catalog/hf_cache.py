@@ -12,8 +12,9 @@ from pathlib import Path
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
-from .snapshots import Snapshot
 from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind, model_tasks
+
+from .snapshots import Snapshot
 
 SCAN_TTL_SECONDS = 2.0
 SCAN_STALE_LIMIT_SECONDS = 10.0  # a scan this old is no longer answered while a new one runs (catalog/snapshots.py)

@@ -2,7 +2,6 @@
 served and where it is loaded (what the cache on disk holds is `catalog.hf_cache`)."""
 from __future__ import annotations
 
-
 from django.db import connections
 from django.utils import timezone
 

@@ -12,7 +12,8 @@ from transformers import DynamicCache
 
 from workers.engine.adapters import adapter_names
 from workers.engine.lora_batch import dense_lora
-from workers.engine.kv.batch import cache_from_tensors, clone_cache, join_rows, layer_tensors, slice_rows, supports_batching
+from workers.engine.kv.batch import (cache_from_tensors, clone_cache, join_rows, layer_tensors, slice_rows,
+                                     supports_batching)
 from workers.engine.kv.slab import SlabKV
 from workers.engine.model_loader import LoadedModel
 from workers.engine.kv.prefix_cache import PrefixCache
@@ -132,12 +133,13 @@ class ModelRunner:
             past = cache_from_tensors(config, [
                 (torch.cat([keys for keys, _ in layer]), torch.cat([values for _, values in layer]))
                 for layer in zip(*(layer_tensors(seq.state) for seq in sequences))])
-            mask = torch.cat([torch.ones((len(sequences), cached), dtype=new_mask.dtype, device=device), new_mask], dim=1)
+            cached_mask = torch.ones((len(sequences), cached), dtype=new_mask.dtype, device=device)
+            mask = torch.cat([cached_mask, new_mask], dim=1)
         else:
             past, mask = DynamicCache(config=config), new_mask
         output = self._forward(
-            sequences, input_ids=input_ids, attention_mask=mask, position_ids=cached + (new_mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=past, use_cache=True, logits_to_keep=1,
+            sequences, input_ids=input_ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1,
+            position_ids=cached + (new_mask.cumsum(-1) - 1).clamp(min=0),
         )
         for row, (seq, length) in enumerate(zip(sequences, lengths)):
             seq.state = (slice_rows(config, output.past_key_values, row, length) if not cached
