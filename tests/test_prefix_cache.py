@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from prometheus_client import REGISTRY
 
 import protocol
@@ -16,18 +17,50 @@ SYSTEM = "You are a careful assistant. Answer briefly and cite the lighthouse ke
 QUESTIONS = ["What is the capital of France?", "Count to five:", "Once upon a time", "def add(a, b):"]
 
 
+class RecordingEngine:
+    """Jobs on an engine, one at a time; `run_recorded` also records its model's forwards (a torch forward pre-hook)."""
+
+    def __init__(self, engine, outbox: Outbox) -> None:
+        self.engine = engine
+        self.outbox = outbox
+        self.forwards: list[tuple[int, int, int]] = []  # (rows, new columns, cached columns) of each forward
+
+    def run(self, prompts: list[str]) -> dict[int, list[int]]:
+        """One job of these prompts (greedy, 12 tokens each): each choice's token ids."""
+        reply = f"reply.{uuid.uuid4().hex}"
+        self.engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), prompts,
+                                                   protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
+        messages = self.outbox.wait_for(reply, finished)
+        assert messages[-1]["type"] == protocol.DONE, messages[-1]
+        tokens: dict[int, list[int]] = {}
+        for message in messages[1:]:
+            for choice in message["choices"]:
+                tokens.setdefault(choice["index"], []).extend(choice["token_ids"])
+        return tokens
+
+    def run_recorded(self, prompts: list[str]) -> tuple[dict[int, list[int]], list[tuple[int, int, int]]]:
+        """`run`, and the forwards that prefilled these prompts (not the decode steps of all of them)."""
+        def record(module, args, kwargs):
+            past = kwargs.get("past_key_values")
+            self.forwards.append((kwargs["input_ids"].shape[0], kwargs["input_ids"].shape[1],
+                                  past.get_seq_length() if past is not None else 0))
+
+        (runner,) = self.engine.runners.values()  # the one model loaded
+        self.forwards = []
+        hook = runner.loaded.model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            answers = self.run(prompts)
+        finally:
+            hook.remove()
+        return answers, [f for f in self.forwards if f[1] > 1 or f[0] != len(prompts)]
+
+
 def generate_all(hf_cache, prefix_cache_bytes: int) -> tuple[list[list[int]], dict]:
     """The questions one after another (each after the previous one is done), as token ids."""
     outbox = Outbox()
     with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=4, prefix_cache_bytes=prefix_cache_bytes)) as engine:
-        outputs = []
-        for question in QUESTIONS + QUESTIONS[:1]:  # the last one repeats a whole prompt
-            reply = f"reply.{uuid.uuid4().hex}"
-            engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [SYSTEM + question],
-                                                  protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
-            messages = outbox.wait_for(reply, finished)
-            assert messages[-1]["type"] == protocol.DONE, messages[-1]
-            outputs.append([t for m in messages[1:] for c in m["choices"] for t in c["token_ids"]])
+        jobs = RecordingEngine(engine, outbox)
+        outputs = [jobs.run([SYSTEM + question])[0] for question in QUESTIONS + QUESTIONS[:1]]  # the last repeats a prompt
         return outputs, engine.stats()
 
 
@@ -62,41 +95,34 @@ def test_the_cache_stays_within_its_budget(hf_cache, reference):
     assert 0 < stats["prefix_cache_bytes"] <= budget
 
 
-def test_prompts_after_equally_long_cached_starts_prefill_in_one_forward_and_match_alone(hf_cache, reference):
+@pytest.fixture
+def recording(hf_cache):
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=8, prefix_cache_bytes=64 * 1024 * 1024)) as engine:
+        yield RecordingEngine(engine, outbox)
+
+
+def test_prompts_after_equally_long_cached_starts_prefill_in_one_forward_and_match_alone(recording, reference):
     """Newcomers whose cached starts are as long prefill the rest of their prompts together, and each
     answer is still the one `generate` gives that prompt alone."""
-    outbox = Outbox()
-    config = EngineConfig(max_num_seqs=8, prefix_cache_bytes=64 * 1024 * 1024)
-    with engine_running(hf_cache, outbox.emit, config) as engine:
-        def run(prompts: list[str]) -> dict[int, list[int]]:
-            reply = f"reply.{uuid.uuid4().hex}"
-            engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), prompts,
-                                                  protocol.JobParams(temperature=0, max_tokens=12, ignore_eos=True)))
-            messages = outbox.wait_for(reply, finished)
-            assert messages[-1]["type"] == protocol.DONE, messages[-1]
-            tokens: dict[int, list[int]] = {}
-            for message in messages[1:]:
-                for choice in message["choices"]:
-                    tokens.setdefault(choice["index"], []).extend(choice["token_ids"])
-            return tokens
-
-        run([SYSTEM + QUESTIONS[0]])  # the system prompt's blocks are cached now
-        forwards: list[tuple[int, int, int]] = []  # (rows, new columns, cached columns) of each forward
-
-        def record(module, args, kwargs):
-            past = kwargs.get("past_key_values")
-            forwards.append((kwargs["input_ids"].shape[0], kwargs["input_ids"].shape[1],
-                             past.get_seq_length() if past is not None else 0))
-
-        (runner,) = engine.runners.values()  # the one model loaded
-        model = runner.loaded.model
-        hook = model.register_forward_pre_hook(record, with_kwargs=True)
-        try:
-            answers = run([SYSTEM + question for question in QUESTIONS[1:]])
-        finally:
-            hook.remove()
+    recording.run([SYSTEM + QUESTIONS[0]])  # the system prompt's blocks are cached now
+    prompts = [SYSTEM + question for question in QUESTIONS[1:]]
+    answers, prefills = recording.run_recorded(prompts)
     shared = len(reference.encode(SYSTEM)) // BLOCK_TOKENS * BLOCK_TOKENS
-    prefills = [forward for forward in forwards if forward[1] > 1 or forward[0] != len(QUESTIONS) - 1]
-    assert prefills == [(len(QUESTIONS) - 1, max(len(reference.encode(SYSTEM + q)) - shared for q in QUESTIONS[1:]), shared)], forwards
-    for index, question in enumerate(QUESTIONS[1:]):
-        assert answers[index] == reference.greedy(reference.encode(SYSTEM + question), 12, min_new_tokens=12)
+    assert prefills == [(len(prompts), max(len(reference.encode(p)) - shared for p in prompts), shared)], recording.forwards
+    for index, prompt in enumerate(prompts):
+        assert answers[index] == reference.greedy(reference.encode(prompt), 12, min_new_tokens=12)
+
+
+def test_prompts_after_cached_starts_of_other_lengths_prefill_in_one_forward_and_match_alone(recording, reference):
+    """A longer cached start and shorter ones (padded to it) prefill together; each answer is still alone's."""
+    longer = SYSTEM + QUESTIONS[0] + " Think it over, step by step, and then answer in a single word."
+    recording.run([longer])  # its blocks are cached, past the system prompt's
+    prompts = [longer + " Answer:", SYSTEM + QUESTIONS[1], SYSTEM + QUESTIONS[2]]
+    answers, prefills = recording.run_recorded(prompts)
+    shared = len(reference.encode(SYSTEM)) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert len(prefills) == 1, recording.forwards
+    rows, _, cached_columns = prefills[0]
+    assert rows == len(prompts) and shared < cached_columns <= shared + 64  # the short starts were padded
+    for index, prompt in enumerate(prompts):
+        assert answers[index] == reference.greedy(reference.encode(prompt), 12, min_new_tokens=12)

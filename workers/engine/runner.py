@@ -12,8 +12,7 @@ from transformers import DynamicCache
 
 from workers.engine.adapters import adapter_names
 from workers.engine.lora_batch import dense_lora
-from workers.engine.kv.batch import (cache_from_tensors, clone_cache, join_rows, layer_tensors, slice_rows,
-                                     supports_batching)
+from workers.engine.kv.batch import clone_cache, row_columns, stack_right_aligned, supports_batching
 from workers.engine.kv.slab import SlabKV
 from workers.engine.model_loader import LoadedModel
 from workers.engine.kv.prefix_cache import PrefixCache
@@ -115,36 +114,33 @@ class ModelRunner:
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """The rest of several newcomers' prompts in one forward; each keeps its own cache rows.
 
-        Every sequence has the same cached start (`prefilled`: none, or a prefix-cache hit of equal
-        length), so the cached keys/values stack as they are; the rests are left-padded after them
-        (the padding masked out, and cut away again when each row takes its cache)."""
+        A newcomer may start from a cached start (`prefilled`: a prefix-cache hit); the cached
+        keys/values are stacked right-aligned and the rests left-padded after them, the padding masked
+        out (the scheduler keeps it small: `cached_start_groups`) and cut away again when each row
+        takes its cache."""
         if len(sequences) == 1:
             seq = sequences[0]
             return [self.prefill(seq, len(seq.prompt_ids) - seq.prefilled)[1]]
         device, config = self.loaded.device, self.loaded.model.config
-        cached = sequences[0].prefilled
-        rests = [seq.prompt_ids[cached:] for seq in sequences]
+        cached = [seq.prefilled for seq in sequences]
+        longest_cached = max(cached)
+        rests = [seq.prompt_ids[start:] for seq, start in zip(sequences, cached)]
         lengths = [len(rest) for rest in rests]
         width = max(lengths)
         pad = self.loaded.tokenizer.pad_token_id or 0
         input_ids = torch.tensor([[pad] * (width - n) + rest for rest, n in zip(rests, lengths)], device=device)
         new_mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
-        if cached:
-            past = cache_from_tensors(config, [
-                (torch.cat([keys for keys, _ in layer]), torch.cat([values for _, values in layer]))
-                for layer in zip(*(layer_tensors(seq.state) for seq in sequences))])
-            cached_mask = torch.ones((len(sequences), cached), dtype=new_mask.dtype, device=device)
-            mask = torch.cat([cached_mask, new_mask], dim=1)
-        else:
-            past, mask = DynamicCache(config=config), new_mask
+        mask = torch.tensor([[0] * (longest_cached - c) + [1] * c + row for c, row in zip(cached, new_mask.tolist())],
+                            device=device)
+        past = (stack_right_aligned(config, [seq.state for seq in sequences], cached) if longest_cached
+                else DynamicCache(config=config))
         output = self._forward(
             sequences, input_ids=input_ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1,
-            position_ids=cached + (new_mask.cumsum(-1) - 1).clamp(min=0),
+            position_ids=torch.tensor(cached, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0),
         )
-        for row, (seq, length) in enumerate(zip(sequences, lengths)):
-            seq.state = (slice_rows(config, output.past_key_values, row, length) if not cached
-                         else join_rows(config, output.past_key_values, row, cached, length))
-            seq.prefilled = cached + length
+        for row, (seq, start, length) in enumerate(zip(sequences, cached, lengths)):
+            seq.state = row_columns(config, output.past_key_values, row, longest_cached - start, start, length)
+            seq.prefilled = start + length
         return list(output.logits[:, -1])
 
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:

@@ -24,6 +24,10 @@ from workers.engine.runner import ModelRunner
 from workers.engine.sequences import Sequence
 
 
+CACHED_START_PADDING = 64  # tokens of padding a cached start may take to prefill with longer ones
+CACHED_TOKENS_PER_FORWARD = 8192  # rows x longest cached start in one prefill forward
+
+
 class Scheduler:
     def __init__(self, runners: dict[str, ModelRunner], metrics: EngineMetrics, config: EngineConfig) -> None:
         self.runners = runners  # by model key, shared with (and filled by) the model manager
@@ -157,9 +161,9 @@ class Scheduler:
         whether any prompt finished its prefill.
 
         Called twice a step: `first`, before the decode, for interactive prompts (what the pacer allows);
-        then after it, with what is left, for the rest. Short prompts (or short rests after equally long
-        cached starts) are prefilled together in one padded forward; a long prompt (or one whose every
-        position must be scored) goes alone, in chunks.
+        then after it, with what is left, for the rest. Short prompts (or short rests after cached starts
+        of about the same length) are prefilled together in one padded forward; a long prompt (or one whose
+        every position must be scored) goes alone, in chunks.
         Choices of one prompt share its prefill.
         """
         budget = self.pacer.budget(decoding) if first or self._budget_left is None else self._budget_left
@@ -198,11 +202,12 @@ class Scheduler:
                 budget -= used
                 if logits is not None:
                     done.append((seq, logits))
-            else:  # with the others of its model whose cached start is as long
-                together.setdefault((seq.request.model_name, seq.prefilled), []).append(seq)
+            else:
+                together.setdefault(seq.request.model_name, []).append(seq)
                 budget -= rest
-        for (name, _), sequences in together.items():
-            done.extend(zip(sequences, self.runners[name].prefill_together(sequences)))
+        for name, sequences in together.items():
+            for group in cached_start_groups(sequences):
+                done.extend(zip(group, self.runners[name].prefill_together(group)))
         self.pacer.prefilled(planned - budget, time.perf_counter() - began)
         self._budget_left = max(0, budget) if first else None
         self._start_decoding(done)
@@ -225,9 +230,29 @@ class Scheduler:
                 (member, logits) for member in group if not member.finished)
             self.prefilling = [s for s in self.prefilling if s not in group]
         for name, pairs in first.items():
+            if not pairs:  # every prompt of this model was only scored
+                continue
             sample_rows([member for member, _ in pairs], torch.stack([logits for _, logits in pairs]))
             self.metrics.tokens([member for member, _ in pairs])
             self.runners[name].join([member for member, _ in pairs if not member.finished])
+
+
+def cached_start_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
+    """Newcomers in groups that prefill together: in each, every cached start (prefix-cache hit) is
+    left-padded to the group's longest by at most CACHED_START_PADDING tokens or half that longest, so
+    the padded keys/values stay near the real ones (a fresh prompt, with none cached, goes with the
+    short ones), and the stacked cached starts hold at most CACHED_TOKENS_PER_FORWARD positions (an 8B
+    model's keys/values take ~128 KB a token: a group's copy stays near 1 GB)."""
+    groups: list[list[Sequence]] = []
+    for seq in sorted(sequences, key=lambda s: -s.prefilled):
+        if groups:
+            group, longest = groups[-1], groups[-1][0].prefilled
+            if (longest - seq.prefilled <= max(CACHED_START_PADDING, longest // 2)
+                    and (len(group) + 1) * longest <= CACHED_TOKENS_PER_FORWARD):
+                group.append(seq)
+                continue
+        groups.append([seq])
+    return groups
 
 
 def sample_rows(sequences: list[Sequence], logits: torch.Tensor) -> None:
