@@ -9,6 +9,7 @@ from openai import AsyncOpenAI
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
 from .services import PostgresServer
+from .test_catalog_live import set_fields
 
 pytestmark = pytest.mark.scale_out
 
@@ -37,10 +38,15 @@ def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "no_worker"
 
+        # Both workers load the model at start (the catalog's preload), so both hold it when the jobs come:
+        # a worker passes a job for a model another one holds to that holder rather than load a second
+        # copy, so on a busy machine a late reader would otherwise never take one.
+        set_fields(env, TINY_MODEL, preload=True)
         for index in range(2):
             worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / f"worker{index}.log")
             workers.append(worker)
-            worker.wait_for_log("listening on channel")
+        for worker in workers:
+            worker.wait_for_log("loaded local/tiny-llama@main on")
 
         async def run_all():
             client = AsyncOpenAI(base_url=f"{web.base_url}/v1", api_key=web.key, max_retries=0, timeout=120)
@@ -57,8 +63,8 @@ def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_
         expected = [reference.decode(reference.greedy(reference.encode(p), 12)) for p in prompts]
         assert plain_texts == expected * 2
         assert streamed_texts == expected
-        loaded = [w for w in workers if "loaded local/tiny-llama" in w.log()]
-        assert len(loaded) == 2, "both workers should have taken jobs"
+        serving = [w for w in workers if "finished cmpl-" in w.log()]
+        assert len(serving) == 2, "both workers should have taken jobs"
         # One scrape of the web process sees both workers' engines.
         from .test_metrics import scrape, value
 
