@@ -73,8 +73,10 @@ class Snapshot(Generic[T]):
     def _refresh(self) -> None:
         try:
             self._read()
-        except Exception:  # the kept value ages out, and the next request past the limit reads in place
-            logger.exception("reading %s again failed", self.name)
+        except Exception as exc:  # the kept value ages out, and the next request past the limit reads in place
+            # One line per attempt (a database outage tries again at each request's look): the reason, no traceback.
+            logger.warning("reading %s again failed (%s: %s); the kept one is answered until it is %.0f s old",
+                           self.name, type(exc).__name__, exc, self.stale_limit)
         finally:
             with self._lock:
                 self._refreshing = False
