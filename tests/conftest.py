@@ -8,6 +8,7 @@ import pytest
 import torch
 import openai
 from openai import AsyncOpenAI, OpenAI
+from huggingface_hub import constants as hub_constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workers.tiny.builders import build_tiny_model
@@ -16,6 +17,12 @@ from .live_server import LiveServer, base_env
 from .services import RedisServer, require_binary
 
 TINY_MODEL = "local/tiny-llama"
+
+# The tests never reach the hub: every model is built offline. In this process, as in the servers the
+# tests start (`base_env`): without it, transformers' look for a PEFT adapter of a reference model it
+# loads with `local_files_only` still asks the hub, 23 s of retries with no network. huggingface_hub
+# read the variable at import, before this file (Django's setup imported it), so the flag is set here.
+hub_constants.HF_HUB_OFFLINE = True
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,12 @@ that batch's requests while the server goes on serving."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -13,7 +17,7 @@ import pytest
 from workers.tiny.builders import build_tiny_model
 
 from .conftest import TINY_MODEL
-from .live_server import LiveServer, base_env
+from .live_server import ROOT, LiveServer, base_env
 from .test_catalog_live import manage
 
 BROKEN = "local/broken"  # its embedding lacks most of its tokenizer's ids
@@ -131,3 +135,41 @@ def test_a_crash_inside_generation_fails_its_batch_and_serving_goes_on(live):
                            json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4})
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
     assert httpx.get(f"{live.base_url}/health", timeout=10).status_code == 200
+
+
+class RecordingHub(BaseHTTPRequestHandler):
+    """A stand-in hub endpoint that answers 404 to everything and remembers what it was asked."""
+    asked: list[str] = []
+
+    def _answer(self) -> None:
+        RecordingHub.asked.append(f"{self.command} {self.path}")
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_cached_model_loads_without_asking_the_hub(fault_cache):
+    """Online by configuration (no HF_HUB_OFFLINE): what the cache holds loads from it alone. transformers
+    looked for a PEFT adapter_config.json on the hub, which with no network is 23 s of retries."""
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), RecordingHub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    RecordingHub.asked = []
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    env.update(HF_HUB_CACHE=str(fault_cache), HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}")
+    code = ("from protocol import ModelRef\n"
+            "from workers.engine.model_loader import load_model\n"
+            f"print(load_model(ModelRef.parse({TINY_MODEL!r})).kind)\n")
+    try:
+        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                                timeout=300)
+    finally:
+        hub.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "causal"
+    # (huggingface_hub may fetch its agent-harness registry on its own; nothing may ask for the model)
+    assert [asked for asked in RecordingHub.asked if TINY_MODEL in asked] == []

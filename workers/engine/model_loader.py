@@ -263,7 +263,10 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         model_class = _model_class(kind)
         try:
             with _weights_progress(report):
-                model = model_class.from_pretrained(repo_id, local_files_only=True, **kwargs)
+                # transformers passes `local_files_only` on to everything but its look for a PEFT
+                # adapter_config.json, which went to the hub (23 s of retries with no network)
+                model = model_class.from_pretrained(repo_id, local_files_only=True,
+                                                    adapter_kwargs={"local_files_only": True}, **kwargs)
         except OSError:
             _download(repo_id, revision, report)
             with _weights_progress(report):
