@@ -8,7 +8,6 @@ import pytest
 import torch
 import openai
 from openai import AsyncOpenAI, OpenAI
-from huggingface_hub import constants as hub_constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workers.tiny.builders import build_tiny_model
@@ -18,11 +17,9 @@ from .services import RedisServer, require_binary
 
 TINY_MODEL = "local/tiny-llama"
 
-# The tests never reach the hub: every model is built offline. In this process, as in the servers the
-# tests start (`base_env`): without it, transformers' look for a PEFT adapter of a reference model it
-# loads with `local_files_only` still asks the hub, 23 s of retries with no network. huggingface_hub
-# read the variable at import, before this file (Django's setup imported it), so the flag is set here.
-hub_constants.HF_HUB_OFFLINE = True
+# A model from the cache alone: transformers passes `local_files_only` on to everything but its look for
+# a PEFT adapter config, which asks the hub (23 s of retries with no network).
+FROM_CACHE = {"local_files_only": True, "adapter_kwargs": {"local_files_only": True}}
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +66,7 @@ class Reference:
 
     def __init__(self, cache: Path) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL, cache_dir=cache, local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, cache_dir=cache, local_files_only=True)
+        self.model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, cache_dir=cache, **FROM_CACHE)
         self.model.eval()
 
     def encode(self, text: str) -> list[int]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import AutoProcessor
 
+from .conftest import FROM_CACHE
+
 
 class ProcessorReference:
     """`part` is the content-part type the processor's chat template takes ("image", "audio")."""
 
     def __init__(self, repo_id: str, model_class, part: str, cache, max_tokens: int) -> None:
         self.processor = AutoProcessor.from_pretrained(repo_id, cache_dir=cache, local_files_only=True)
-        self.model = model_class.from_pretrained(repo_id, cache_dir=cache, local_files_only=True).eval()
+        self.model = model_class.from_pretrained(repo_id, cache_dir=cache, **FROM_CACHE).eval()
         self.part = part
         self.max_tokens = max_tokens
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
 
 from . import media_files
-from .conftest import TINY_MODEL, TINY_WHISPER
+from .conftest import FROM_CACHE, TINY_MODEL, TINY_WHISPER
 from .test_errors import assert_openai_error
 
 RATE = 16000
@@ -30,7 +30,7 @@ def wav_samples(data: bytes) -> np.ndarray:
 class WhisperReference:
     def __init__(self, cache) -> None:
         self.processor = AutoProcessor.from_pretrained(TINY_WHISPER, cache_dir=cache, local_files_only=True)
-        self.model = AutoModelForSpeechSeq2Seq.from_pretrained(TINY_WHISPER, cache_dir=cache, local_files_only=True)
+        self.model = AutoModelForSpeechSeq2Seq.from_pretrained(TINY_WHISPER, cache_dir=cache, **FROM_CACHE)
         self.model.eval()
 
     def windows(self, samples: np.ndarray, task: str = "transcribe", **kwargs) -> list[str]:

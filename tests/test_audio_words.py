@@ -31,7 +31,7 @@ from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor, pipeline
 from transformers.models.whisper.tokenization_whisper import _collate_word_timestamps
 
 from . import media_files
-from .conftest import TINY_WHISPER
+from .conftest import FROM_CACHE, TINY_WHISPER
 from .test_audio import RATE, WINDOW, WhisperReference, wav_samples
 from .test_errors import assert_openai_error
 
@@ -41,7 +41,7 @@ class WordReference:
 
     def __init__(self, cache) -> None:
         self.processor = AutoProcessor.from_pretrained(TINY_WHISPER, cache_dir=cache, local_files_only=True)
-        self.model = AutoModelForSpeechSeq2Seq.from_pretrained(TINY_WHISPER, cache_dir=cache, local_files_only=True)
+        self.model = AutoModelForSpeechSeq2Seq.from_pretrained(TINY_WHISPER, cache_dir=cache, **FROM_CACHE)
         self.model.eval()
 
     def windows(self, samples: np.ndarray, language: str) -> list[tuple[str, list[dict]]]:
