@@ -153,23 +153,32 @@ class RecordingHub(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_cached_model_loads_without_asking_the_hub(fault_cache):
+def test_cached_models_of_every_kind_load_without_asking_the_hub(tmp_path):
     """Online by configuration (no HF_HUB_OFFLINE): what the cache holds loads from it alone. transformers
     looked for a PEFT adapter_config.json on the hub, which with no network is 23 s of retries."""
+    from workers.tiny.encoder import build_tiny_encoder
+    from workers.tiny.multimodal import build_tiny_vlm, build_tiny_whisper
+
+    models = {TINY_MODEL: ("causal", build_tiny_model), "local/tiny-vlm": ("image_text", build_tiny_vlm),
+              "local/tiny-whisper": ("speech", build_tiny_whisper),
+              "local/tiny-encoder": ("embedding", build_tiny_encoder)}
+    for name, (_, build) in models.items():
+        build(name, cache_dir=tmp_path)
     hub = ThreadingHTTPServer(("127.0.0.1", 0), RecordingHub)
     threading.Thread(target=hub.serve_forever, daemon=True).start()
     RecordingHub.asked = []
     env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
-    env.update(HF_HUB_CACHE=str(fault_cache), HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}")
-    code = ("from protocol import ModelRef\n"
+    env.update(HF_HUB_CACHE=str(tmp_path), HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}")
+    code = ("import sys\n"
+            "from protocol import ModelRef\n"
             "from workers.engine.model_loader import load_model\n"
-            f"print(load_model(ModelRef.parse({TINY_MODEL!r})).kind)\n")
+            "print(*(load_model(ModelRef.parse(name)).kind for name in sys.argv[1:]))\n")
     try:
-        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run([sys.executable, "-c", code, *models], env=env, cwd=ROOT, capture_output=True,
+                                text=True, timeout=300)
     finally:
         hub.shutdown()
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-1] == "causal"
-    # (huggingface_hub may fetch its agent-harness registry on its own; nothing may ask for the model)
-    assert [asked for asked in RecordingHub.asked if TINY_MODEL in asked] == []
+    assert result.stdout.split()[-len(models):] == [kind for kind, _ in models.values()]
+    # (huggingface_hub may fetch its agent-harness registry on its own; nothing may ask for a model)
+    assert [asked for asked in RecordingHub.asked if any(name in asked for name in models)] == []
