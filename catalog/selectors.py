@@ -146,11 +146,17 @@ def resolve_model_now(name: str) -> ModelRef | None:
     rules, models = _rules.peek(), cached_served_models_now()
     if rules is None or models is None:
         return None
+    resolved = _named(name, rules)
+    return resolved if any(m.repo_id == resolved.repo_id for m in models) else None
+
+
+def _named(name: str, rules: tuple[dict[str, str], set[str]]) -> ModelRef:
+    """The model a name or alias stands for under the catalog's (aliases, disabled); ModelDisabled if disabled."""
     aliases, disabled = rules
     repo_id = canonical_repo_id(name, aliases)
     if repo_id in disabled:
         raise ModelDisabled(name)
-    return ModelRef(repo_id, ModelRef.parse(name).revision) if any(m.repo_id == repo_id for m in models) else None
+    return ModelRef(repo_id, ModelRef.parse(name).revision)
 
 
 def resolve_model(name: str) -> ModelRef:
@@ -160,11 +166,7 @@ def resolve_model(name: str) -> ModelRef:
     reachable within a moment) and not in the cache (even after a fresh scan); online, unknown
     names pass through so the worker can download them.
     """
-    ref = ModelRef.parse(name)
-    repo_id = canonical_repo_id(name)
-    if repo_id in catalog_rules()[1]:
-        raise ModelDisabled(name)
-    resolved = ModelRef(repo_id, ref.revision)
+    resolved = _named(name, catalog_rules())
     name = str(resolved)
     if find_cached_model(name) is not None or find_cached_model(name, fresh=True) is not None:
         return resolved
