@@ -51,7 +51,7 @@ def stack_right_aligned(config, caches: list[DynamicCache | None], lengths: list
     """Single-row caches (None: empty) as one batch, each ending at the last column, zeros before it
     (finite padding, masked out by the caller)."""
     longest = max(lengths)
-    template = layer_tensors(next(cache for cache in caches if cache is not None))
+    template = layer_tensors(next(cache for cache, length in zip(caches, lengths) if length))
     if all(length == longest for length in lengths):  # nothing to pad: one copy per layer
         per_row = [layer_tensors(cache) for cache in caches]
         return cache_from_tensors(config, [(torch.cat([row[index][0] for row in per_row]),
