@@ -50,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-tokens", type=int, default=32)
     parser.add_argument("--batch-concurrency", type=int, default=8)
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="the server's environment (an A/B of a setting in the same scenario)")
     parser.add_argument("--quick", action="store_true", help="a short run that checks it works")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -227,11 +229,13 @@ def main(argv: list[str]) -> None:
     ensure_model(args.model, args.size, cache)
     work = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
     env = base_env(cache, work, INFERENCE_MAX_NUM_SEQS=str(args.max_num_seqs),
-                   INFERENCE_BATCH_CONCURRENCY=str(args.batch_concurrency), INFERENCE_WORKER_ACK_TIMEOUT="120")
+                   INFERENCE_BATCH_CONCURRENCY=str(args.batch_concurrency), INFERENCE_WORKER_ACK_TIMEOUT="120",
+                   **dict(item.split("=", 1) for item in args.server_env))
     server = LiveServer(env, work, name="fairness")
     keys = make_teams(env, {"a": [], "b": [], "c": []}, {"a": ["--team", "a"], "b": ["--team", "b"], "c": ["--team", "c"]})
     report: dict = {"scenario": "fairness", "model": args.model, "flood": args.flood, "flood_tokens": args.flood_tokens,
-                    "max_num_seqs": args.max_num_seqs, "batch_lines": args.batch_lines}
+                    "max_num_seqs": args.max_num_seqs, "batch_lines": args.batch_lines,
+                    "server_env": args.server_env}
     try:
         report.update(asyncio.run(phases(args, server.base_url, keys)))
     finally:

@@ -86,7 +86,7 @@ def test_a_newcomer_tied_with_a_flooding_team_takes_the_slot_before_it():
 
 def test_batch_rows_beside_interactive_fit_the_device_unless_set():
     assert EngineConfig(max_num_seqs=0).fitted("cuda").batch_rows_beside_interactive == 256  # a GPU: every slot
-    assert EngineConfig(max_num_seqs=0).fitted("cpu").batch_rows_beside_interactive == 2
+    assert EngineConfig(max_num_seqs=0).fitted("cpu").batch_rows_beside_interactive == 0  # a CPU: none
     assert EngineConfig(batch_rows_beside_interactive=5).fitted("cpu").batch_rows_beside_interactive == 5
 
 
@@ -240,8 +240,20 @@ def one_batch_row_box(hf_cache):
         yield engine, outbox
 
 
-def test_batch_rows_beyond_the_limit_pause_while_interactive_work_runs(one_batch_row_box, reference):
-    engine, outbox = one_batch_row_box
+@pytest.fixture(scope="module")
+def cpu_default_box(hf_cache):
+    """4 slots, batch rows beside interactive work left to the device: on CPU, none."""
+    outbox = Outbox()
+    with engine_running(hf_cache, outbox.emit, EngineConfig(max_num_seqs=4)) as engine:
+        assert engine.config.batch_rows_beside_interactive == 0
+        yield engine, outbox
+
+
+@pytest.mark.parametrize("box, limit", [("one_batch_row_box", 1), ("cpu_default_box", 0)])
+def test_batch_rows_beyond_the_limit_pause_while_interactive_work_runs(box, limit, request, reference):
+    """No more than the limit's batch rows decode (nor batch prompts prefill) between an interactive
+    answer's first and last tokens, and every paused row resumes where it stopped."""
+    engine, outbox = request.getfixturevalue(box)
     batch_prompts = [f"Nightly job {i} reads" for i in range(5)]
     batch = [submit(engine, p, "research", 150, "batch", stream=True) for p in batch_prompts]
     outbox.wait_tokens(batch[3])  # four rows running, one waiting
@@ -251,7 +263,7 @@ def test_batch_rows_beyond_the_limit_pause_while_interactive_work_runs(one_batch
     first = outbox.order.index(chat)
     last = len(outbox.order) - 1 - outbox.order[::-1].index(chat)
     beside = {channel for channel in outbox.order[first:last] if channel in batch}
-    assert len(beside) <= 1, f"{len(beside)} batch rows decoded beside the interactive one"
+    assert len(beside) <= limit, f"{len(beside)} batch rows decoded beside the interactive one"
     outbox.wait_all(batch)
     assert outbox.tokens(chat) == reference.greedy(reference.encode("Hello again"), 12, min_new_tokens=12)
     for prompt, reply in zip(batch_prompts, batch):  # paused rows resumed where they stopped

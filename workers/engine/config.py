@@ -11,9 +11,10 @@ from typing import Any
 
 from workers.media.limits import MIB, MediaSettings
 
-# On 2 CPU cores a decode step takes about 2.6 ms for 1 row and 9 ms for 32 (tiny model): each row
-# beside an interactive one adds ~0.2 ms, so 2 keep its inter-token gap within ~1.2x of running alone.
-BATCH_ROWS_BESIDE_INTERACTIVE_CPU = 2
+# On 2 CPU cores a decode step takes about 2.6 ms for 1 row and 9 ms for 32 (tiny model), and a batch
+# line's prefill is a whole extra forward: any batch work beside an interactive stream stretches its
+# inter-token gaps (p99 1.8-3.3x with 2 rows), so on CPU batch work waits while interactive work runs.
+BATCH_ROWS_BESIDE_INTERACTIVE_CPU = 0
 # Prompt tokens one step may prefill (INFERENCE_PREFILL_CHUNK 0). On a GPU a forward of 8,192 tokens
 # costs little more than one of 512 (vLLM's default batch of tokens is 8,192), so 64 prompts of ~130
 # tokens are admitted in one step, not sixteen; on CPU a forward's time grows with its tokens.

@@ -149,7 +149,8 @@ class Scheduler:
         if first:
             return False
         limited = self.batch_rows_beside_interactive < self.max_num_seqs
-        return not (limited and interactive_decoding and batch_decoding)
+        held_off = batch_decoding or self.batch_rows_beside_interactive == 0  # 0: no batch work beside interactive
+        return not (limited and interactive_decoding and held_off)
 
     def _kv_reservation(self, seq: Sequence) -> int:
         """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
