@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.kv.slab import SlabKV
+from workers.engine.kv.slab import SlabKV, attends_with_sdpa
 
 from .conftest import TINY_MODEL, engine_running
 
@@ -68,6 +68,29 @@ def test_joins_leaves_and_moves_match_generate(reference, monkeypatch, row_slots
     assert slab.rows == 0
     for index, (_, count) in enumerate(PLAN):
         assert outputs[index] == reference.greedy(prompts[index], count), index
+
+
+def test_padded_rows_give_sdpa_the_mask_transformers_would_build(reference):
+    """With rows of different lengths, a decode step hands SDPA its 4D boolean mask itself (transformers
+    no longer builds it every step) and the logits are exactly those of the 2D mask; a batch without
+    padding keeps the 2D mask, which transformers leaves out as `generate` does."""
+    model = reference.model
+    assert attends_with_sdpa(model.config)
+    with torch.inference_mode():
+        slab = SlabKV(model.config, torch.device("cpu"), 4)
+        states = [prefill(model, reference.encode(prompt)) for prompt in PROMPTS[:3]]
+        slab.add([cache for cache, _ in states])
+        logits = {}
+        for prepared in (True, False):
+            slab.prepared_mask = prepared
+            inputs = slab.decode_inputs([first for _, first in states])
+            assert inputs["attention_mask"].dim() == (4 if prepared else 2)
+            logits[prepared] = model(**inputs, use_cache=True, logits_to_keep=1).logits  # writes the same column
+        assert torch.equal(logits[True], logits[False])
+        alone = SlabKV(model.config, torch.device("cpu"), 4)
+        cache, first = prefill(model, reference.encode(PROMPTS[1]))
+        alone.add([cache])
+        assert alone.decode_inputs([first])["attention_mask"].dim() == 2
 
 
 def test_admission_waits_for_kv_budget(hf_cache, reference):
