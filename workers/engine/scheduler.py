@@ -50,8 +50,11 @@ class Scheduler:
         sequences in."""
         for runner in self.runners.values():
             runner.drop_finished()
-        self._let_waiting_in(passed_over=self._preempt())
         self._budget_left = None
+        if not self.waiting:  # nobody to let in, so no row to pause (a paused row waits in the queue too)
+            self.prefilling = [seq for seq in self.prefilling if not seq.finished]
+            return
+        self._let_waiting_in(passed_over=self._preempt())
 
     def decoding(self) -> bool:
         """Whether rows will decode this step (streams wait on it)."""
@@ -168,6 +171,10 @@ class Scheduler:
         Choices of one prompt share its prefill.
         """
         budget = self.pacer.budget(decoding) if first or self._budget_left is None else self._budget_left
+        if not self.prefilling:
+            if first:
+                self._budget_left = budget
+            return False
         began, planned = time.perf_counter(), budget
         decoding_classes = {seq.priority_class for runner in self.runners.values() for seq in runner.rows
                             if not seq.finished}
