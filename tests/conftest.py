@@ -64,9 +64,9 @@ def async_client(server) -> AsyncOpenAI:
 class Reference:
     """The same model loaded straight from the cache, for `model.generate` ground truth."""
 
-    def __init__(self, cache: Path) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL, cache_dir=cache, local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, cache_dir=cache, **FROM_CACHE)
+    def __init__(self, cache: Path, model_id: str = TINY_MODEL) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(model_id, cache_dir=cache, local_files_only=True)
+        self.model = AutoModelForCausalLM.from_pretrained(model_id, cache_dir=cache, **FROM_CACHE)
         self.model.eval()
 
     def encode(self, text: str) -> list[int]:

@@ -90,21 +90,28 @@ def test_overload_gets_streams_or_503s_never_resets(hf_cache, tmp_path):
 
 def test_a_queued_stream_hears_keepalives_until_its_first_token(hf_cache, tmp_path):
     """One slot: a stream queued behind another gets SSE comments while it waits, then its tokens."""
-    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS="1", INFERENCE_SSE_KEEPALIVE_SECONDS="0.1")
+    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS="1", INFERENCE_SSE_KEEPALIVE_SECONDS="0.05")
     server = LiveServer(env, tmp_path, name="keepalive")
     body = {"model": TINY_MODEL, "prompt": "Once upon a time", "ignore_eos": True, "stream": True}
 
-    async def stream_lines(max_tokens: int) -> list[str]:
+    async def stream_lines(max_tokens: int, flowing: asyncio.Event | None = None) -> list[str]:
+        lines = []
         async with httpx.AsyncClient(timeout=120) as http:
             async with http.stream("POST", f"{server.base_url}/v1/completions", headers=server.headers,
                                    json={**body, "max_tokens": max_tokens}) as response:
                 assert response.status_code == 200
-                return [line async for line in response.aiter_lines() if line]
+                async for line in response.aiter_lines():
+                    if line.startswith("data: ") and flowing is not None:
+                        flowing.set()
+                    if line:
+                        lines.append(line)
+        return lines
 
     async def both() -> tuple[list[str], list[str]]:
-        running = asyncio.ensure_future(stream_lines(400))
-        await asyncio.sleep(0.5)  # the first holds the only slot
-        return tuple(await asyncio.gather(running, stream_lines(4)))
+        flowing = asyncio.Event()
+        running = asyncio.ensure_future(stream_lines(480, flowing))  # nearly the tiny model's whole context
+        await flowing.wait()  # the first holds the only slot from here until its last token (not a fixed sleep:
+        return tuple(await asyncio.gather(running, stream_lines(4)))  # a fast machine ends it sooner)
 
     try:
         assert complete(server).status_code == 200

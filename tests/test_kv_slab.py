@@ -13,7 +13,9 @@ import protocol
 from workers.engine.config import EngineConfig
 from workers.engine.kv.slab import SlabKV, attends_with_sdpa
 
-from .conftest import TINY_MODEL, engine_running
+from workers.tiny.builders import build_tiny_alibi_model, build_tiny_model
+
+from .conftest import TINY_MODEL, Reference, engine_running
 
 PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,",
            "The capital of France is a city where the river bends twice and the bridges " * 3, "def add(a, b):"]
@@ -91,6 +93,44 @@ def test_padded_rows_give_sdpa_the_mask_transformers_would_build(reference):
         cache, first = prefill(model, reference.encode(PROMPTS[1]))
         alone.add([cache])
         assert alone.decode_inputs([first])["attention_mask"].dim() == 2
+
+
+ALIBI_MODEL = "local/tiny-falcon-alibi"
+
+
+def test_the_engine_hands_over_the_mask_only_where_it_gives_the_same_logits(tmp_path):
+    """The first padded decode step checks the 4D mask against transformers' own: the Llama takes it from
+    then on; the ALiBi Falcon, which builds its biases from the 2D mask (the 4D one fails there), keeps
+    the 2D mask. Rows of different lengths decode together on both, each as `generate` alone."""
+    hf_cache = tmp_path / "hf"  # a cache of its own: the session's lists its models to other tests
+    build_tiny_model(TINY_MODEL, size="tiny", cache_dir=hf_cache)
+    build_tiny_alibi_model(ALIBI_MODEL, cache_dir=hf_cache)
+    reference, falcon = Reference(hf_cache), Reference(hf_cache, ALIBI_MODEL)
+    prompts = PROMPTS[:3]
+    done = threading.Semaphore(0)
+    tokens: dict[str, list[int]] = {}
+
+    def emit(channel: str, message: dict) -> None:
+        for choice in message.get("choices", []):
+            tokens.setdefault(channel, []).extend(choice["token_ids"])
+        if message["type"] in (protocol.DONE, protocol.ERROR):
+            done.release()
+
+    with engine_running(hf_cache, emit, EngineConfig(max_num_seqs=8)) as engine:
+        replies = {}
+        for model in (TINY_MODEL, ALIBI_MODEL):
+            for prompt in prompts:
+                replies[model, prompt] = reply = f"reply.{uuid.uuid4().hex}"
+                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(model),
+                                                      [prompt], protocol.JobParams(temperature=0, max_tokens=8,
+                                                                                   ignore_eos=True)))
+        for _ in replies:
+            assert done.acquire(timeout=120)
+        masks = {key.split("@")[0]: runner.batch.prepared_mask for key, runner in engine.runners.items()}
+    assert masks == {TINY_MODEL: True, ALIBI_MODEL: False}
+    for (model, prompt), reply in replies.items():
+        ground = reference if model == TINY_MODEL else falcon
+        assert tokens[reply] == ground.greedy(ground.encode(prompt), 8, min_new_tokens=8), (model, prompt)
 
 
 def test_admission_waits_for_kv_budget(hf_cache, reference):

@@ -7,6 +7,8 @@ Models whose cache cannot be re-padded (sliding windows) decode row by row.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from transformers import DynamicCache
 
@@ -17,6 +19,8 @@ from workers.engine.kv.slab import SlabKV
 from workers.engine.model_loader import LoadedModel
 from workers.engine.kv.prefix_cache import PrefixCache
 from workers.engine.sequences import Sequence
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -175,6 +179,24 @@ class ModelRunner:
         self.solo_rows = [seq for seq in self.solo_rows if id(seq) not in leaving]  # solo rows keep their state
 
     # --- decode ------------------------------------------------------------
+    def _check_prepared_mask(self, last_tokens: list[int]):
+        """The first padded decode step runs twice: with the slab's 4D mask, then with the 2D mask that
+        transformers turns into its own (whose output the step keeps, and whose keys/values overwrite the
+        trial's in the same column). Later steps hand the model the 4D mask only if both gave the same
+        logits: a model that reads the 2D mask for more than attention (ALiBi biases, positions) does not."""
+        try:
+            trial = self._forward(self.batch_rows, **self.batch.decode_inputs(last_tokens, prepared_mask=True),
+                                  use_cache=True, logits_to_keep=1).logits
+            why_not = "it gave other logits"
+        except Exception as exc:  # e.g. a model that builds ALiBi biases from the 2D mask
+            trial, why_not = None, f"it failed: {exc}"
+        output = self._forward(self.batch_rows, **self.batch.decode_inputs(last_tokens, prepared_mask=False),
+                               use_cache=True, logits_to_keep=1)
+        self.batch.prepared_mask = trial is not None and torch.equal(trial, output.logits)
+        logger.info("%s: padded decode steps %s", self.loaded.model_id, "hand SDPA its 4D mask" if self.batch.prepared_mask
+                    else f"keep the 2D mask (the 4D one: {why_not})")
+        return output
+
     def drop_finished(self) -> None:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
         if dead:
@@ -186,8 +208,12 @@ class ModelRunner:
         rows: list[Sequence] = []
         logits: list[torch.Tensor] = []
         if self.batch_rows:
-            inputs = self.batch.decode_inputs([seq.completion_ids[-1] for seq in self.batch_rows])
-            output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
+            last_tokens = [seq.completion_ids[-1] for seq in self.batch_rows]
+            if self.batch.prepared_mask is None and self.batch.padded:
+                output = self._check_prepared_mask(last_tokens)
+            else:
+                inputs = self.batch.decode_inputs(last_tokens)
+                output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
             self.batch.advance()
             rows.extend(self.batch_rows)
             logits.append(output.logits[:, -1, :])

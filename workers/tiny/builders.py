@@ -274,6 +274,25 @@ def build_tiny_model(
     return _save_and_install(model, tokenizer, cache_dir, repo_id)
 
 
+def build_tiny_alibi_model(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Store a random Falcon with ALiBi position biases (as tiiuae/falcon-rw-1b), the tiny tokenizer and
+    SDPA attention: a model that reads the 2D attention mask for more than which keys to attend (its
+    biases are built from it), for the engine's check before it hands models their masks itself."""
+    import torch
+    from transformers import FalconConfig, FalconForCausalLM, GenerationConfig
+
+    tokenizer = train_tokenizer(SIZES["tiny"]["vocab_target"], 512)
+    bos, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))
+    config = FalconConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          alibi=True, new_decoder_architecture=False, multi_query=True, parallel_attn=True,
+                          bias=False, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = FalconForCausalLM(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    return _save_and_install(model, tokenizer, cache_dir, repo_id)
+
+
 def build_non_causal_model(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Store a tiny BERT encoder (no LM head) so catalogs can test filtering."""
     import torch

@@ -57,7 +57,9 @@ class SlabKV:
         self.keys: list[torch.Tensor] = []  # per layer [row slots, kv heads, columns, head dim]
         self.values: list[torch.Tensor] = []
         self.mask = torch.zeros((0, 0), dtype=torch.bool, device=device)  # [row slots, columns]: True = real token
-        self.prepared_mask = attends_with_sdpa(config)
+        # Padded decode steps hand SDPA its 4D mask (`decode_inputs`) once the runner has seen it give the
+        # same logits as transformers' own mask (None: not yet checked; False: not SDPA, or it did not).
+        self.prepared_mask: bool | None = None if attends_with_sdpa(config) else False
         self.lengths: list[int] = []  # real tokens cached per row = the next token's position
         self.start = self.end = 0
         self.cache: DynamicCache | None = None
@@ -186,18 +188,23 @@ class SlabKV:
             (keys[row:row + 1, :, self.end - length:self.end].clone(), values[row:row + 1, :, self.end - length:self.end].clone())
             for keys, values in zip(self.keys, self.values)])
 
-    def decode_inputs(self, last_tokens: list[int]) -> dict:
+    @property
+    def padded(self) -> bool:
+        """Whether some row is shorter than the window (its left columns are padding)."""
+        return bool(self.lengths) and min(self.lengths) < self.length
+
+    def decode_inputs(self, last_tokens: list[int], prepared_mask: bool | None = None) -> dict:
         """Model kwargs for one decode step: each row's last token at its own position.
 
-        Where rows are padded and the model attends with SDPA, the mask goes in as SDPA's own 4D
+        With padded rows and `prepared_mask` (default: the slab's), the mask goes in as SDPA's own 4D
         boolean mask, the one transformers would build from the 2D mask at every step (a tenth of
-        a decode step's host time on a small model); without padding, the 2D mask, which lets
-        transformers leave the mask out, as `generate` does."""
+        a decode step's host time on a small model); otherwise the 2D mask, which lets transformers
+        leave the mask out when nothing is padded, as `generate` does."""
         self._ensure(self.rows, 0, 1)
         self.mask[:self.rows, self.end] = True
         self._view()
         mask = self.mask[:self.rows, self.start:self.end + 1]
-        if self.prepared_mask and min(self.lengths) < self.length:
+        if (self.prepared_mask if prepared_mask is None else prepared_mask) and self.padded:
             mask = mask[:, None, None, :]
         return {
             "input_ids": torch.tensor(last_tokens, device=self.device).unsqueeze(1),
