@@ -197,9 +197,13 @@ async def phases(args, base_url: str, keys: dict[str, str]) -> dict:
     ttft_before = await asyncio.to_thread(team_ttft, base_url)
     b_task = TeamBClient(base_url, keys["b"], args)
     floods = asyncio.gather(flood(clients["a"], args, "a"), flood(clients["c"], args, "c"))
-    await asyncio.sleep(2.0)  # both teams' streams running and queued: their shares count from here
+    if not args.quick:
+        await asyncio.sleep(2.0)  # both teams' streams running and queued: their shares count from here
     before, began = await asyncio.to_thread(team_tokens, base_url), time.monotonic()
-    await asyncio.sleep(min(60.0, max(5.0, args.flood * args.flood_tokens / 2000)))
+    if args.quick:  # a short run's floods end within a second or two: their shares over the whole of them
+        await floods
+    else:
+        await asyncio.sleep(min(60.0, max(5.0, args.flood * args.flood_tokens / 2000)))
     after, window = await asyncio.to_thread(team_tokens, base_url), time.monotonic() - began
     await floods
     report["b_beside_flood"] = summary(await b_task.results())

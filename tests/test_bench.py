@@ -78,3 +78,18 @@ def test_gpu_scenario_runs_every_phase_on_the_cpu(hf_cache, tmp_path):
         assert row["ours_raw"] > 0 and row["ours_generate_batch"] > 0, row  # both ran at the same sizes
         assert row["gpu_busy_pct"] is None and row["step_over_hbm_floor"] is None, row
     assert "| 4 |" in (tmp_path / "results" / "gpu.md").read_text()
+
+
+def test_fairness_scenario_runs_every_phase_with_the_servers_settings(hf_cache, tmp_path):
+    """Three teams, floods, a Batch API batch beside B and on the idle box; `--server-env` reaches the
+    report (an A/B of a setting in one scenario)."""
+    setting = "INFERENCE_BATCH_ROWS_BESIDE_INTERACTIVE=1"
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "fairness", "--server-env", setting)
+    assert report["server_env"] == [setting]
+    for phase in ("b_alone", "b_beside_flood", "b_beside_batch"):
+        assert report[phase]["requests"] >= 1 and report[phase]["errors"] == 0, phase
+    shares = report["flood_shares"]
+    assert abs(shares["a"] + shares["c"] - 1) < 0.01 and 0.3 < shares["a"] < 0.7
+    assert all(seconds > 0 for seconds in report["batch_seconds"].values())
+    assert set(report["ratios"]) == {"b_ttft_p50_flood_vs_alone", "b_itl_p99_flood_vs_alone",
+                                     "b_itl_p99_batch_vs_alone", "batch_idle_throughput_vs_direct"}
