@@ -39,6 +39,7 @@ class LayerSpec:
     window: int = 0  # SLIDING: the window, in tokens (the layer keeps the last window - 1)
     token_bytes: int = 0  # FULL/SLIDING: keys + values of one token
     row_bytes: int = 0  # STATE: the fixed state of one row
+    latent: bool = False  # FULL: keys and values of different shapes (MLA's latent and rotary part)
 
     def bytes_for(self, tokens: int) -> int:
         if self.kind == SLIDING:
@@ -85,7 +86,8 @@ class CacheSpec:
     def describe(self) -> str:
         counts: dict[str, int] = {}
         for layer in self.layers:
-            label = f"{layer.kind}({layer.window})" if layer.kind == SLIDING else layer.kind
+            label = (f"{layer.kind}({layer.window})" if layer.kind == SLIDING
+                     else "full (MLA)" if layer.latent else layer.kind)
             counts[label] = counts.get(label, 0) + 1
         return ", ".join(f"{n} {label}" for label, n in counts.items())
 
@@ -135,7 +137,8 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
     for kind, layer in zip(kinds, cache.layers):
         if kind in (FULL, SLIDING):
             window = getattr(layer, "sliding_window", 0) if kind == SLIDING else 0
-            layers.append(LayerSpec(kind, window, _nbytes(layer.keys) + _nbytes(layer.values)))
+            layers.append(LayerSpec(kind, window, _nbytes(layer.keys) + _nbytes(layer.values),
+                                    latent=layer.keys.shape != layer.values.shape))
         elif kind == STATE:
             state = sum(_nbytes(t) for t in (*layer.conv_states.values(), *layer.recurrent_states.values()))
             layers.append(LayerSpec(kind, row_bytes=state))
