@@ -20,15 +20,25 @@ read, and each is written first (a token's keys/values, or zeros for left paddin
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 from workers.engine.kv.rows import RowState
 
-if TYPE_CHECKING:
-    from workers.engine.kv.slab import SlabKV
+
+class SlabKV(Protocol):
+    """What a store reads of its batch (workers/engine/kv/slab.py): its rows and its columns [start, end)."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def length(self) -> int: ...
+
+    start: int
+    end: int
 
 SPARE_WINDOW_COLUMNS = 64  # a sliding store's columns past its window: one shift per this many steps
 
