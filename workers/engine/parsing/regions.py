@@ -77,8 +77,7 @@ class RegionParser:
             self.buffer = prompt_text[best[0] + len(best[1].open):]
             self.strip = not self.buffer.strip()
             if self.region.kind == "reasoning":  # what the prompt itself reasoned is not this answer's
-                self.buffer = "" if self.strip else self.buffer
-                self.strip = True
+                self.buffer = ""
             return
         if self.starts_in_reasoning:
             reasoning = next((r for r in self.anywhere if r.kind == "reasoning" and r.close), None)
