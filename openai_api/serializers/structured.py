@@ -111,9 +111,9 @@ class StructuredOutputsField(serializers.Field):
         return value
 
 
-def forced_tool_call(tool_choice, tools: list[dict], context: dict, parallel: bool = True) -> Structured | None:
-    """tool_choice "required" (one or more calls, one with parallel_tool_calls false) or a named function
-    (one call of it), with valid arguments."""
+def forced_tool_call(tool_choice, tools: list[dict], context: dict, parallel: bool = False) -> Structured | None:
+    """tool_choice "required" (one call; one or more when parallel_tool_calls is sent true, as vLLM's) or a
+    named function (one call of it), with valid arguments."""
     if tool_choice == "required":
         chosen = [tool["function"] for tool in tools]
     elif isinstance(tool_choice, dict):
@@ -141,7 +141,7 @@ def output_grammar(attrs: dict, tools: list[dict], context: dict) -> Structured 
         "response_format": response_format_grammar(attrs.get("response_format")),
         "structured_outputs": attrs.get("structured_outputs"),
         "tool_choice": forced_tool_call(attrs.get("tool_choice"), tools, context,
-                                        attrs.get("parallel_tool_calls") is not False) if tools else None,
+                                        attrs.get("parallel_tool_calls") is True) if tools else None,
     }
     given = [name for name, grammar in candidates.items() if grammar is not None]
     if len(given) > 1:
