@@ -5,6 +5,7 @@ Plain huggingface_hub, no database: `catalog.selectors` and `catalog.services` b
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -68,6 +69,30 @@ def _adapter_base(snapshot: Path) -> str | None:
     return base if isinstance(base, str) and base and config.get("peft_type", "LORA") == "LORA" else None
 
 
+ADDED_TOKEN = re.compile(r'"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _added_tokens(snapshot: Path) -> list[str]:
+    """The added tokens tokenizer.json lists first (read from its head only: the file may be tens of MB)."""
+    try:
+        with (snapshot / "tokenizer.json").open(encoding="utf-8", errors="replace") as handle:
+            head = handle.read(2 << 20)
+    except OSError:
+        return []
+    start = head.find('"added_tokens"')
+    end = min((i for i in (head.find('"normalizer"', start), head.find('"pre_tokenizer"', start)) if i > 0),
+              default=len(head))
+    if start < 0:
+        return []
+    found = []
+    for raw in ADDED_TOKEN.findall(head[start:end]):
+        try:
+            found.append(json.loads(f'"{raw}"'))
+        except ValueError:
+            continue
+    return found
+
+
 @lru_cache(maxsize=512)
 def detected_parsers(snapshot: Path) -> dict:
     """What a snapshot's config.json, tokenizer_config.json and chat_template.jinja say of its output
@@ -87,7 +112,7 @@ def detected_parsers(snapshot: Path) -> dict:
     except OSError:
         pass
     tokens = [str(t.get("content", "")) for t in (tokenizer_config.get("added_tokens_decoder") or {}).values()
-              if isinstance(t, dict)]
+              if isinstance(t, dict)] + _added_tokens(snapshot)
     model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type") or ""
     return detect_parsers(str(model_type), str(template), tokens,
                           isinstance(tokenizer_config.get("response_template"), dict)).as_dict()

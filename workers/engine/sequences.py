@@ -18,6 +18,7 @@ from workers.engine.detokenizer import IncrementalText
 from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
 from workers.engine.parsing import make_parser
+from workers.engine.parsing.factory import open_reasoning
 from workers.engine.parsing.tool_grammars import banned_markers, in_family_syntax
 from workers.engine.prompt_scoring import PromptScorer
 from workers.engine.sampling import Sampler, SamplingParams, TokenChoice
@@ -240,7 +241,9 @@ class GenerationJob:
         sampling = SamplingParams.from_job(params, model.generation_defaults)
         sampling.bad_words_ids += self._bad_words_ids(params.bad_words)
         sampling.bad_words_ids += self._bad_words_ids(banned_markers(model.output_format) if params.ban_tool_calls else [])
-        self.structured: Structured | None = in_family_syntax(params.structured, model.output_format)
+        self.structured: Structured | None = in_family_syntax(
+            params.structured, model.output_format,
+            open_reasoning(model.output_format, self.prompt_texts[0]) if self.prompt_texts else None)
         num_beams = params.num_beams
         self.beam: dict | None = None  # beam search settings; None for the continuous batch
         if num_beams > 1:

@@ -119,3 +119,12 @@ def make_parser(fmt: OutputFormat, prompt_text: str, tools: list[dict] | None, p
         parser = RegionParser(reasoning, tool_format, parse_tools, tool_schemas(tools), calls)
     parser.prime(prompt_text)
     return parser
+
+
+def open_reasoning(fmt: OutputFormat, prompt_text: str) -> str | None:
+    """The marker that closes reasoning the prompt leaves open (a thinking template's `<think>`), or None."""
+    if fmt is None or fmt.response_template is not None or fmt.harmony_format:
+        return None
+    parser = make_parser(fmt, prompt_text, None, False)
+    region = getattr(parser, "region", None)
+    return region.close if region is not None and region.kind == "reasoning" else None

@@ -18,14 +18,15 @@ NL = "\n"
 ONE_CALL_SYNTAXES = {"openai"}  # Harmony ends the answer at <|call|>: one call per turn
 
 
-def in_family_syntax(structured: Structured | None, fmt) -> Structured | None:
-    """A tool_call grammar spec with the model's syntax in it (it is part of the grammar's cache key)."""
+def in_family_syntax(structured: Structured | None, fmt, open_reasoning: str | None = None) -> Structured | None:
+    """A tool_call grammar spec with the model's syntax in it (it is part of the grammar's cache key);
+    `open_reasoning`: the marker that closes the reasoning the prompt opened, written before the call."""
     if not structured or structured.get("type") != "tool_call":
         return structured
     syntax = "hermes" if fmt is None or fmt.response_template is not None else fmt.tool_parser
     if syntax == "mistral" and fmt.mistral_named:
         syntax = "mistral_named"
-    return {**structured, "syntax": syntax}
+    return {**structured, "syntax": syntax, **({"prefix": open_reasoning} if open_reasoning else {})}
 
 
 def banned_markers(fmt) -> list[str]:
@@ -37,7 +38,7 @@ def banned_markers(fmt) -> list[str]:
     return [region.open for region in (tool_format.regions if tool_format else ()) if not region.at_start]
 
 
-class _Lark:
+class LarkText:
     """Lark text for one tokenizer: markers as their tokens, the rest as quoted text."""
 
     def __init__(self, tokenizer) -> None:
@@ -69,6 +70,14 @@ def _is_text(schema: dict) -> bool:
     return (schema or {}).get("type") == "string" and not {"enum", "const", "pattern", "format"} & set(schema)
 
 
+def _value(schema: dict) -> str:
+    """A parameter's value: as text where the format writes strings bare (up to maxLength), else JSON."""
+    if not _is_text(schema):
+        return _json(schema)
+    most = schema.get("maxLength")
+    return f"/[^<\\n]{{1,{int(most)}}}/" if isinstance(most, int) and most > 0 else TEXT_VALUE
+
+
 def _required(parameters: dict) -> list[tuple[str, dict]]:
     """The parameters a call must give, in the schema's order (optional ones are left out of forced calls)."""
     properties = (parameters or {}).get("properties") or {}
@@ -76,7 +85,7 @@ def _required(parameters: dict) -> list[tuple[str, dict]]:
     return [(key, schema if isinstance(schema, dict) else {}) for key, schema in properties.items() if key in required]
 
 
-def _call_rule(syntax: str, tool: dict, lark: _Lark) -> str:
+def _call_rule(syntax: str, tool: dict, lark: LarkText) -> str:
     """One call of `tool` in `syntax`, as a Lark expression."""
     name, parameters = tool["name"], tool.get("parameters") or {"type": "object"}
     t = lark.text
@@ -98,18 +107,18 @@ def _call_rule(syntax: str, tool: dict, lark: _Lark) -> str:
         arguments = ' ", " '.join(f'{json.dumps(key + "=")} {_json(schema)}' for key, schema in _required(parameters))
         return f'{json.dumps(name + "(")} {arguments} ")"'
     if syntax == "qwen3_coder":
-        params = " ".join(f'{t(f"<parameter={key}>")} "\\n" {TEXT_VALUE if _is_text(schema) else _json(schema)} '
+        params = " ".join(f'{t(f"<parameter={key}>")} "\\n" {_value(schema)} '
                           f'"\\n" {t("</parameter>")} "\\n"' for key, schema in _required(parameters))
         opening, closing = t(NL.join(("<tool_call>", f"<function={name}>", ""))), t(NL.join(("</function>", "</tool_call>")))
         return f"{opening} {params} {closing}"
     if syntax == "glm45":
         params = " ".join(f'{t(f"<arg_key>{key}</arg_key>")} "\\n" {t("<arg_value>")} '
-                          f'{TEXT_VALUE if _is_text(schema) else _json(schema)} {t("</arg_value>")} "\\n"'
+                          f'{_value(schema)} {t("</arg_value>")} "\\n"'
                           for key, schema in _required(parameters))
         return f'{t("<tool_call>")} {json.dumps(name + NL)} {params} {t("</tool_call>")}'
     if syntax == "gemma4":
         quote = t('<|"|>')
-        params = ' "," '.join(f'{json.dumps(key + ":")} ' + (f"{quote} {TEXT_VALUE} {quote}" if _is_text(schema) else _json(schema))
+        params = ' "," '.join(f'{json.dumps(key + ":")} ' + (f"{quote} {_value(schema)} {quote}" if _is_text(schema) else _json(schema))
                               for key, schema in _required(parameters))
         return f'{t("<|tool_call>")} {json.dumps("call:" + name + "{")} {params} "}}" {t("<tool_call|>")}'
     if syntax == "deepseek_v3":
@@ -118,7 +127,7 @@ def _call_rule(syntax: str, tool: dict, lark: _Lark) -> str:
     if syntax == "deepseek_v31":
         return f'{t("<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>")} {_json(parameters)} {t("<｜tool▁call▁end｜>")}'
     if syntax == "kimi_k2":
-        return (f'{t("<|tool_call_begin|>functions." + name + ":")} /[0-9]+/ {t("<|tool_call_argument_begin|>")} '
+        return (f'{t("<|tool_call_begin|>functions." + name + ":")} /[0-9]{{1,3}}/ {t("<|tool_call_argument_begin|>")} '
                 f'{_json(parameters)} {t("<|tool_call_end|>")}')
     if syntax == "openai":
         return (f'{t("<|channel|>commentary to=functions." + name + " <|constrain|>json<|message|>")} '
@@ -142,12 +151,13 @@ WRAPPERS = {
 def tool_call_grammar(spec: dict, tokenizer) -> str:
     """The Lark grammar of a tool_call spec, in its `syntax` (Hermes where none is named)."""
     syntax = spec.get("syntax") or "hermes"
-    lark = _Lark(tokenizer)
+    lark = LarkText(tokenizer)
     alternatives = " | ".join(f"call_{index}" for index in range(len(spec["tools"])))
     rules = [f"call_{index}: {_call_rule(syntax, tool, lark)}" for index, tool in enumerate(spec["tools"])]
     before, between, after = WRAPPERS.get(syntax, ("", "\n", ""))
     many = spec.get("many") and syntax not in ONE_CALL_SYNTAXES
     repeat = f" ({lark.text(between) if between else ''} call)*" if many else ""
-    start = " ".join(item for item in (lark.text(before) if before else "", "call" + repeat,
+    start = " ".join(item for item in (lark.text(spec["prefix"]) if spec.get("prefix") else "",
+                                       lark.text(before) if before else "", "call" + repeat,
                                        lark.text(after) if after else "") if item)
     return "\n".join([f"start: {start}", f"call: {alternatives}", *rules])
