@@ -93,3 +93,11 @@ def test_fairness_scenario_runs_every_phase_with_the_servers_settings(hf_cache, 
     assert all(seconds > 0 for seconds in report["batch_seconds"].values())
     assert set(report["ratios"]) == {"b_ttft_p50_flood_vs_alone", "b_itl_p99_flood_vs_alone",
                                      "b_itl_p99_batch_vs_alone", "batch_idle_throughput_vs_direct"}
+
+
+def test_parsing_scenario_reports_each_familys_share_of_the_stream(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "parsing")
+    assert report["stream_cpu_us_per_token"] > 0 and all(s["chunks"] > s["tokens"] for s in report["streams"])
+    assert {"hermes", "mistral", "openai", "response_template"} <= set(report["families"])
+    for family, row in report["families"].items():
+        assert row["calls"] == 1 and row["us_per_token"] > 0 and row["share_of_stream_cpu"] > 0, family
