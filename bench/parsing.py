@@ -32,22 +32,22 @@ from .servers import OurServer
 PROSE = ("The weather in the city depends on the season, the wind from the sea and the hills around it; "
          "in spring the mornings are cool and the afternoons warm, and rain comes in short showers. ")
 CALL_ARGS = '{"city": "Paris", "days": 3}'
-ANSWERS = {  # family -> (tool parser, reasoning parser, answer with {reasoning} and {content} to fill)
-    "hermes": ("hermes", "qwen3", '<think>\n{reasoning}\n</think>\n\n{content}\n<tool_call>\n{{"name": "get_weather", '
-               '"arguments": ' + CALL_ARGS + '}}\n</tool_call>'),
-    "qwen3_coder": ("qwen3_coder", "qwen3", "<think>\n{reasoning}\n</think>\n\n{content}\n<tool_call>\n<function=get_weather>"
+ANSWERS = {  # family -> (tool parser, reasoning parser, answer with REASONING and CONTENT to fill)
+    "hermes": ("hermes", "qwen3", '<think>\nREASONING\n</think>\n\nCONTENT\n<tool_call>\n{"name": "get_weather", '
+               '"arguments": ' + CALL_ARGS + '}\n</tool_call>'),
+    "qwen3_coder": ("qwen3_coder", "qwen3", "<think>\nREASONING\n</think>\n\nCONTENT\n<tool_call>\n<function=get_weather>"
                     "\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
-    "llama3_json": ("llama3_json", None, '{content}<|python_tag|>{{"name": "get_weather", "parameters": ' + CALL_ARGS + "}}"),
-    "mistral": ("mistral", "mistral", "[THINK]{reasoning}[/THINK]{content}[TOOL_CALLS]get_weather[ARGS]" + CALL_ARGS),
-    "deepseek_v31": ("deepseek_v31", "deepseek_r1", "<think>{reasoning}</think>{content}<｜tool▁calls▁begin｜>"
+    "llama3_json": ("llama3_json", None, 'CONTENT<|python_tag|>{"name": "get_weather", "parameters": ' + CALL_ARGS + "}"),
+    "mistral": ("mistral", "mistral", "[THINK]REASONING[/THINK]CONTENT[TOOL_CALLS]get_weather[ARGS]" + CALL_ARGS),
+    "deepseek_v31": ("deepseek_v31", "deepseek_r1", "<think>REASONING</think>CONTENT<｜tool▁calls▁begin｜>"
                      "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" + CALL_ARGS + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-    "gemma4": ("gemma4", "gemma4", '<|channel>thought\n{reasoning}<channel|>{content}<|tool_call>call:get_weather'
-               '{{city:<|"|>Paris<|"|>,days:3}}<tool_call|>'),
-    "openai": ("openai", "openai_gptoss", "<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant<|channel|>"
-               "final<|message|>{content}<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+    "gemma4": ("gemma4", "gemma4", '<|channel>thought\nREASONING<channel|>CONTENT<|tool_call>call:get_weather'
+               '{city:<|"|>Paris<|"|>,days:3}<tool_call|>'),
+    "openai": ("openai", "openai_gptoss", "<|channel|>analysis<|message|>REASONING<|end|><|start|>assistant<|channel|>"
+               "final<|message|>CONTENT<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
                "<|constrain|>json<|message|>" + CALL_ARGS),
-    "response_template": ("response_template", "response_template", '<think>{reasoning}</think>{content}<tool_call>'
-                          '{{"name": "get_weather", "arguments": ' + CALL_ARGS + '}}</tool_call>'),
+    "response_template": ("response_template", "response_template", '<think>REASONING</think>CONTENT<tool_call>'
+                          '{"name": "get_weather", "arguments": ' + CALL_ARGS + '}</tool_call>'),
 }
 TEMPLATE = {  # a response_template as Qwen's (transformers' parser reads it)
     "defaults": {"role": "assistant"}, "start_anchor": "<|im_start|>assistant\n",
@@ -64,6 +64,9 @@ def token_pieces(tokenizer, text: str) -> list[str]:
     pieces, before = [], ""
     for end in range(1, len(ids) + 1):
         now = tokenizer.decode(ids[:end])
+        if now.endswith("\ufffd") and end < len(ids):  # part of a character: the worker holds it back
+            pieces.append("")
+            continue
         pieces.append(now[len(before):])
         before = now
     return pieces
@@ -74,7 +77,7 @@ def answer_text(family: str, tokenizer, tokens: int) -> str:
     _, _, shape = ANSWERS[family]
     per_sentence = max(len(tokenizer(PROSE, add_special_tokens=False)["input_ids"]), 1)
     sentences = max(tokens // (2 * per_sentence), 1)
-    return shape.format(reasoning=(PROSE * sentences).strip(), content=(PROSE * sentences).strip())
+    return shape.replace("REASONING", (PROSE * sentences).strip()).replace("CONTENT", (PROSE * sentences).strip())
 
 
 def parser_for(family: str):
