@@ -56,6 +56,9 @@ ANSWERS = {
 }
 
 
+OVERRIDDEN = "local/tiny-overridden"
+
+
 def model_of(family: str) -> str:
     return f"local/tiny-{family}"
 
@@ -67,13 +70,16 @@ def family_cache(tmp_path_factory):
     build_tiny_model(model_of("hermes"), cache_dir=cache)
     for family in FORMATS:
         build_chat_format_model(model_of(family), family, cache, base)
+    build_chat_format_model(OVERRIDDEN, "llama3_json", cache, base)  # Llama 3's format, parsed as the config says
     return cache
 
 
 @pytest.fixture(scope="module")
 def family_server(family_cache, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("family-server")
-    live = LiveServer(base_env(family_cache, work_dir), work_dir, name="families")
+    config = work_dir / "server.yaml"
+    config.write_text(json.dumps({"models": [{"name": OVERRIDDEN, "tool-parser": "hermes", "reasoning-parser": "none"}]}))
+    live = LiveServer(base_env(family_cache, work_dir), work_dir, ("--config", str(config)), name="families")
     yield live
     live.stop()
 
@@ -171,3 +177,16 @@ def test_family_responses_function_call_items(family, sdk):
     [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert deltas == done.arguments and done.name == "get_weather"
     jsonschema.validate(json.loads(done.arguments), PARAMETERS)
+
+
+def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, family_cache):
+    """A Llama 3 model told `tool_parser: hermes`, `reasoning_parser: none` in `serve --config`: the catalog
+    shows the override, and its answer is read that way (a Hermes call parsed, `<think>` left as text)."""
+    models = {m.id: m.model_extra.get("parsers") for m in sdk.models.list().data}
+    assert models[OVERRIDDEN] == {"tool_parser": "hermes", "reasoning_parser": None, "source": "override"}
+    tokenizer = AutoTokenizer.from_pretrained(OVERRIDDEN, cache_dir=family_cache, local_files_only=True)
+    answer = '<think>x</think><tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    message = sdk.chat.completions.create(model=OVERRIDDEN, messages=USER, tools=[WEATHER], max_tokens=80,
+                                          extra_body=forced(answer, tokenizer)).choices[0].message
+    assert message.content == "<think>x</think>" and message.model_extra.get("reasoning_content") is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [CALL]
