@@ -24,7 +24,7 @@ from pathlib import Path
 from protocol import Part
 
 from . import parts
-from .markers import earliest, partial_suffix
+from .markers import SteppedParser, earliest, partial_suffix
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class _Router:
             parts.append(out, parts.content(text) if self.kind == "content" else parts.reasoning(text))
 
 
-class HarmonyTextParser:
+class HarmonyTextParser(SteppedParser):
     """Harmony read from the decoded text (its special tokens kept)."""
 
     def __init__(self, parse_tools: bool, calls: parts.Calls | None = None) -> None:
@@ -82,25 +82,11 @@ class HarmonyTextParser:
             self.feed(prompt_text[start + len(START):])
             self.router.calls.count = calls
 
-    def feed(self, text: str, token_ids: list[int] | None = None) -> list[Part]:
-        self.buffer += text
-        out: list[Part] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Part]:
-        out: list[Part] = []
-        while self._step(out, final=True):
-            pass
+    def _flush(self, out: list[Part]) -> None:
         if self.state == "body":
             self._body(self.buffer.rstrip(), out)
-        elif self.state == "header" and self.buffer.strip():  # never a message: what it wrote is content
+        elif self.buffer.strip():  # a header never finished, text between messages: what it wrote is content
             parts.append(out, parts.content(self.buffer.strip()))
-        elif self.state == "between" and self.buffer.strip():
-            parts.append(out, parts.content(self.buffer.strip()))
-        self.buffer = ""
-        return out
 
     def _body(self, text: str, out: list[Part]) -> None:
         if self.strip:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from protocol import Part
+
 
 def partial_suffix(text: str, markers: Iterable[str]) -> int:
     """How many trailing characters of `text` could be the start of one of `markers` (held back)."""
@@ -30,3 +32,31 @@ def remove(text: str, markers: Iterable[str]) -> str:
         if marker in text:
             text = text.replace(marker, "")
     return text
+
+
+class SteppedParser:
+    """A text parser that consumes its buffer one marker at a time (`_step`: True when it took one, False
+    when it emitted what was safe and waits for more), then flushes what it held at the end (`_flush`)."""
+
+    buffer = ""
+
+    def feed(self, text: str, token_ids: list[int] | None = None) -> list[Part]:
+        self.buffer += text
+        out: list[Part] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self) -> list[Part]:
+        out: list[Part] = []
+        while self._step(out, final=True):
+            pass
+        self._flush(out)
+        self.buffer = ""
+        return out
+
+    def _step(self, out: list[Part], final: bool) -> bool:
+        raise NotImplementedError
+
+    def _flush(self, out: list[Part]) -> None:
+        raise NotImplementedError

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from protocol import Part
 
 from . import parts
-from .markers import earliest, partial_suffix, remove
+from .markers import SteppedParser, earliest, partial_suffix, remove
 
 # A region's body (markers removed) -> [(name, arguments as a JSON object's text)], or None: not calls.
 CallSyntax = Callable[[str, dict], "list[tuple[str, str]] | None"]
@@ -41,7 +41,7 @@ class TextFormat:
     holds: tuple[str, ...] = field(default=())  # extra markers held back while partial
 
 
-class RegionParser:
+class RegionParser(SteppedParser):
     """Feed text pieces, get Parts; `finish()` flushes what was held back."""
 
     def __init__(self, reasoning: TextFormat | None, tools: TextFormat | None, parse_tools: bool,
@@ -84,26 +84,14 @@ class RegionParser:
             if reasoning is not None and not prompt_text.rstrip().endswith(reasoning.close):
                 self.region, self.strip = reasoning, True
 
-    # --- feeding ------------------------------------------------------------
-    def feed(self, text: str, token_ids: list[int] | None = None) -> list[Part]:
-        self.buffer += text
-        out: list[Part] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Part]:
-        out: list[Part] = []
-        while self._step(out, final=True):
-            pass
+    # --- feeding (SteppedParser's feed and finish) ------------------------------
+    def _flush(self, out: list[Part]) -> None:
         if self.region is not None and self.region.kind == "tool":
             self._close_tool(self.buffer, out, closed=False)
         elif self.region is not None:
             self._emit("reasoning", self.buffer.rstrip(), out)
         else:
             self._emit("content", self.buffer, out)
-        self.buffer = ""
-        return out
 
     def _emit(self, kind: str, text: str, out: list[Part]) -> None:
         if self.strip:
