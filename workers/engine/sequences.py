@@ -179,6 +179,18 @@ class Sequence:
         self.finish_reason = reason
         self.state = None
 
+    def _parts(self) -> list[protocol.Part]:
+        """The pending text split by the family's parser; should the parser fail, the text is content (and the
+        rest of the answer goes unparsed: the web side reads a delta without parts as content)."""
+        try:
+            parts = self.parser.feed(self.pending_text, self.pending_ids)
+            return parts + self.parser.finish() if self.finished else parts
+        except Exception:
+            logger.exception("%s choice %d: the output parser failed; the rest of the answer is content",
+                             self.request.request_id, self.index)
+            self.parser = None
+            return [{"type": "content", "text": self.pending_text}] if self.pending_text else []
+
     def take_delta(self) -> ChoiceDelta | None:
         """What the client has not seen yet, as a protocol ChoiceDelta (None when nothing new)."""
         if self.sent_final:
@@ -196,9 +208,7 @@ class Sequence:
         if self.scored_prompt is not None:
             delta["prompt_logprobs"], self.scored_prompt = self.scored_prompt, None
         if self.parser is not None:
-            delta["parts"] = self.parser.feed(self.pending_text, self.pending_ids)
-            if self.finished:
-                delta["parts"] += self.parser.finish()
+            delta["parts"] = self._parts()
         self.pending_text, self.pending_ids = "", []
         if self.pending_logprobs is not None:
             self.pending_logprobs = PendingLogprobs()
@@ -241,9 +251,10 @@ class GenerationJob:
         sampling = SamplingParams.from_job(params, model.generation_defaults)
         sampling.bad_words_ids += self._bad_words_ids(params.bad_words)
         sampling.bad_words_ids += self._bad_words_ids(banned_markers(model.output_format) if params.ban_tool_calls else [])
-        self.structured: Structured | None = in_family_syntax(
-            params.structured, model.output_format,
-            open_reasoning(model.output_format, self.prompt_texts[0]) if self.prompt_texts else None)
+        self.structured: Structured | None = params.structured
+        if self.structured and self.structured["type"] == "tool_call":  # written in the model's own syntax
+            self.structured = in_family_syntax(self.structured, model.output_format, open_reasoning(
+                model.output_format, self.prompt_texts[0]) if self.prompt_texts else None)
         num_beams = params.num_beams
         self.beam: dict | None = None  # beam search settings; None for the continuous batch
         if num_beams > 1:

@@ -18,11 +18,9 @@ NL = "\n"
 ONE_CALL_SYNTAXES = {"openai"}  # Harmony ends the answer at <|call|>: one call per turn
 
 
-def in_family_syntax(structured: Structured | None, fmt, open_reasoning: str | None = None) -> Structured | None:
+def in_family_syntax(structured: Structured, fmt, open_reasoning: str | None = None) -> Structured:
     """A tool_call grammar spec with the model's syntax in it (it is part of the grammar's cache key);
     `open_reasoning`: the marker that closes the reasoning the prompt opened, written before the call."""
-    if not structured or structured.get("type") != "tool_call":
-        return structured
     syntax = "hermes" if fmt is None or fmt.response_template is not None else fmt.tool_parser
     if syntax == "mistral" and fmt.mistral_named:
         syntax = "mistral_named"
