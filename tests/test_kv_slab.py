@@ -1,5 +1,6 @@
-"""The preallocated batch cache: rows joining and leaving at any step decode exactly as each alone with generate;
-admission by KV budget."""
+"""The preallocated batch cache: rows joining and leaving at any step decode exactly as each alone with generate,
+for every kind of layer store (full attention, MLA, sliding windows shifted often, recurrent states); admission
+by KV budget."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +12,10 @@ from transformers import DynamicCache
 
 import protocol
 from workers.engine.config import EngineConfig
+from workers.engine.kv import stores
 from workers.engine.kv.slab import SlabKV, attends_with_sdpa
+from workers.engine.kv.specs import cache_spec
+from workers.tiny.families import build_tiny_families
 
 from workers.tiny.builders import build_tiny_alibi_model, build_tiny_model
 
@@ -23,10 +27,26 @@ PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,",
 PLAN = [(0, 12), (0, 5), (2, 9), (4, 10), (7, 3)]
 
 
-def prefill(model, ids: list[int]) -> tuple[DynamicCache, int]:
+def prefill(model, ids: list[int], cache_arg: str = "past_key_values") -> tuple[DynamicCache, int]:
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits
+    logits = model(input_ids=torch.tensor([ids]), use_cache=True, **{cache_arg: cache}).logits
     return cache, int(logits[0, -1].argmax())
+
+
+def new_slab(model, row_slots: int) -> SlabKV:
+    return SlabKV(model.config, cache_spec(model, torch.device("cpu")), torch.device("cpu"), row_slots)
+
+
+# One family per kind of store: full attention (Llama), MLA (keys and values of other widths), every layer
+# sliding, alternating sliding and full, linear attention beside full, and Mamba (recurrent state alone).
+STORE_FAMILIES = ["deepseek-v3", "mistral", "gemma3", "qwen3.5", "mamba"]
+
+
+@pytest.fixture(scope="module")
+def family_references(tmp_path_factory) -> dict[str, Reference]:
+    cache = tmp_path_factory.mktemp("families")
+    build_tiny_families(STORE_FAMILIES, cache_dir=cache)
+    return {family: Reference(cache, f"local/tiny-{family}") for family in STORE_FAMILIES}
 
 
 def nan_filled(allocate):
@@ -40,12 +60,24 @@ def nan_filled(allocate):
 def test_joins_leaves_and_moves_match_generate(reference, monkeypatch, row_slots, fresh_is_nan):
     """Also when fresh buffers hold NaN: every column a decode step reads was written first
     (2 row slots: rows regrow; 32: reserved at once, as on CPU)."""
-    if fresh_is_nan:
-        monkeypatch.setattr(torch, "empty", nan_filled(torch.empty))
-        monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
+    joins_and_leaves(reference, monkeypatch, row_slots, fresh_is_nan)
+
+
+@pytest.mark.parametrize("family", STORE_FAMILIES)
+def test_every_kind_of_store_joins_leaves_and_moves_as_generate(family_references, monkeypatch, family):
+    """Windows of 16 tokens shifted back every 3 steps, states in slots moved with their rows, MLA's
+    keys and values of their own widths; fresh buffers hold NaN."""
+    monkeypatch.setattr(stores, "SPARE_WINDOW_COLUMNS", 3)
+    joins_and_leaves(family_references[family], monkeypatch, 2, True)
+
+
+def joins_and_leaves(reference: Reference, monkeypatch, row_slots: int, fresh_is_nan: bool) -> None:
     model = reference.model
     prompts = [reference.encode(p) for p in PROMPTS]
-    slab = SlabKV(model.config, torch.device("cpu"), row_slots)
+    slab = new_slab(model, row_slots)
+    spec = slab.spec
+    if fresh_is_nan:  # the stores' buffers (not the model's own scratch tensors, which come from torch.empty)
+        monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled(torch.Tensor.new_empty))
     rows: list[int] = []  # prompt index of each batch row
     outputs: dict[int, list[int]] = {}
     with torch.inference_mode():
@@ -53,10 +85,10 @@ def test_joins_leaves_and_moves_match_generate(reference, monkeypatch, row_slots
             joining = [i for i, (at, _) in enumerate(PLAN) if at == step]
             states = []
             for index in joining:
-                cache, first = prefill(model, prompts[index])
+                cache, first = prefill(model, prompts[index], spec.cache_arg)
                 outputs[index] = [first]
                 states.append(cache)
-            slab.add(states)
+            slab.add(states, [len(prompts[index]) for index in joining])
             rows.extend(joining)
             if not rows:
                 continue
@@ -68,8 +100,10 @@ def test_joins_leaves_and_moves_match_generate(reference, monkeypatch, row_slots
             dead = [row for row, index in enumerate(rows) if len(outputs[index]) >= PLAN[index][1]]
             rows = [rows[old] for old in slab.remove(dead)]
     assert slab.rows == 0
+    eos = reference.model.generation_config.eos_token_id
     for index, (_, count) in enumerate(PLAN):
-        assert outputs[index] == reference.greedy(prompts[index], count), index
+        expected = reference.greedy(prompts[index], count)  # generate stops at EOS; the loop above does not
+        assert outputs[index][:len(expected)] == expected and (len(expected) == count or expected[-1] == eos), index
 
 
 def test_padded_rows_give_sdpa_the_mask_transformers_would_build(reference):
@@ -79,9 +113,10 @@ def test_padded_rows_give_sdpa_the_mask_transformers_would_build(reference):
     model = reference.model
     assert attends_with_sdpa(model.config)
     with torch.inference_mode():
-        slab = SlabKV(model.config, torch.device("cpu"), 4)
-        states = [prefill(model, reference.encode(prompt)) for prompt in PROMPTS[:3]]
-        slab.add([cache for cache, _ in states])
+        slab = new_slab(model, 4)
+        prompts = [reference.encode(prompt) for prompt in PROMPTS[:3]]
+        states = [prefill(model, ids) for ids in prompts]
+        slab.add([cache for cache, _ in states], [len(ids) for ids in prompts])
         logits = {}
         for prepared in (True, False):
             slab.prepared_mask = prepared
@@ -89,9 +124,9 @@ def test_padded_rows_give_sdpa_the_mask_transformers_would_build(reference):
             assert inputs["attention_mask"].dim() == (4 if prepared else 2)
             logits[prepared] = model(**inputs, use_cache=True, logits_to_keep=1).logits  # writes the same column
         assert torch.equal(logits[True], logits[False])
-        alone = SlabKV(model.config, torch.device("cpu"), 4)
+        alone = new_slab(model, 4)
         cache, first = prefill(model, reference.encode(PROMPTS[1]))
-        alone.add([cache])
+        alone.add([cache], [len(reference.encode(PROMPTS[1]))])
         assert alone.decode_inputs([first])["attention_mask"].dim() == 2
 
 

@@ -400,8 +400,19 @@ class Engine:
         self.metrics.step_took(time.perf_counter() - started)
 
     def _publish_all(self) -> None:
+        self._fail_broken()
         for request in list(self.requests.values()):
             self._publish(request)
+
+    def _fail_broken(self) -> None:
+        """Requests one of whose forwards raised fail alone (their rows are already out of the batch);
+        every other request, of this model or another, goes on."""
+        for seq, exc in self.scheduler.take_failures():
+            request = seq.request
+            if self.requests.get(request.request_id) is request:
+                reason = f"{type(exc).__name__}: {exc}"[:300]
+                self._fail(request, protocol.error_message(
+                    500, f"Generation failed on the worker ({reason}).", None, "internal_error"))
 
     def _fail(self, request: GenerationJob, message: dict | None = None) -> None:
         self.requests.pop(request.request_id, None)

@@ -3,21 +3,23 @@
 A newcomer is prefilled alone, in chunks of at most `prefill_chunk` tokens per
 engine step so running streams never stall for long; its cache then joins the
 left-padded batch, and every running sequence advances by one token per step.
-Models whose cache cannot be re-padded (sliding windows) decode row by row.
+What the model caches (workers/engine/kv/specs.py) decides the rest: recurrent
+layers that restart on a multi-token chunk prefill whole; a recurrent state is
+never cut out of a padded prefill nor taken from the prefix cache; a cache of a
+kind the batch has no store for decodes row by row.
 """
 from __future__ import annotations
 
 import logging
 
 import torch
-from transformers import DynamicCache
-
 from workers.engine.adapters import adapter_names
 from workers.engine.lora_batch import dense_lora
-from workers.engine.kv.batch import clone_cache, row_columns, stack_right_aligned, supports_batching
-from workers.engine.kv.slab import SlabKV
-from workers.engine.model_loader import LoadedModel
 from workers.engine.kv.prefix_cache import PrefixCache
+from workers.engine.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
+from workers.engine.kv.slab import SlabKV
+from workers.engine.kv.specs import SLIDING, STATE, cache_spec
+from workers.engine.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 
 logger = logging.getLogger(__name__)
@@ -28,13 +30,21 @@ class ModelRunner:
                  max_rows: int = 32) -> None:
         self.loaded = loaded
         self.prefill_chunk = max(1, prefill_chunk)
-        self.prefix_cache = PrefixCache(loaded.model.config, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.spec = spec = cache_spec(loaded.model, loaded.device)
+        self.prefix_cache = (PrefixCache(loaded.model.config, prefix_cache_bytes)
+                             if prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
         # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
         row_slots = max_rows if loaded.device.type == "cpu" else 4
-        self.batch = SlabKV(loaded.model.config, loaded.device, row_slots)
+        self.batch = SlabKV(loaded.model.config, spec, loaded.device, row_slots)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
-        self.solo_rows: list[Sequence] = []  # decoded one by one (model cannot batch)
-        self.batchable = supports_batching(DynamicCache(config=loaded.model.config))
+        self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
+        declined = [what for what, served in (("decoding in one batch", spec.batchable),
+                                              ("prefix reuse", spec.reuses_prefixes),
+                                              ("padded prefills of several prompts", spec.prefills_padded),
+                                              ("chunked prefill", spec.continues_chunks)) if not served]
+        logger.info("%s: cache of %s%s%s", loaded.model_id, spec.describe(),
+                    f"; without {', '.join(declined)}" if declined else "",
+                    f" ({'; '.join(spec.notes)})" if spec.notes else "")
 
     def _forward(self, rows: list[Sequence], **inputs):
         """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
@@ -49,14 +59,21 @@ class ModelRunner:
                 return self.loaded.model(**inputs)
         return self.loaded.peft(**inputs, adapter_names=names)
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Keys + values of one token over every layer."""
-        config = self.loaded.model.config.get_text_config()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        element = torch.finfo(self.loaded.model.dtype).bits // 8
-        return 2 * config.num_hidden_layers * heads * head_dim * element
+    def kv_bytes(self, tokens: int) -> int:
+        """Cache bytes of one sequence of `tokens` tokens, over every layer of its kind."""
+        return self.spec.bytes_for(tokens)
+
+    def _cache_inputs(self, cache, positions: range | None = None) -> dict:
+        """The forward's cache argument and, where the model takes them, explicit positions (models such
+        as Bamba count from 0 at every call without them)."""
+        inputs = {self.spec.cache_arg: cache}
+        if positions is not None and self.spec.takes_positions:
+            inputs["position_ids"] = torch.tensor([list(positions)], device=self.loaded.device)
+        return inputs
+
+    def _cache_of(self, output):
+        cache = getattr(output, self.spec.cache_arg, None)
+        return cache if cache is not None else output.past_key_values
 
     @property
     def running(self) -> int:
@@ -70,7 +87,7 @@ class ModelRunner:
     def attach_prefix(self, seq: Sequence) -> int | None:
         """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
         cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
-        if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs or not self.batchable
+        if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs
                 or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
             return None
         seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, getattr(seq.request.model, "adapter", None))
@@ -78,29 +95,31 @@ class ModelRunner:
 
     def remember_prefix(self, seq: Sequence) -> None:
         """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
-        if self.prefix_cache is not None and seq.state is not None and self.batchable and seq.media_inputs is None:
+        if self.prefix_cache is not None and seq.state is not None and seq.media_inputs is None:
             # keyed by adapter: the same tokens give other keys/values under a LoRA adapter
             self.prefix_cache.remember(seq.prompt_ids, seq.state, getattr(seq.request.model, "adapter", None))
 
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
         """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
         if seq.state is None:
-            seq.state = DynamicCache(config=self.loaded.model.config)
+            seq.state = new_row_cache(self.loaded.model.config, self.spec)
             seq.prefilled = 0
         remaining = len(seq.prompt_ids) - seq.prefilled
-        # Media features need their placeholder tokens in the same forward: one chunk.
-        take = remaining if seq.media_inputs is not None else min(remaining, budget, self.prefill_chunk)
+        # Media features need their placeholder tokens in the same forward, and recurrent layers that
+        # restart on a multi-token chunk need the whole prompt in one: one chunk.
+        whole = seq.media_inputs is not None or not self.spec.continues_chunks
+        take = remaining if whole else min(remaining, budget, self.prefill_chunk)
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
         output = self._forward(
             [seq], input_ids=torch.tensor([chunk], device=self.loaded.device),
-            past_key_values=seq.state,
             use_cache=True,
             logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
+            **self._cache_inputs(seq.state, None if seq.media_inputs is not None else range(seq.prefilled, seq.prefilled + take)),
             **self._media_tensors(seq),
         )
-        seq.state = output.past_key_values
+        seq.state = self._cache_of(output)
         seq.prefilled += take
         done = seq.prefilled == len(seq.prompt_ids)
         if seq.wants_prompt_logprobs:
@@ -114,6 +133,12 @@ class ModelRunner:
         dtype = self.loaded.model.dtype
         return {key: value.to(self.loaded.device, dtype=dtype if value.is_floating_point() else value.dtype)
                 for key, value in seq.media_inputs.items()}
+
+    def prefills_together(self, seq: Sequence) -> bool:
+        """Whether this prompt may prefill in one padded forward with others: not when the model keeps a
+        recurrent state (it cannot be cut apart after), nor, with sliding windows, after a cached start
+        (its padding would sit inside the row, and a window of columns would no longer be one of tokens)."""
+        return self.spec.prefills_padded and not (self.spec.has(SLIDING) and seq.prefilled)
 
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """The rest of several newcomers' prompts in one forward; each keeps its own cache rows.
@@ -137,7 +162,7 @@ class ModelRunner:
         mask = torch.tensor([[0] * (longest_cached - c) + [1] * c + row for c, row in zip(cached, new_mask.tolist())],
                             device=device)
         past = (stack_right_aligned(config, [seq.state for seq in sequences], cached) if longest_cached
-                else DynamicCache(config=config))
+                else new_row_cache(config, self.spec))
         output = self._forward(
             sequences, input_ids=input_ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1,
             position_ids=torch.tensor(cached, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0),
@@ -150,7 +175,7 @@ class ModelRunner:
     def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
         """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
         if sibling.max_tokens > 0:
-            sibling.state = clone_cache(self.loaded.model.config, source.state)
+            sibling.state = clone_cache(source.state)
         sibling.prefilled = len(sibling.prompt_ids)
         if sibling.wants_prompt_logprobs:
             sibling.copy_prompt_logprobs(source)
@@ -159,10 +184,10 @@ class ModelRunner:
         """Prefilled sequences start decoding with the running batch from the next forward."""
         if not sequences:
             return
-        if not self.batchable:
+        if not self.spec.batchable:
             self.solo_rows.extend(sequences)
             return
-        self.batch.add([seq.state for seq in sequences])
+        self.batch.add([seq.state for seq in sequences], [cached_tokens(seq) for seq in sequences])
         for seq in sequences:
             seq.state = None  # its keys/values now live in the batch
         self.batch_rows.extend(sequences)
@@ -197,6 +222,14 @@ class ModelRunner:
                     else f"keep the 2D mask (the 4D one: {why_not})")
         return output
 
+    def abandon(self) -> list[Sequence]:
+        """Forget every running row (after a failed step, whose writes to the batch may be half done);
+        returns them, for their requests to fail."""
+        rows = self.rows
+        self.batch_rows, self.solo_rows = [], []
+        self.batch.clear()
+        return rows
+
     def drop_finished(self) -> None:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
         if dead:
@@ -218,13 +251,20 @@ class ModelRunner:
             rows.extend(self.batch_rows)
             logits.append(output.logits[:, -1, :])
         for seq in self.solo_rows:
+            position = cached_tokens(seq)
             output = self._forward(
                 [seq], input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
-                past_key_values=seq.state, use_cache=True, logits_to_keep=1,
+                use_cache=True, logits_to_keep=1, **self._cache_inputs(seq.state, range(position, position + 1)),
             )
-            seq.state = output.past_key_values
+            seq.state = self._cache_of(output)
             rows.append(seq)
             logits.append(output.logits[:, -1, :])
         if not logits:
             return rows, None
         return rows, logits[0] if len(logits) == 1 else torch.cat(logits)
+
+
+def cached_tokens(seq: Sequence) -> int:
+    """Tokens a prefilled sequence's cache holds: its prompt and every sampled token but the last (the
+    next decode step feeds that one)."""
+    return len(seq.prompt_ids) + max(0, len(seq.completion_ids) - 1)

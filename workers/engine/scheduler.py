@@ -9,8 +9,11 @@ Plain Python + torch: the engine owns requests and publishing, this owns the bat
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -23,6 +26,10 @@ from workers.engine.prefill_pacing import PrefillPacer
 from workers.engine.runner import ModelRunner
 from workers.engine.sequences import Sequence
 
+
+logger = logging.getLogger(__name__)
+Result = TypeVar("Result")
+FAILED = object()  # what `Scheduler._attempt` returns when the work raised
 
 CACHED_START_PADDING = 64  # tokens of padding a cached start may take to prefill with longer ones
 CACHED_TOKENS_PER_FORWARD = 8192  # rows x longest cached start in one prefill forward
@@ -40,6 +47,30 @@ class Scheduler:
         self.prefilling: list[Sequence] = []
         self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
         self._budget_left: int | None = None  # prompt tokens left for this step after the first prefill
+        # Sequences whose forward (or sampling) raised, with why: the engine fails their requests alone.
+        self.failures: list[tuple[Sequence, Exception]] = []
+
+    def take_failures(self) -> list[tuple[Sequence, Exception]]:
+        failures, self.failures = self.failures, []
+        return failures
+
+    def _attempt(self, sequences: list[Sequence], work: Callable[[], Result], runner: ModelRunner | None = None,
+                 ) -> Result | object:
+        """`work` for these sequences; if it raises, they fail alone (with `runner`: every row of its batch,
+        whose cache the failed step may have half written) and the step goes on for every other model."""
+        try:
+            return work()
+        except Exception as exc:
+            failed = list(sequences)
+            if runner is not None:
+                failed += [seq for seq in runner.abandon() if seq not in failed]
+            logger.exception("a forward of %s failed for %d sequence(s); those requests fail, the others go on",
+                             failed[0].request.model_name if failed else "?", len(failed))
+            for seq in failed:
+                seq.state = None
+                self.failures.append((seq, exc))
+            self.prefilling = [seq for seq in self.prefilling if seq not in failed]
+            return FAILED
 
     def enqueue(self, sequences: list[Sequence]) -> None:
         """New sequences wait in their team's line."""
@@ -65,9 +96,8 @@ class Scheduler:
         decoded: list[Sequence] = []
         started = time.perf_counter()
         for runner in self.runners.values():
-            rows, logits = runner.decode()
-            if rows:
-                sample_rows(rows, logits)
+            rows = self._attempt([], lambda runner=runner: _decode_and_sample(runner), runner)
+            if rows is not FAILED:
                 decoded.extend(rows)
         self.metrics.step(len(decoded))
         self.metrics.tokens(decoded)
@@ -158,7 +188,7 @@ class Scheduler:
     def _kv_reservation(self, seq: Sequence) -> int:
         """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
         runner = self.runners.get(seq.request.model_name)
-        return 0 if runner is None else (len(seq.prompt_ids) + seq.max_tokens) * runner.kv_bytes_per_token
+        return 0 if runner is None else runner.kv_bytes(len(seq.prompt_ids) + seq.max_tokens)
 
     def prefill(self, decoding: bool, first: bool = False) -> bool:
         """Spend this step's prompt-token budget (`decoding`: streams wait on this step's tokens);
@@ -192,7 +222,10 @@ class Scheduler:
             return False
         done: list[tuple[Sequence, torch.Tensor]] = []
         for seq in started:  # a long prompt already under way continues first
-            used, logits = self.runners[seq.request.model_name].prefill(seq, budget)
+            result = self._attempt([seq], lambda seq=seq: self.runners[seq.request.model_name].prefill(seq, budget))
+            if result is FAILED:
+                continue
+            used, logits = result
             budget -= used
             if logits is not None:
                 done.append((seq, logits))
@@ -205,8 +238,11 @@ class Scheduler:
             if cached is not None:
                 self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
             rest = len(seq.prompt_ids) - seq.prefilled
-            if seq.wants_prompt_logprobs or seq.media_inputs is not None or rest > budget:
-                used, logits = runner.prefill(seq, budget)
+            if seq.wants_prompt_logprobs or seq.media_inputs is not None or rest > budget or not runner.prefills_together(seq):
+                result = self._attempt([seq], lambda seq=seq, runner=runner: runner.prefill(seq, budget))
+                if result is FAILED:
+                    continue
+                used, logits = result
                 budget -= used
                 if logits is not None:
                     done.append((seq, logits))
@@ -215,7 +251,9 @@ class Scheduler:
                 budget -= rest
         for name, sequences in together.items():
             for group in cached_start_groups(sequences):
-                done.extend(zip(group, self.runners[name].prefill_together(group)))
+                logits = self._attempt(group, lambda g=group, n=name: self.runners[n].prefill_together(g))
+                if logits is not FAILED:
+                    done.extend(zip(group, logits))
         self.pacer.prefilled(planned - budget, time.perf_counter() - began)
         self._budget_left = max(0, budget) if first else None
         self._start_decoding(done)
@@ -225,24 +263,40 @@ class Scheduler:
         """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""
         first: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
         for seq, logits in done:
-            runner = self.runners[seq.request.model_name]
-            runner.remember_prefix(seq)
             group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
                              and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
-            for sibling in group[1:]:
-                runner.share_prefill(seq, sibling)
-            for member in group:
-                if member.max_tokens == 0:  # the prompt was only scored
-                    member.finish("length")
+            self.prefilling = [s for s in self.prefilling if s not in group]
+            if self._attempt(group, lambda seq=seq, group=group: self._share_prefill(seq, group)) is FAILED:
+                continue
             first.setdefault(seq.request.model_name, []).extend(
                 (member, logits) for member in group if not member.finished)
-            self.prefilling = [s for s in self.prefilling if s not in group]
         for name, pairs in first.items():
             if not pairs:  # every prompt of this model was only scored
                 continue
-            sample_rows([member for member, _ in pairs], torch.stack([logits for _, logits in pairs]))
-            self.metrics.tokens([member for member, _ in pairs])
-            self.runners[name].join([member for member, _ in pairs if not member.finished])
+            members = [member for member, _ in pairs]
+            runner = self.runners[name]
+            if self._attempt(members, lambda: sample_rows(members, torch.stack([logits for _, logits in pairs]))) is FAILED:
+                continue
+            self.metrics.tokens(members)
+            self._attempt(members, lambda: runner.join([member for member in members if not member.finished]), runner)
+
+    def _share_prefill(self, seq: Sequence, group: list[Sequence]) -> None:
+        """A prompt's prefill done: the prefix cache keeps it, its sibling choices copy its cache, and a prompt
+        only scored ends."""
+        runner = self.runners[seq.request.model_name]
+        runner.remember_prefix(seq)
+        for sibling in group[1:]:
+            runner.share_prefill(seq, sibling)
+        for member in group:
+            if member.max_tokens == 0:  # the prompt was only scored
+                member.finish("length")
+
+
+def _decode_and_sample(runner: ModelRunner) -> list[Sequence]:
+    rows, logits = runner.decode()
+    if rows:
+        sample_rows(rows, logits)
+    return rows
 
 
 def cached_start_groups(sequences: list[Sequence]) -> list[list[Sequence]]:

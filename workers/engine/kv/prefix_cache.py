@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from workers.engine.kv.batch import cache_from_tensors, layer_tensors
+from workers.engine.kv.rows import RowLayer, cache_from_layers, row_layers
 
 BLOCK_TOKENS = 16
 
@@ -28,7 +28,7 @@ BLOCK_TOKENS = 16
 class Block:
     parent: int | str | None  # key of the block before it (the prompt's first block: its root, None for the base model)
     tokens: tuple[int, ...]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) of these tokens, batch of 1
+    layers: list[RowLayer]  # per layer (keys, values) of these tokens, batch of 1 (None: a layer without cache)
     size: int  # bytes
 
 
@@ -73,15 +73,15 @@ class PrefixCache:
         cached = len(keys) * BLOCK_TOKENS
         self.hit_tokens += cached
         per_layer = zip(*(self.blocks[key].layers for key in keys))
-        tensors = [(torch.cat([k for k, _ in layer], dim=-2), torch.cat([v for _, v in layer], dim=-2))
-                   for layer in per_layer]
-        return cache_from_tensors(self.config, tensors), cached
+        layers = [None if layer[0] is None else (torch.cat([k for k, _ in layer], dim=-2), torch.cat([v for _, v in layer], dim=-2))
+                  for layer in per_layer]
+        return cache_from_layers(self.config, layers, cached), cached
 
     def remember(self, prompt_ids: list[int], cache: DynamicCache, root: str | None = None) -> None:
         """Keep the full blocks of a freshly prefilled prompt (its cache holds exactly the prompt)."""
         if self.budget <= 0:
             return
-        tensors = layer_tensors(cache)
+        tensors = row_layers(cache)
         parent: int | str | None = root
         for index in range(len(prompt_ids) // BLOCK_TOKENS):
             begin, end = index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS
@@ -91,8 +91,9 @@ class PrefixCache:
             if block is not None and block.parent == parent and block.tokens == tokens:
                 self.blocks.move_to_end(key)
             else:
-                layers = [(k[:, :, begin:end].clone(), v[:, :, begin:end].clone()) for k, v in tensors]
-                size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+                layers = [None if kv is None else (kv[0][:, :, begin:end].clone(), kv[1][:, :, begin:end].clone())
+                          for kv in tensors]
+                size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in filter(None, layers))
                 if block is not None:  # a hash collision: the newer prefix takes the key
                     self.bytes -= block.size
                     del self.blocks[key]
