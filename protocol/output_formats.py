@@ -6,8 +6,8 @@ the worker parses with it (workers/engine/parsing). The choice, first match wins
 1. the catalog's override for the model (admin or config file: `tool_parser` / `reasoning_parser`);
 2. the tokenizer's own `response_template` (transformers' parser: `parse_response`), shown as
    "response_template";
-3. the family: `model_type`, then the markers its chat template writes and its special tokens
-   (FAMILY_RULES, in order);
+3. the family: the markers its chat template writes and its tokenizer's added tokens (FAMILY_RULES,
+   in order), else its `model_type` (an architecture is shared by families: Kimi K2 is DeepSeek V3's);
 4. Hermes tool calls and `<think>` reasoning (what the tiny test models and Qwen 2.5/3 write).
 """
 from __future__ import annotations
@@ -56,12 +56,14 @@ class ParserChoice:
         return {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser, "source": self.source}
 
 
-# (model types, markers any of which the chat template or special tokens hold, tool parser, reasoning parser)
-FAMILY_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], str, str | None], ...] = (
+# (model types, markers of which the chat template or added tokens hold any, tool parser, reasoning parser);
+# a marker that is a tuple needs all of its strings.
+Marker = str | tuple[str, ...]
+FAMILY_RULES: tuple[tuple[tuple[str, ...], tuple[Marker, ...], str, str | None], ...] = (
     (("gpt_oss",), ("<|channel|>",), "openai", "openai_gptoss"),
     (("gemma4", "gemma4_text"), ("<|tool_call>",), "gemma4", "gemma4"),
     (("kimi_k2",), ("<|tool_calls_section_begin|>",), "kimi_k2", "qwen3"),
-    ((), ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>",), "deepseek_v3", "deepseek_r1"),
+    ((), (("<｜tool▁calls▁begin｜>", "```json"),), "deepseek_v3", "deepseek_r1"),
     (("deepseek_v3", "deepseek_v32"), ("<｜tool▁calls▁begin｜>",), "deepseek_v31", "deepseek_r1"),
     (("glm4_moe",), ("<arg_key>",), "glm45", "glm45"),
     (("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), ("<function=",), "qwen3_coder", "qwen3"),
@@ -93,14 +95,15 @@ def detect_parsers(model_type: str, chat_template: str, special_tokens: Iterable
     """The parsers a model's files point to (no override): see the module docstring."""
     if has_response_template:
         return ParserChoice(RESPONSE_TEMPLATE, RESPONSE_TEMPLATE, RESPONSE_TEMPLATE)
+    special_tokens = list(special_tokens)
+    haystack = (chat_template or "") + "\n" + "\n".join(special_tokens)
+    for _, markers, tool, reasoning in FAMILY_RULES:
+        if any(all(part in haystack for part in ((m,) if isinstance(m, str) else m)) for m in markers):
+            return ParserChoice(tool, _reasoning_for(reasoning, chat_template, special_tokens), "chat_template")
     model_type = (model_type or "").lower()
     for types, _, tool, reasoning in FAMILY_RULES:
         if model_type in types:
             return ParserChoice(tool, _reasoning_for(reasoning, chat_template, special_tokens), "model_type")
-    haystack = (chat_template or "") + "\n" + "\n".join(special_tokens)
-    for _, markers, tool, reasoning in FAMILY_RULES:
-        if any(marker in haystack for marker in markers):
-            return ParserChoice(tool, _reasoning_for(reasoning, chat_template, special_tokens), "chat_template")
     return ParserChoice(DEFAULT_TOOL_PARSER, DEFAULT_REASONING_PARSER, "default")
 
 

@@ -257,8 +257,11 @@ def test_harmony_grammar_and_tool_choice_none_markers(ll_tokenizer):
     ("qwen3_5", "", [], ("qwen3_coder", "qwen3", "model_type")),
     ("llama", "<|python_tag|>", ["<|python_tag|>"], ("llama3_json", None, "chat_template")),
     ("llama4", "", [], ("llama4_pythonic", None, "model_type")),
-    ("mistral", "", ["[TOOL_CALLS]", "[THINK]"], ("mistral", "mistral", "model_type")),
-    ("", "", ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>"], ("deepseek_v3", "deepseek_r1", "chat_template")),
+    ("mistral", "", ["[TOOL_CALLS]", "[THINK]"], ("mistral", "mistral", "chat_template")),
+    ("mistral", "", [], ("mistral", None, "model_type")),
+    ("deepseek_v3", "'<｜tool▁calls▁begin｜>' + '```json'", ["<｜tool▁calls▁begin｜>"], ("deepseek_v3", "deepseek_r1", "chat_template")),
+    ("deepseek_v3", "'<｜tool▁calls▁begin｜>' + name + '<｜tool▁sep｜>'", [], ("deepseek_v31", "deepseek_r1", "chat_template")),
+    ("deepseek_v3", "<|tool_calls_section_begin|>", [], ("kimi_k2", "qwen3", "chat_template")),  # Kimi K2 on V3's architecture
     ("deepseek_v3", "", [], ("deepseek_v31", "deepseek_r1", "model_type")),
     ("granite", "<|tool_call|>", [], ("granite", "granite", "chat_template")),
     ("gemma4", "", [], ("gemma4", "gemma4", "model_type")),

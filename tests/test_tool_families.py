@@ -1,7 +1,7 @@
 """Tool calls and reasoning of every model family, end to end through one real server.
 
-Each family's tiny model (workers/tiny/chat_formats.py: the tiny Llama with the family's marker tokens and
-a chat template written from its documented format) is made to write a given answer through the
+Each family's tiny model (workers/tiny/chat_formats.py: a tiny model of the family's architecture with its
+marker tokens and a chat template written from its documented format) is made to write a given answer through the
 server's own structured-output path (a grammar that forces that exact text, markers as their tokens);
 then: the non-streamed message, the streamed deltas reassembled to the same, Responses' function_call
 item, tool_choice naming a function (the server's grammar in the family's syntax), and the call and its
@@ -18,8 +18,9 @@ from openai import OpenAI
 from transformers import AutoTokenizer
 
 from workers.engine.parsing.tool_grammars import LarkText
-from workers.tiny.builders import build_tiny_model, train_tokenizer
+from workers.tiny.builders import train_tokenizer
 from workers.tiny.chat_formats import FORMATS, build_chat_format_model
+from workers.tiny.families import build_tiny_family
 
 from .live_server import LiveServer, base_env
 
@@ -67,7 +68,7 @@ def model_of(family: str) -> str:
 def family_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("family-cache")
     base = train_tokenizer()
-    build_tiny_model(model_of("hermes"), cache_dir=cache)
+    build_tiny_family("qwen3", model_of("hermes"), cache, tokenizer=base)  # the tiny models' own Hermes template
     for family in FORMATS:
         build_chat_format_model(model_of(family), family, cache, base)
     build_chat_format_model(OVERRIDDEN, "llama3_json", cache, base)  # Llama 3's format, parsed as the config says

@@ -1,6 +1,8 @@
 """Tiny chat models that write each family's tool-call and reasoning format, for the parsers' end-to-end tests.
 
-Each is the tiny random Llama with the tiny tokenizer, given the family's marker tokens (special where
+Each is a tiny random model of the family's architecture (workers/tiny/families.py; the nearest one
+where that list has none: Llama for Llama 4 and GLM-4.5, Gemma 3 for Gemma 4, DeepSeek V3's for Kimi
+K2, as Kimi K2 is) with the tiny tokenizer, given the family's marker tokens (special where
 the family's are: they vanish from a plain decode, as in the real tokenizers) and a chat template
 written for these tests from the family's documented format: tools declared, assistant tool calls and
 reasoning, tool results, the generation prompt. What the server's parsing depends on is there; the
@@ -22,6 +24,7 @@ class ChatFormat:
     special: tuple[str, ...]  # added as special tokens (a plain decode drops them)
     eos: tuple[str, ...] = ()  # end-of-turn tokens the model stops at (beside the tokenizer's own EOS)
     plain: tuple[str, ...] = field(default=())  # added as ordinary (never split) tokens
+    architecture: str = "llama"  # its model's family in workers/tiny/families.py
 
 
 CHATML_TOOLS = (
@@ -51,7 +54,7 @@ QWEN3_CODER = ChatFormat(
 {{ m.content }}<|im_end|>
 {% endif %}{%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}""", (), ("<|im_end|>",))
+{% endif %}""", (), ("<|im_end|>",), architecture="qwen3.5")
 
 LLAMA3 = ChatFormat("""<|begin_of_text|>
 {%- if tools %}<|start_header_id|>system<|end_header_id|>
@@ -104,7 +107,7 @@ MISTRAL = ChatFormat("""{{ bos_token }}{%- if tools %}[AVAILABLE_TOOLS][""" + "{
 {%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]
 {%- endif %}{%- endfor %}""", ("[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[SYSTEM_PROMPT]",
                                  "[/SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_RESULTS]",
-                                 "[/TOOL_RESULTS]", "[THINK]", "[/THINK]"))
+                                 "[/TOOL_RESULTS]", "[THINK]", "[/THINK]"), architecture="mistral")
 
 DEEPSEEK_V31 = ChatFormat("""<｜begin▁of▁sentence｜>{%- if tools %}## Tools
 """ + TOOLS_JSON + """
@@ -119,7 +122,7 @@ DEEPSEEK_V31 = ChatFormat("""<｜begin▁of▁sentence｜>{%- if tools %}## Tool
 {%- if add_generation_prompt %}<｜Assistant｜>{{ '<think>' if thinking is defined and thinking else '</think>' }}{% endif %}""",
     ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>",
      "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>",
-     "<｜tool▁output▁end｜>"), ("<｜end▁of▁sentence｜>",))
+     "<｜tool▁output▁end｜>"), ("<｜end▁of▁sentence｜>",), architecture="deepseek-v3")
 
 GRANITE = ChatFormat("""{%- if tools %}<|start_of_role|>tools<|end_of_role|>[""" + "{%- for tool in tools %}{{ tool | tojson }}{{ ', ' if not loop.last }}{%- endfor %}" + """]<|end_of_text|>
 {% endif %}
@@ -130,7 +133,8 @@ GRANITE = ChatFormat("""{%- if tools %}<|start_of_role|>tools<|end_of_role|>["""
 {% else %}<|start_of_role|>{{ m.role }}<|end_of_role|>{{ m.content }}<|end_of_text|>
 {% endif %}{%- endfor %}
 {%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %}""",
-    ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>"), ("<|end_of_text|>",))
+    ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>"), ("<|end_of_text|>",),
+    architecture="granite")
 
 GEMMA4_VALUE = ("{%- if value is string %}<|\"|>{{ value }}<|\"|>{%- else %}{{ value | tojson }}{%- endif %}")
 GEMMA4 = ChatFormat("""<bos>
@@ -149,7 +153,7 @@ GEMMA4 = ChatFormat("""<bos>
 {% endif %}{%- endfor %}
 {%- if add_generation_prompt %}<|turn>model
 {% endif %}""", ("<bos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
-                 "<tool_response|>", '<|"|>', "<|channel>", "<channel|>"), ("<turn|>",))
+                 "<tool_response|>", '<|"|>', "<|channel>", "<channel|>"), ("<turn|>",), architecture="gemma3")
 
 KIMI_K2 = ChatFormat("""{%- if tools %}<|im_system|>tool_declare<|im_middle|>""" + TOOLS_JSON + """<|im_end|>{%- endif %}
 {%- for m in messages %}
@@ -162,7 +166,7 @@ KIMI_K2 = ChatFormat("""{%- if tools %}<|im_system|>tool_declare<|im_middle|>"""
 {%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}""",
     ("<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
      "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
-    ("<|im_end|>",))
+    ("<|im_end|>",), architecture="deepseek-v3")
 
 GLM45 = ChatFormat("""[gMASK]<sop>
 {%- if tools %}<|system|>
@@ -210,7 +214,7 @@ type {{ tool.function.name }} = (_: {{ tool.function.parameters | tojson }}) => 
 {%- endif %}{%- endfor %}
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}""",
     ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"),
-    ("<|return|>", "<|call|>"))
+    ("<|return|>", "<|call|>"), architecture="gpt-oss")
 
 FORMATS: dict[str, ChatFormat] = {
     "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3, "llama4_pythonic": LLAMA4, "mistral": MISTRAL,
@@ -237,20 +241,11 @@ def format_tokenizer(family: str, base=None):
 
 def build_chat_format_model(repo_id: str, family: str, cache_dir: str | os.PathLike | None = None,
                             tokenizer=None) -> object:
-    """Store the tiny Llama with `family`'s tokenizer and template as `repo_id`; returns its snapshot."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from .builders import BOS, EOS, PAD, SIZES, _save_and_install
+    """Store `family`'s tiny model (its architecture, tokenizer and template) as `repo_id`; returns its snapshot."""
+    from .builders import EOS
+    from .families import build_tiny_family
 
     tokenizer = format_tokenizer(family, tokenizer)
-    spec = {k: v for k, v in SIZES["tiny"].items() if k not in ("vocab_target", "lm_head_scale")}
-    bos, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))
-    eos_ids = [eos, *(tokenizer.convert_tokens_to_ids(t) for t in FORMATS[family].eos)]
-    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
-                         tie_word_embeddings=False, rms_norm_eps=1e-5, **spec)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos_ids, pad_token_id=pad)
-    return _save_and_install(model, tokenizer, cache_dir, repo_id)
+    chat_format = FORMATS[family]
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in (EOS, *chat_format.eos)]
+    return build_tiny_family(chat_format.architecture, repo_id, cache_dir, tokenizer=tokenizer, eos_token_ids=eos_ids)
