@@ -162,13 +162,15 @@ class HarmonyTokenParser:
         return out
 
     def _route(self, out: list[Part]) -> None:
+        """A message's first content opens it (its channel and recipient read then), the rest follows it."""
+        delta = self.parser.last_content_delta
+        if not delta:
+            return
         header = (len(self.parser.messages), self.parser.current_channel, self.parser.current_recipient)
-        if header != self.header and header[1] is not None:
+        if header != self.header:
             self.header = header
             self.router.open(header[1] or "final", header[2] or "", out)
-        delta = self.parser.last_content_delta
-        if delta:
-            self.router.body(delta, out)
+        self.router.body(delta, out)
 
     def finish(self) -> list[Part]:
         if self.fallback is not None:
