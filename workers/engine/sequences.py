@@ -68,6 +68,9 @@ class Sequence:
                                     params.skip_special_tokens and not keep_special,
                                     params.spaces_between_special_tokens)
         self.completion_ids: list[int] = []
+        # Decoded with special tokens for its parser: the ones that are no marker of it stay out of the text.
+        self.hidden_ids = request.model.output_format.hidden_ids if keep_special and params.skip_special_tokens else None
+        self.text_ids: list[int] = [] if self.hidden_ids else self.completion_ids
         self.state = None  # the runner's per-sequence model state (KV cache)
         self.media_inputs: dict | None = None  # processor tensors the prompt's prefill takes (pixel_values, …)
         self.finish_reason: str | None = None
@@ -155,8 +158,11 @@ class Sequence:
         params = self.sampler.params
         hit_eos = choice.token_id in self.sampler.eos_token_ids and not params.ignore_eos
         hit_stop_id = choice.token_id in self.stop_token_ids
+        shown_now = self.text_ids is self.completion_ids or choice.token_id not in self.hidden_ids
+        if shown_now and self.text_ids is not self.completion_ids:
+            self.text_ids.append(choice.token_id)
         # As vLLM: a stop token's (and EOS's) own text is left out unless include_stop_str_in_output.
-        shown = self.completion_ids[:-1] if (hit_stop_id or hit_eos) and not self.include_stop else self.completion_ids
+        shown = self.text_ids[:-1] if (hit_stop_id or hit_eos) and shown_now and not self.include_stop else self.text_ids
         delta, stopped = self.text.update(shown)
         self.pending_text += delta
         if self.constraint is not None and not hit_eos and not self.constraint.consume(choice.token_id):

@@ -8,7 +8,7 @@ from protocol.output_formats import RESPONSE_TEMPLATE, ParserChoice, choose_pars
 from . import parts
 from .families import REASONING_FORMATS, TOOL_FORMATS
 from .harmony import MARKERS as HARMONY_MARKERS, HarmonyTextParser, HarmonyTokenParser, harmony_encoding
-from .regions import RegionParser, TextFormat
+from .regions import RegionParser
 from .template import TemplateParser
 
 # Markers inside a call region (besides the regions' own): special tokens a parser must see.
@@ -31,7 +31,7 @@ class OutputFormat:
     detected: ParserChoice
     response_template: dict | None = None
     keep_special_tokens: bool = False  # decode parsed answers with special tokens: markers are special
-    drop: tuple[str, ...] = ()  # the other special tokens' texts, removed from content
+    hidden_ids: frozenset[int] = frozenset()  # the other special tokens, left out of the decoded text
     harmony: object = None  # openai-harmony's encoding (real gpt-oss), else None
     mistral_named: bool = False  # the tokenizer has [ARGS]: calls are written name[ARGS]{…}
 
@@ -51,7 +51,6 @@ class OutputFormat:
         for fmt in (TOOL_FORMATS.get(self.choice.tool_parser), REASONING_FORMATS.get(self.choice.reasoning_parser or "")):
             for region in (fmt.regions if fmt else ()):
                 found += [region.open, *((region.close,) if region.close else ())]
-            found += list(fmt.drop if fmt else ())
         return tuple(found)
 
 
@@ -85,9 +84,10 @@ def output_format(tokenizer, model_type: str, tool_override: str = "", reasoning
         return OutputFormat(choice, detected, base.response_template, keep_special_tokens=bool(specials))
     markers = base.markers()
     needed = {text for text in specials if any(text in marker for marker in markers)}
+    hidden = {tokenizer.convert_tokens_to_ids(text) for text in specials - needed} if needed else set()
     encoding = harmony_encoding(tokenizer) if base.harmony_format else None
     return OutputFormat(choice, detected, None, keep_special_tokens=bool(needed),
-                        drop=tuple(sorted(specials - needed)) if needed else (),
+                        hidden_ids=frozenset(i for i in hidden if isinstance(i, int)),
                         harmony=encoding, mistral_named=base.mistral_named)
 
 
@@ -111,12 +111,8 @@ def make_parser(fmt: OutputFormat, prompt_text: str, tools: list[dict] | None, p
         parser = (HarmonyTokenParser(fmt.harmony, parse_tools, calls) if fmt.harmony is not None
                   else HarmonyTextParser(parse_tools, calls))
     else:
-        tool_format = TOOL_FORMATS.get(fmt.choice.tool_parser)
-        reasoning = REASONING_FORMATS.get(fmt.choice.reasoning_parser or "")
-        if fmt.drop:
-            reasoning = TextFormat((), drop=fmt.drop) if reasoning is None else TextFormat(
-                reasoning.regions, reasoning.calls, (*reasoning.drop, *fmt.drop), reasoning.starts_in_reasoning)
-        parser = RegionParser(reasoning, tool_format, parse_tools, tool_schemas(tools), calls)
+        parser = RegionParser(REASONING_FORMATS.get(fmt.choice.reasoning_parser or ""),
+                              TOOL_FORMATS.get(fmt.choice.tool_parser), parse_tools, tool_schemas(tools), calls)
     parser.prime(prompt_text)
     return parser
 

@@ -10,7 +10,7 @@ text the client sees, never an error.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol import Part
 
@@ -38,7 +38,6 @@ class TextFormat:
     calls: CallSyntax | None = None
     drop: tuple[str, ...] = ()  # end-of-turn markers that are neither content nor a region
     starts_in_reasoning: bool = False  # the answer is reasoning until its close (DeepSeek R1's)
-    holds: tuple[str, ...] = field(default=())  # extra markers held back while partial
 
 
 class RegionParser(SteppedParser):
@@ -48,7 +47,7 @@ class RegionParser(SteppedParser):
                  tool_schemas: dict | None = None, calls: parts.Calls | None = None) -> None:
         self.regions = [*(reasoning.regions if reasoning else ()), *(tools.regions if tools and parse_tools else ())]
         self.call_syntax = tools.calls if tools and parse_tools else None
-        self.drop = tuple({*(reasoning.drop if reasoning else ()), *(tools.drop if tools else ())})
+        self.drop = tuple(sorted({*(reasoning.drop if reasoning else ()), *(tools.drop if tools else ())}))
         self.starts_in_reasoning = bool(reasoning and reasoning.starts_in_reasoning)
         self.anywhere = [r for r in self.regions if not r.at_start]
         self.at_start_regions = [r for r in self.regions if r.at_start]
