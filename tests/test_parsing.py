@@ -282,3 +282,18 @@ def test_a_response_template_wins_and_overrides_win_over_all():
     assert (chosen.tool_parser, chosen.reasoning_parser, chosen.source) == ("qwen3_coder", None, "override")
     with pytest.raises(ValueError):
         choose_parsers(detected, "no_such_parser")
+
+
+def test_a_familys_markers_are_kept_and_its_other_special_tokens_hidden(ll_tokenizer):
+    from workers.engine.parsing import output_format
+    from workers.tiny.chat_formats import format_tokenizer
+
+    tokenizer = format_tokenizer("llama3_json", ll_tokenizer[0])
+    fmt = output_format(tokenizer, "llama")
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in ("<|python_tag|>", "<|begin_of_text|>", "<|eot_id|>")}
+    assert fmt.tool_parser == "llama3_json" and fmt.keep_special_tokens
+    assert ids["<|python_tag|>"] not in fmt.hidden_ids
+    assert {ids["<|begin_of_text|>"], ids["<|eot_id|>"]} <= fmt.hidden_ids
+    overridden = output_format(tokenizer, "llama", "hermes", "none")  # the catalog's override: no special marker
+    assert (overridden.tool_parser, overridden.choice.reasoning_parser, overridden.keep_special_tokens) == \
+        ("hermes", None, False)
