@@ -51,6 +51,8 @@ ANSWERS = {
                 ("plan", "Sure."), {}),
     "glm45": ("<think>plan</think>\nSure.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
               "</tool_call>", ("plan", "Sure."), {}),
+    "response_template": ('<think>\nplan\n</think>\n\nSure.<tool_call>\n{"name": "get_weather", "arguments": '
+                          '{"city": "Paris"}}\n</tool_call>', ("plan", "Sure."), {}),
     "openai": ("<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>commentary<|message|>Sure.<|end|>"
                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
                '{"city": "Paris"}<|call|>', ("plan", "Sure."), {}),
@@ -163,7 +165,7 @@ def test_family_tool_call_and_reasoning_end_to_end(family, sdk, family_server, t
     assert "22 C" in rendered and "Paris" in rendered
 
 
-@pytest.mark.parametrize("family", ["hermes", "mistral", "openai", "qwen3_coder"])
+@pytest.mark.parametrize("family", ["hermes", "mistral", "openai", "response_template"])
 def test_family_responses_function_call_items(family, sdk):
     """Responses: a forced call is a function_call item; its streamed argument deltas join to its arguments."""
     tool = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}

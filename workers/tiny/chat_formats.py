@@ -25,6 +25,7 @@ class ChatFormat:
     eos: tuple[str, ...] = ()  # end-of-turn tokens the model stops at (beside the tokenizer's own EOS)
     plain: tuple[str, ...] = field(default=())  # added as ordinary (never split) tokens
     architecture: str = "llama"  # its model's family in workers/tiny/families.py
+    response_template: dict | None = None  # the tokenizer's own (transformers' parser reads the answer with it)
 
 
 CHATML_TOOLS = (
@@ -216,10 +217,22 @@ type {{ tool.function.name }} = (_: {{ tool.function.parameters | tojson }}) => 
     ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"),
     ("<|return|>", "<|call|>"), architecture="gpt-oss")
 
+# The tiny models' own ChatML template, with a `response_template` as Qwen's in tokenizer_config.json.
+QWEN_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"}, "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"\s*<\|im_end\|>", "content": "text"},
+    },
+}
+RESPONSE_TEMPLATE = ChatFormat("", (), ("<|im_end|>",), architecture="qwen3", response_template=QWEN_RESPONSE_TEMPLATE)
+
 FORMATS: dict[str, ChatFormat] = {
     "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3, "llama4_pythonic": LLAMA4, "mistral": MISTRAL,
     "deepseek_v31": DEEPSEEK_V31, "granite": GRANITE, "gemma4": GEMMA4, "kimi_k2": KIMI_K2, "glm45": GLM45,
-    "openai": HARMONY,
+    "openai": HARMONY, "response_template": RESPONSE_TEMPLATE,
 }
 
 
@@ -235,7 +248,8 @@ def format_tokenizer(family: str, base=None):
     chat_format = FORMATS[family]
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in chat_format.special], special_tokens=True)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in chat_format.plain])
-    tokenizer.chat_template = chat_format.template
+    tokenizer.chat_template = chat_format.template or tokenizer.chat_template
+    tokenizer.response_template = chat_format.response_template
     return tokenizer
 
 

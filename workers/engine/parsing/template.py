@@ -28,7 +28,8 @@ class TemplateParser:
         self.calls = calls or parts.Calls()
         self.region_text = ""  # the open structured region's raw text, for when it must become content
         self.broken = False
-        self.strip = True
+        self.strip = True  # a text field's leading whitespace is dropped...
+        self.held = ""  # ...and its trailing whitespace held until more text follows (transformers strips both)
         try:
             self.parser = ResponseParser(template, prefix=prompt_text, tools=tools or None)
         except Exception as exc:  # a template transformers cannot load: the answer is content
@@ -75,6 +76,7 @@ class TemplateParser:
                 elif field == "content":
                     self._text(parts.content(event["text"]), out)
             elif kind == "region_close":
+                self.held = ""
                 if field == "tool_calls":
                     self._calls(event["value"], out)
                 elif event.get("value") is not None and self.region_text and field not in REASONING_FIELDS:
@@ -83,11 +85,14 @@ class TemplateParser:
         return out
 
     def _text(self, part: Part, out: list[Part]) -> None:
+        text = self.held + part["text"]
         if self.strip:
-            part = {**part, "text": part["text"].lstrip()}
-        if part["text"]:
+            text = text.lstrip()
+        kept = text.rstrip()
+        self.held = text[len(kept):]
+        if kept:
             self.strip = False
-            parts.append(out, part)
+            parts.append(out, {**part, "text": kept})
 
     def _calls(self, value, out: list[Part]) -> None:
         values = value if isinstance(value, list) else [value]
