@@ -297,3 +297,31 @@ def test_a_familys_markers_are_kept_and_its_other_special_tokens_hidden(ll_token
     overridden = output_format(tokenizer, "llama", "hermes", "none")  # the catalog's override: no special marker
     assert (overridden.tool_parser, overridden.choice.reasoning_parser, overridden.keep_special_tokens) == \
         ("hermes", None, False)
+
+
+def test_random_marker_soup_never_raises():
+    """Answers made of every family's markers and JSON-ish debris, fed in random pieces: each parser returns
+    well-formed parts (a call's arguments are a JSON object, or the text stayed content), never raises."""
+    import random
+
+    from workers.engine.parsing.factory import INNER_MARKERS
+
+    rng = random.Random(7)
+    pieces = ['{"name": "f", "arguments": {', "}", "[", "]", '"', "(", ")", "x=1", ", ", "\n", "Paris", "call:f{",
+              *{m for fmt in TOOL_FORMATS.values() for r in fmt.regions for m in (r.open, r.close) if m},
+              *{m for fmt in REASONING_FORMATS.values() for r in fmt.regions for m in (r.open, r.close) if m},
+              *{m for markers in INNER_MARKERS.values() for m in markers}]
+    makers = [lambda t=t, r=r: region_parser(t, r) for t, r, _, _ in ANSWERS.values()]
+    makers += [lambda: HarmonyTextParser(True), lambda: TemplateParser(TEMPLATE, "", None, True)]
+    for _ in range(60):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+        for make in makers:
+            parser, out, position = make(), [], 0
+            while position < len(text):
+                step = rng.randint(1, 6)
+                out += parser.feed(text[position:position + step])
+                position += step
+            out += parser.finish()
+            assert all(part["type"] in ("content", "reasoning", "tool_call", "arguments") for part in out)
+            if not isinstance(parser, HarmonyTextParser):  # Harmony's arguments stream as written
+                assert all(isinstance(json.loads(arguments), dict) for _, arguments in joined(out)[2])
