@@ -239,6 +239,20 @@ def test_the_forced_call_grammar_writes_what_the_parser_reads(syntax, ll_tokeniz
     assert joined(parser.feed(text) + parser.finish())[2] == [("get_weather", '{"city": "Paris", "days": 3}')]
 
 
+@pytest.mark.parametrize("syntax,text", [
+    ("hermes", GRAMMAR_TEXTS["hermes"] + "\n" + GRAMMAR_TEXTS["hermes"].replace("Paris", "Rome")),
+    ("kimi_k2", GRAMMAR_TEXTS["kimi_k2"].replace("<|tool_calls_section_end|>", "") + "<|tool_call_begin|>functions."
+     'get_weather:1<|tool_call_argument_begin|>{"city":"Rome","days":1}<|tool_call_end|><|tool_calls_section_end|>'),
+])
+def test_required_with_parallel_calls_allows_several_in_the_familys_wrapper(syntax, text, ll_tokenizer):
+    tokenizer, ll = ll_tokenizer
+    spec = {"syntax": syntax, "many": True, "tools": [{"name": "get_weather", "parameters": WEATHER}]}
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(tool_call_grammar(spec, tokenizer)))
+    assert matcher.consume_tokens(tokenizer(text, add_special_tokens=False)["input_ids"]) and matcher.is_accepting()
+    parser = region_parser(syntax, None)
+    assert len(joined(parser.feed(text) + parser.finish())[2]) == 2
+
+
 def test_harmony_grammar_and_tool_choice_none_markers(ll_tokenizer):
     tokenizer, ll = ll_tokenizer
     grammar = tool_call_grammar({"syntax": "openai", "many": True,

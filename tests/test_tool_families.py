@@ -193,3 +193,13 @@ def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, f
                                           extra_body=forced(answer, tokenizer)).choices[0].message
     assert message.content == "<think>x</think>" and message.model_extra.get("reasoning_content") is None
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [CALL]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(sdk, tokenizers):
+    answer = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+    body = dict(model=model_of("mistral"), messages=USER, tools=[WEATHER], max_tokens=80,
+                extra_body=forced(answer, tokenizers["mistral"]))
+    both = sdk.chat.completions.create(**body).choices[0].message.tool_calls
+    assert [json.loads(c.function.arguments)["city"] for c in both] == ["Paris", "Rome"]
+    [first] = sdk.chat.completions.create(**body, parallel_tool_calls=False).choices[0].message.tool_calls
+    assert json.loads(first.function.arguments) == {"city": "Paris"}
