@@ -49,13 +49,6 @@ ANSWERS = {  # family -> (tool parser, reasoning parser, answer with REASONING a
     "response_template": ("response_template", "response_template", '<think>REASONING</think>CONTENT<tool_call>'
                           '{"name": "get_weather", "arguments": ' + CALL_ARGS + '}</tool_call>'),
 }
-TEMPLATE = {  # a response_template as Qwen's (transformers' parser reads it)
-    "defaults": {"role": "assistant"}, "start_anchor": "<|im_start|>assistant\n",
-    "fields": {"reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
-               "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True,
-                              "content": "json", "transform": {"type": "function", "function": "{content}"}},
-               "content": {"close_pattern": r"\s*<\|im_end\|>", "content": "text"}},
-}
 
 
 def token_pieces(tokenizer, text: str) -> list[str]:
@@ -83,10 +76,11 @@ def answer_text(family: str, tokenizer, tokens: int) -> str:
 def parser_for(family: str):
     from protocol.output_formats import ParserChoice
     from workers.engine.parsing.factory import OutputFormat, make_parser
+    from workers.tiny.chat_formats import QWEN_RESPONSE_TEMPLATE
 
     tool, reasoning, _ = ANSWERS[family]
     choice = ParserChoice(tool, reasoning, "bench")
-    fmt = OutputFormat(choice, choice, TEMPLATE if family == "response_template" else None)
+    fmt = OutputFormat(choice, choice, QWEN_RESPONSE_TEMPLATE if family == "response_template" else None)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     return make_parser(fmt, "<|im_start|>assistant\n", tools, True)
 

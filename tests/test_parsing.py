@@ -16,6 +16,7 @@ from workers.engine.parsing.regions import RegionParser
 from workers.engine.parsing.template import TemplateParser
 from workers.engine.parsing.tool_grammars import banned_markers, tool_call_grammar
 from workers.engine.parsing.factory import OutputFormat
+from workers.tiny.chat_formats import QWEN_RESPONSE_TEMPLATE
 
 from .parse_whole import joined, parse_text
 
@@ -171,15 +172,7 @@ def test_openai_harmony_is_not_tried_for_another_vocabulary(tmp_path):
     assert int(rank) >= 0 and token
 
 
-TEMPLATE = {
-    "defaults": {"role": "assistant"}, "start_anchor": "<|im_start|>assistant\n",
-    "fields": {
-        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
-        "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True, "content": "json",
-                       "transform": {"type": "function", "function": "{content}"}},
-        "content": {"close_pattern": r"\s*<\|im_end\|>", "content": "text"},
-    },
-}
+TEMPLATE = QWEN_RESPONSE_TEMPLATE  # as Qwen's, in the tiny response_template model's tokenizer config
 
 
 def test_a_response_template_is_read_by_transformers_parser():
