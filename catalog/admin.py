@@ -44,12 +44,13 @@ class ModelLoadInline(admin.TabularInline):
 
 @admin.register(CachedModel)
 class CachedModelAdmin(admin.ModelAdmin):
-    list_display = ("repo_id", "status", "loaded_on", "size", "last_used", "idle_timeout", "preload", "enabled")
+    list_display = ("repo_id", "status", "loaded_on", "size", "last_used", "parsers", "idle_timeout", "preload",
+                    "enabled")
     list_editable = ("idle_timeout", "preload", "enabled")
     list_filter = ("enabled", "preload", "is_causal_lm", "gone", "dtype")
     search_fields = ("repo_id",)
     readonly_fields = ("repo_id", "revision", "revisions", "size_on_disk", "architectures", "is_causal_lm",
-                       "modalities", "last_modified", "last_scanned", "gone")
+                       "modalities", "last_modified", "last_scanned", "gone", "detected_parsers", "parsers")
     inlines = [ModelLoadInline]
     actions = ["preload_now", "unload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
                "delete_from_cache"]
@@ -72,6 +73,14 @@ class CachedModelAdmin(admin.ModelAdmin):
     @admin.display(description="size", ordering="size_on_disk")
     def size(self, obj: CachedModel) -> str:
         return filesizeformat(obj.size_on_disk)
+
+    @admin.display(description="tool / reasoning parser")
+    def parsers(self, obj: CachedModel) -> str:
+        """What its chat answers are parsed with: the override set here, else what its files say."""
+        chosen = selectors.effective_parsers(obj.detected_parsers or {}, obj.tool_parser, obj.reasoning_parser)
+        if not chosen:
+            return ""
+        return f"{chosen['tool_parser']} / {chosen['reasoning_parser'] or 'none'} ({chosen['source']})"
 
     @admin.display(description="last used")
     def last_used(self, obj: CachedModel):

@@ -5,14 +5,17 @@ Plain huggingface_hub, no database: `catalog.selectors` and `catalog.services` b
 from __future__ import annotations
 
 import json
+import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
 from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind, model_tasks
+from protocol.output_formats import detect_parsers
 
 from .snapshots import Snapshot
 
@@ -34,6 +37,9 @@ class CacheEntry:
     modalities: tuple[str, ...] = ()  # what it takes as input; empty: nothing this server serves
     tasks: tuple[str, ...] = ()  # generate, transcribe or embed (protocol.modalities.model_tasks)
     parent: str | None = None  # a LoRA adapter's base model (its adapter_config.json's base_model_name_or_path)
+    # The tool-call and reasoning parsers its files point to ({tool_parser, reasoning_parser, source}), for a
+    # model that generates; the catalog's overrides go over it (protocol.output_formats).
+    parsers: dict = field(default_factory=dict, compare=False)
 
     @property
     def is_causal_lm(self) -> bool:
@@ -61,6 +67,55 @@ def _adapter_base(snapshot: Path) -> str | None:
         return None
     base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     return base if isinstance(base, str) and base and config.get("peft_type", "LORA") == "LORA" else None
+
+
+ADDED_TOKEN = re.compile(r'"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _added_tokens(snapshot: Path) -> list[str]:
+    """The added tokens tokenizer.json lists first (read from its head only: the file may be tens of MB)."""
+    try:
+        with (snapshot / "tokenizer.json").open(encoding="utf-8", errors="replace") as handle:
+            head = handle.read(2 << 20)
+    except OSError:
+        return []
+    start = head.find('"added_tokens"')
+    end = min((i for i in (head.find('"normalizer"', start), head.find('"pre_tokenizer"', start)) if i > 0),
+              default=len(head))
+    if start < 0:
+        return []
+    found = []
+    for raw in ADDED_TOKEN.findall(head[start:end]):
+        try:
+            found.append(json.loads(f'"{raw}"'))
+        except ValueError:
+            continue
+    return found
+
+
+@lru_cache(maxsize=512)
+def detected_parsers(snapshot: Path) -> dict:
+    """What a snapshot's config.json, tokenizer_config.json and chat_template.jinja say of its output
+    format (read once per snapshot: a commit's files never change)."""
+    config = _read_config(snapshot)
+    try:
+        tokenizer_config = json.loads((snapshot / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        tokenizer_config = {}
+    if not isinstance(tokenizer_config, dict):
+        tokenizer_config = {}
+    template = tokenizer_config.get("chat_template") or ""
+    if isinstance(template, list):
+        template = "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    try:
+        template = str(template) + (snapshot / "chat_template.jinja").read_text()
+    except OSError:
+        pass
+    tokens = [str(t.get("content", "")) for t in (tokenizer_config.get("added_tokens_decoder") or {}).values()
+              if isinstance(t, dict)] + _added_tokens(snapshot)
+    model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type") or ""
+    return detect_parsers(str(model_type), str(template), tokens,
+                          isinstance(tokenizer_config.get("response_template"), dict)).as_dict()
 
 
 def _newest_revision(repo):
@@ -98,6 +153,7 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
                 modalities=input_modalities(kind),
                 tasks=model_tasks(kind),
                 parent=parent,
+                parsers=detected_parsers(Path(revision.snapshot_path)) if "generate" in model_tasks(kind) else {},
             )
         )
     return sorted(models, key=lambda m: m.repo_id)

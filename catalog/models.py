@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from protocol import MODEL_SAMPLING_KEYS
+from protocol.output_formats import canonical
 
 # What an admin may set in a model's `generation_defaults`: the sampling knobs a worker also takes
 # from generation_config.json, and stop strings.
@@ -49,6 +50,14 @@ class CachedModel(models.Model):
     generation_defaults = models.JSONField(
         default=dict, blank=True,
         help_text="sampling defaults over generation_config.json; the request still wins")
+    tool_parser = models.CharField(
+        max_length=32, blank=True,
+        help_text="vLLM's --tool-call-parser name (hermes, llama3_json, mistral, openai, …); empty: what its files say")
+    reasoning_parser = models.CharField(
+        max_length=32, blank=True,
+        help_text="vLLM's --reasoning-parser name (qwen3, deepseek_r1, mistral, …, none); empty: what its files say")
+    detected_parsers = models.JSONField(
+        default=dict, blank=True, help_text="what the cache scan found: {tool_parser, reasoning_parser, source}")
 
     class Meta:
         ordering = ["repo_id"]
@@ -58,7 +67,12 @@ class CachedModel(models.Model):
         return self.repo_id
 
     def clean(self) -> None:
-        """What the admin form accepts: aliases as a list of names, known numeric sampling defaults."""
+        """What the admin form accepts: aliases as a list of names, known numeric sampling defaults, known parsers."""
+        for field, kind in (("tool_parser", "tool"), ("reasoning_parser", "reasoning")):
+            try:
+                canonical(getattr(self, field), kind)
+            except ValueError as exc:
+                raise ValidationError({field: str(exc)}) from None
         if not isinstance(self.aliases, list) or not all(isinstance(a, str) and a.strip() for a in self.aliases):
             raise ValidationError({"aliases": 'A JSON list of names, e.g. ["tiny"].'})
         defaults = self.generation_defaults

@@ -6,6 +6,7 @@ from django.db import connections
 from django.utils import timezone
 
 from protocol.hub import hub_reachable
+from protocol.output_formats import ParserChoice, choose_parsers
 from protocol import ModelRef
 
 from .config import web_config
@@ -61,7 +62,8 @@ def canonical_repo_id(name: str, aliases: dict[str, str] | None = None) -> str:
 
 def model_settings_map() -> dict[str, dict]:
     """Per-model settings as workers take them (protocol ModelSettings)."""
-    fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults")
+    fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
+              "tool_parser", "reasoning_parser")
     return {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
             for row in CachedModel.objects.filter(gone=False).values(*fields)}
 
@@ -132,11 +134,26 @@ def routing_table() -> dict:
 
 
 def listed_models() -> list[tuple[CacheEntry, dict]]:
-    """The enabled cached models, each with its load state (status "cached" when on no worker)."""
+    """The enabled cached models, each with its load state (status "cached" when on no worker) and the
+    parsers its answers get (`parsers`: the catalog's overrides over what its files say)."""
     states = load_states()
     disabled = catalog_rules()[1]
-    return [(m, states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}))
+    overrides = {repo_id: (tool, reasoning) for repo_id, tool, reasoning in CachedModel.objects.filter(
+        gone=False).exclude(tool_parser="", reasoning_parser="").values_list("repo_id", "tool_parser", "reasoning_parser")}
+    return [(m, {**states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}),
+                 "parsers": effective_parsers(m.parsers, *overrides.get(m.repo_id, ("", "")))})
             for m in cached_served_models() if m.repo_id not in disabled]
+
+
+def effective_parsers(detected: dict, tool_override: str = "", reasoning_override: str = "") -> dict:
+    """{tool_parser, reasoning_parser, source}: the override where the catalog has one, else what was detected."""
+    if not detected:
+        return {}
+    choice = ParserChoice(detected["tool_parser"], detected["reasoning_parser"], detected["source"])
+    try:
+        return choose_parsers(choice, tool_override, reasoning_override).as_dict()
+    except ValueError:  # a name saved before it was checked: the worker ignores it too
+        return choice.as_dict()
 
 
 def resolve_model_now(name: str) -> ModelRef | None:

@@ -1,7 +1,8 @@
-"""`POST /v1/chat/completions`: messages rendered by the worker's chat template, output parsed here.
+"""`POST /v1/chat/completions`: messages rendered by the worker's chat template, its answer shaped here.
 
-The worker streams plain text; `output_parsing.OutputParser` splits it into reasoning, content and
-tool calls, so this module never needs the tokenizer.
+The worker's parser (workers/engine/parsing, the model family's format) splits the answer into parts:
+reasoning, content, tool calls and their arguments; this module turns them into OpenAI's message or
+its chunks (a call's index, id and name first, then its arguments), so it never needs the tokenizer.
 """
 from __future__ import annotations
 
@@ -10,21 +11,24 @@ from collections.abc import AsyncIterator
 
 from rest_framework.response import Response
 
-from protocol import ChoiceDelta, Logprobs, Started
+from protocol import ChoiceDelta, Part, Started
 
 from .base import GenerationView, sse_response
 from .generation import Collected, GenerationStream
-from .output_parsing import OutputParser, Piece
 from .serializers.chat import ChatRequestSerializer
-from .shaping import chat_logprobs, parser_for, usage_body
+from .shaping import JoinedParts, chat_logprobs, text_parts, usage_body
 from .vllm_shapes import RunningUsage, prompt_logprobs_body
 
 
-def piece_delta(piece: Piece) -> dict:
-    if piece.kind == "tool_call":
-        call = piece.tool_call
-        return {"tool_calls": [{"index": call.index, **call.as_dict()}]}
-    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}
+def part_delta(part: Part) -> dict:
+    """One part as a chunk's delta: a call opens with index, id and name, its arguments follow in pieces."""
+    kind = part["type"]
+    if kind == "tool_call":
+        return {"tool_calls": [{"index": part["index"], "id": part["id"], "type": "function",
+                                "function": {"name": part["name"], "arguments": ""}}]}
+    if kind == "arguments":
+        return {"tool_calls": [{"index": part["index"], "function": {"arguments": part["text"]}}]}
+    return {"reasoning_content" if kind == "reasoning" else "content": part["text"]}
 
 
 def final_reason(reason: str | None, has_tool_calls: bool) -> str | None:
@@ -42,19 +46,19 @@ def echo_text(data: dict) -> str:
     return content
 
 
-def assistant_message(reasoning: str, content: str, tool_calls: list) -> dict:
+def assistant_message(reasoning: str, content: str, tool_calls: list[dict]) -> dict:
     message: dict = {"role": "assistant", "content": content if (content or not tool_calls) else None}
     if reasoning:
         message["reasoning_content"] = reasoning
     if tool_calls:
-        message["tool_calls"] = [call.as_dict() for call in tool_calls]
+        message["tool_calls"] = tool_calls
     return message
 
 
 class ChatShaper:
     """Turns worker deltas into `chat.completion` objects or `chat.completion.chunk` events."""
 
-    def __init__(self, request_id: str, model: str, data: dict, parse_tools: bool, started: Started) -> None:
+    def __init__(self, request_id: str, model: str, data: dict, started: Started) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.n = data["n"]
         self.with_logprobs = data["logprobs"]
@@ -67,18 +71,8 @@ class ChatShaper:
         self.with_prompt_logprobs = data.get("prompt_logprobs") is not None
         self.prompt_logprobs: list | None = None
         self.echo = echo_text(data)
-        self.parse_tools = parse_tools
-        self.open_block = (started.get("open_blocks") or [""])[0]
         self.prompt_token_ids = (started.get("prompt_token_ids") or [None])[0]
-        self.parsers: dict[int, OutputParser] = {}
-
-    def _parser(self, index: int) -> OutputParser:
-        if index not in self.parsers:
-            self.parsers[index] = self.new_parser()
-        return self.parsers[index]
-
-    def new_parser(self) -> OutputParser:
-        return parser_for(self.open_block, self.parse_tools)
+        self.called: set[int] = set()  # choices that made a tool call (finish_reason "tool_calls")
 
     def _chunk(self, index: int, delta: dict, finish_reason: str | None = None, **extra) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
@@ -88,23 +82,23 @@ class ChatShaper:
         return chunk
 
     def _delta_chunks(self, delta: ChoiceDelta) -> list[dict]:
-        index, parser = delta["index"], self._parser(delta["index"])
+        index = delta["index"]
         self.usage.add(delta["token_ids"])
-        pieces = parser.feed(delta["text"])
-        if delta["finish_reason"]:
-            pieces += parser.finish()
+        parts = text_parts(delta)
+        if any(part["type"] == "tool_call" for part in parts):
+            self.called.add(index)
         extra: dict = {}
         if self.with_logprobs and delta["logprobs"] and delta["logprobs"]["tokens"]:
             extra["logprobs"] = {"content": chat_logprobs(delta["logprobs"], self.top_n)}
         if self.with_token_ids and delta["token_ids"]:
             extra["token_ids"] = delta["token_ids"]
-        chunks = [self._chunk(index, piece_delta(piece)) for piece in pieces]
+        chunks = [self._chunk(index, part_delta(part)) for part in parts]
         if extra and not chunks:
             chunks.append(self._chunk(index, {}))
         if chunks:
             chunks[0]["choices"][0].update(extra)
         if delta["finish_reason"]:
-            reason = final_reason(delta["finish_reason"], bool(parser.tool_calls))
+            reason = final_reason(delta["finish_reason"], index in self.called)
             chunks.append(self._chunk(index, {}, reason))
         return chunks
 
@@ -128,16 +122,14 @@ class ChatShaper:
                 yield {**self.base, "object": "chat.completion.chunk", "choices": [], "usage": usage_body(event["usage"])}
 
     def _choice(self, merged: ChoiceDelta) -> dict:
-        parser = self.new_parser()
-        pieces = parser.feed(merged["text"]) + parser.finish()
-        reasoning = "".join(piece.text for piece in pieces if piece.kind == "reasoning")
-        content = self.echo + "".join(piece.text for piece in pieces if piece.kind == "content")
+        joined = JoinedParts()
+        joined.add(text_parts(merged))
         if merged.get("prompt_logprobs") is not None:
             self.prompt_logprobs = merged["prompt_logprobs"]
-        tool_calls = parser.tool_calls
+        tool_calls = joined.tool_calls()
         choice = {
             "index": merged["index"],
-            "message": assistant_message(reasoning, content, tool_calls),
+            "message": assistant_message(joined.reasoning, self.echo + joined.content, tool_calls),
             "logprobs": {"content": chat_logprobs(merged["logprobs"], self.top_n)} if self.with_logprobs else None,
             "finish_reason": final_reason(merged["finish_reason"], bool(tool_calls)),
         }
@@ -162,10 +154,10 @@ class ChatCompletionsView(GenerationView):
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data
         if data["stream"]:
-            shaper = ChatShaper(request_id, model, data, serializer.parse_tools, stream.started)
+            shaper = ChatShaper(request_id, model, data, stream.started)
             return sse_response(shaper.chunks(stream), stream)
         return Response(await self.whole_body(serializer, request_id, model, stream))
 
     async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
-        shaper = ChatShaper(request_id, model, serializer.validated_data, serializer.parse_tools, stream.started)
+        shaper = ChatShaper(request_id, model, serializer.validated_data, stream.started)
         return shaper.body(await stream.collect())

@@ -263,8 +263,12 @@ def merge_delta(merged: dict[int, protocol.ChoiceDelta], delta: protocol.ChoiceD
     if current is None:
         merged[delta["index"]] = {**delta, "token_ids": list(delta["token_ids"]),
                                   "logprobs": _copy_logprobs(delta["logprobs"])}
+        if "parts" in delta:
+            merged[delta["index"]]["parts"] = list(delta["parts"])
         return
     current["text"] += delta["text"]
+    if "parts" in delta:
+        current.setdefault("parts", []).extend(delta["parts"])
     current["token_ids"].extend(delta["token_ids"])
     if delta.get("prompt_logprobs") is not None:
         current["prompt_logprobs"] = delta["prompt_logprobs"]

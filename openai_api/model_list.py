@@ -3,7 +3,8 @@
 OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
 error), `loaded_on` (worker names), `size_bytes` on disk and the input `modalities` it takes
 (text, image, audio, video), `parent` (a LoRA adapter's base), the `tasks` it serves (generate, transcribe, embed: `embed` ones answer
-`/v1/embeddings`), and vLLM's `root`, `parent` and `max_model_len`.
+`/v1/embeddings`), the `parsers` its chat answers get ({tool_parser, reasoning_parser, source}), and vLLM's
+`root`, `parent` and `max_model_len`.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> 
         "size_bytes": model.size_on_disk,
         "modalities": list(model.modalities),
         "tasks": list(model.tasks),
+        "parsers": state.get("parsers") or None,  # how chat answers are split (protocol.output_formats)
         "root": model.repo_id,  # vLLM's: the model a name serves (aliases and adapters point to theirs)
         "parent": model.parent,  # a LoRA adapter's base model
         "max_model_len": config_max_model_len(context_from),  # an adapter's is its base's

@@ -66,7 +66,7 @@ async def start_background(serializer: ResponsesRequestSerializer, request, resp
     """Store the response as queued and start its run; the queued response is the HTTP answer."""
     principal = request.auth
     RequestMeter(principal, request.path, response_id).check_model(model, serializer.validated_data["model"])
-    response = ResponseBuilder(response_id, model, serializer.validated_data, None).queued()
+    response = ResponseBuilder(response_id, model, serializer.validated_data).queued()
     items = response_store.with_ids(serializer.validated_data["input_items"])
     await db(response_store.save)(principal, response, serializer.initial_data,
                                   serializer.validated_data["prior_items"], items, background=True)
@@ -111,8 +111,8 @@ async def _generate(response_id: str, principal: Principal, body: dict, history:
         resolved = await resolve_model(data["model"])
         model = str(resolved)
     except Exception as exc:  # the model went away since the request was taken
-        return ResponseBuilder(response_id, data["model"], data, None).failed("model_not_found", str(exc))
-    builder = ResponseBuilder(response_id, model, data, None)
+        return ResponseBuilder(response_id, data["model"], data).failed("model_not_found", str(exc))
+    builder = ResponseBuilder(response_id, model, data)
     await db(response_store.finish)(response_id, {**builder.queued(), "status": "in_progress"})
     meter = RequestMeter(principal, "/v1/responses", response_id)
     meter.check_model(model, data["model"])
@@ -120,7 +120,7 @@ async def _generate(response_id: str, principal: Principal, body: dict, history:
     job_id = f"{response_id}.{uuid.uuid4().hex[:8]}"  # a run taken over after a restart is a new job
     try:
         stream = await open_generation(job_id, resolved, serializer.job_prompts(), serializer.job_params(), meter)
-        return await collect_response(builder_for(serializer, response_id, model, stream), stream)
+        return await collect_response(builder_for(serializer, response_id, model), stream)
     except APIError as exc:
         return builder.failed(exc.code or "server_error", exc.message)
     except LimitExceeded as exc:

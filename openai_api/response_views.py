@@ -34,7 +34,7 @@ class ResponsesView(GenerationView):
         return await self.generate(request, serializer)
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
-        builder = builder_for(serializer, request_id, model, stream)
+        builder = builder_for(serializer, request_id, model)
         store = response_runs.storer(serializer, self.request.auth)
         if serializer.validated_data["stream"]:
             return sse_response(response_events(builder, stream, store), stream)
@@ -45,7 +45,7 @@ class ResponsesView(GenerationView):
 
     async def whole_body(self, serializer, request_id: str, model: str, stream: GenerationStream) -> dict:
         """A batch line's answer: the non-streamed response (batch lines are not stored)."""
-        return await collect_response(builder_for(serializer, request_id, model, stream), stream)
+        return await collect_response(builder_for(serializer, request_id, model), stream)
 
 
 class StoredResponseView(OpenAIView):

@@ -12,11 +12,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-from protocol import ChoiceDelta, Usage
+from protocol import ChoiceDelta, Part, Usage
 
 from .generation import GenerationStream
-from .output_parsing import OutputParser, Piece
-from .shaping import chat_logprobs, parser_for
+from .shaping import chat_logprobs, text_parts
 
 
 def item_id(prefix: str) -> str:
@@ -26,15 +25,15 @@ def item_id(prefix: str) -> str:
 class ResponseBuilder:
     """Output items and events of one response; `events()` yields them in OpenAI's order."""
 
-    def __init__(self, response_id: str, model: str, data: dict, parser: OutputParser | None) -> None:
-        self.parser = parser
+    def __init__(self, response_id: str, model: str, data: dict) -> None:
         self.with_logprobs = "message.output_text.logprobs" in (data.get("include") or ())
         self.top_n = data.get("top_logprobs") or 0
         self.max_tool_calls = data.get("max_tool_calls")
         self.tool_calls = 0
         self.sequence = 0
         self.output: list[dict] = []
-        self.current: dict | None = None  # the open reasoning or message item
+        self.current: dict | None = None  # the open reasoning, message or function_call item
+        self.dropped_call: int | None = None  # a call past max_tool_calls: its arguments are dropped too
         self.status = "in_progress"
         self.finish_reason: str | None = None
         self.response = {
@@ -95,7 +94,14 @@ class ResponseBuilder:
         item, self.current = self.current, None
         if item is None:
             return
-        index, part = self.output.index(item), item["content"][0]
+        index = self.output.index(item)
+        if item["type"] == "function_call":
+            yield self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                              name=item["name"], arguments=item["arguments"])
+            item["status"] = "completed"
+            yield self._event("response.output_item.done", output_index=index, item=dict(item))
+            return
+        part = item["content"][0]
         common = {"item_id": item["id"], "output_index": index, "content_index": 0}
         if item["type"] == "reasoning":
             yield self._event("response.reasoning_text.done", text=part["text"], **common)
@@ -106,50 +112,56 @@ class ResponseBuilder:
         yield self._event("response.output_item.done", output_index=index, item=item)
 
     def delta(self, delta: ChoiceDelta) -> Iterator[dict]:
-        """The events of one step's text (and of the parser's end, on the last step)."""
-        pieces = self.parser.feed(delta["text"])
+        """The events of one step's parts (the worker's parser split its text)."""
         if delta["finish_reason"]:
             self.finish_reason = delta["finish_reason"]
-            pieces += self.parser.finish()
         logprobs = chat_logprobs(delta["logprobs"], self.top_n) if self.with_logprobs else []
-        yield from self.pieces(pieces, logprobs)
+        yield from self.parts(text_parts(delta), logprobs)
 
-    def pieces(self, pieces: list[Piece], logprobs: list[dict] | None = None) -> Iterator[dict]:
+    def parts(self, parts: list[Part], logprobs: list[dict] | None = None) -> Iterator[dict]:
         """`logprobs`: the step's tokens, given to the step's first answer text (a step's tokens make one piece
         of text, except where a tag closes reasoning; the tokens of reasoning are not output_text's)."""
-        for piece in pieces:
-            if piece.kind == "tool_call":
-                yield from self._function_call(piece)
+        for part in parts:
+            kind = part["type"]
+            if kind == "tool_call":
+                yield from self._function_call(part)
                 continue
-            if self.current is None or self.current["type"] != ("reasoning" if piece.kind == "reasoning" else "message"):
-                yield from self._open(piece.kind)
+            if kind == "arguments":
+                yield from self._arguments(part)
+                continue
+            if self.current is None or self.current["type"] != ("reasoning" if kind == "reasoning" else "message"):
+                yield from self._open(kind)
             item = self.current
-            item["content"][0]["text"] += piece.text
+            item["content"][0]["text"] += part["text"]
             common = {"item_id": item["id"], "output_index": len(self.output) - 1, "content_index": 0}
-            if piece.kind == "reasoning":
-                yield self._event("response.reasoning_text.delta", delta=piece.text, **common)
+            if kind == "reasoning":
+                yield self._event("response.reasoning_text.delta", delta=part["text"], **common)
             else:
                 step_logprobs, logprobs = logprobs or [], []
                 item["content"][0]["logprobs"].extend(step_logprobs)
-                yield self._event("response.output_text.delta", delta=piece.text, logprobs=step_logprobs, **common)
+                yield self._event("response.output_text.delta", delta=part["text"], logprobs=step_logprobs, **common)
 
-    def _function_call(self, piece: Piece) -> Iterator[dict]:
+    def _function_call(self, part: Part) -> Iterator[dict]:
+        """A call opens: a function_call item with its call id and name; its arguments follow."""
         self.tool_calls += 1
-        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
-            return  # max_tool_calls: calls past it are dropped
         yield from self._close()
-        call, index = piece.tool_call, len(self.output)
-        item = {"type": "function_call", "id": item_id("fc"), "call_id": call.id, "name": call.name,
+        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
+            self.dropped_call = part["index"]  # max_tool_calls: calls past it are dropped
+            return
+        index = len(self.output)
+        item = {"type": "function_call", "id": item_id("fc"), "call_id": part["id"], "name": part["name"],
                 "arguments": "", "status": "in_progress"}
         self.output.append(item)
+        self.current = item
         yield self._event("response.output_item.added", output_index=index, item=dict(item))
-        yield self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                          delta=call.arguments)
-        item["arguments"] = call.arguments
-        yield self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                          name=call.name, arguments=call.arguments)
-        item["status"] = "completed"
-        yield self._event("response.output_item.done", output_index=index, item=dict(item))
+
+    def _arguments(self, part: Part) -> Iterator[dict]:
+        item = self.current
+        if item is None or item["type"] != "function_call" or part["index"] == self.dropped_call:
+            return
+        item["arguments"] += part["text"]
+        yield self._event("response.function_call_arguments.delta", item_id=item["id"],
+                          output_index=len(self.output) - 1, delta=part["text"])
 
     def finish(self, usage: Usage) -> Iterator[dict]:
         if not any(item["type"] in ("message", "function_call") for item in self.output) and (
@@ -196,6 +208,5 @@ async def collect_response(builder: ResponseBuilder, stream: GenerationStream) -
     return events[-1]["response"]
 
 
-def builder_for(serializer, request_id: str, model: str, stream: GenerationStream) -> ResponseBuilder:
-    parser = parser_for((stream.started.get("open_blocks") or [""])[0], serializer.parse_tools)
-    return ResponseBuilder(request_id, model, serializer.validated_data, parser)
+def builder_for(serializer, request_id: str, model: str) -> ResponseBuilder:
+    return ResponseBuilder(request_id, model, serializer.validated_data)

@@ -1,14 +1,12 @@
-"""What the endpoint modules share in shaping a worker's answer: the `usage` object, the output parser,
-Chat Completions' logprobs (Responses shows them the same way).
+"""What the endpoint modules share in shaping a worker's answer: the `usage` object, a parsed answer's
+parts joined (`JoinedParts`), Chat Completions' logprobs (Responses shows them the same way).
 
 Each endpoint module (`completions`, `chat`, `responses`, …) imports from here, never from another
 endpoint module.
 """
 from __future__ import annotations
 
-from protocol import Logprobs, Usage
-
-from .output_parsing import OutputParser
+from protocol import ChoiceDelta, Logprobs, Part, Usage
 
 
 def usage_body(usage: Usage) -> dict:
@@ -19,12 +17,37 @@ def usage_body(usage: Usage) -> dict:
     }
 
 
-def parser_for(open_block: str, parse_tools: bool) -> OutputParser:
-    """A parser that continues where the prompt left off (inside `<think>` or `<tool_call>`, or not)."""
-    parser = OutputParser(parse_tools=parse_tools)
-    if open_block:
-        parser.prime(open_block)
-    return parser
+def text_parts(delta: ChoiceDelta) -> list[Part]:
+    """The delta's parts (a parsed job's), else its text as content."""
+    parts = delta.get("parts")
+    if parts is not None:
+        return parts
+    return [{"type": "content", "text": delta["text"]}] if delta["text"] else []
+
+
+class JoinedParts:
+    """A choice's parts (protocol.Part, split by the worker's parser) joined into what a whole message holds."""
+
+    def __init__(self) -> None:
+        self.reasoning = ""
+        self.content = ""
+        self.calls: dict[int, dict] = {}  # by index: {"id", "type", "function": {"name", "arguments"}}
+
+    def add(self, parts: list[Part]) -> None:
+        for part in parts:
+            kind = part["type"]
+            if kind == "content":
+                self.content += part["text"]
+            elif kind == "reasoning":
+                self.reasoning += part["text"]
+            elif kind == "tool_call":
+                self.calls[part["index"]] = {"id": part["id"], "type": "function",
+                                             "function": {"name": part["name"], "arguments": ""}}
+            elif kind == "arguments" and part["index"] in self.calls:
+                self.calls[part["index"]]["function"]["arguments"] += part["text"]
+
+    def tool_calls(self) -> list[dict]:
+        return [self.calls[index] for index in sorted(self.calls)]
 
 
 def chat_logprobs(logprobs: Logprobs | None, top_n: int) -> list[dict]:

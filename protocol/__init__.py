@@ -65,6 +65,7 @@ from protocol.jobs import (  # noqa: F401
     PromptLogprob,
     Word,
     ChoiceDelta,
+    Part,
     Usage,
     DeltaMessage,
     DoneMessage,

@@ -30,6 +30,8 @@ class ModelSettings(TypedDict):
     device: str
     chat_template: str
     generation_defaults: dict[str, Any]
+    tool_parser: NotRequired[str]  # "": what the model's files say (protocol.output_formats)
+    reasoning_parser: NotRequired[str]
 
 
 class ControlMessage(TypedDict):

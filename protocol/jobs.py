@@ -143,7 +143,6 @@ class Started(TypedDict):
     prompt_tokens: list[int]  # per prompt
     prompt_token_ids: list[list[int]]
     max_model_len: int
-    open_blocks: list[str]  # per dict prompt: the unclosed "<think>…"/"<tool_call>…" it ends in, or ""
     audio_seconds: NotRequired[float]  # an AudioPrompt's length
     window_seconds: NotRequired[int]  # an AudioPrompt is transcribed in windows this long
     language: NotRequired[str]  # an AudioPrompt's language, named ("english"): asked for or detected
@@ -184,6 +183,18 @@ class Word(TypedDict):
     end: float
 
 
+class Part(TypedDict):
+    """One piece of a chat answer as its family's parser split it (workers/engine/parsing), in order:
+    "content" / "reasoning" text, a "tool_call" opening (its `index` among the answer's calls, `id`,
+    `name`), then its "arguments" fragments (`index`, `text`; joined, the arguments' JSON)."""
+
+    type: Literal["content", "reasoning", "tool_call", "arguments"]
+    text: NotRequired[str]
+    index: NotRequired[int]
+    id: NotRequired[str]
+    name: NotRequired[str]
+
+
 class ChoiceDelta(TypedDict):
     """What one choice produced in one step."""
 
@@ -192,6 +203,7 @@ class ChoiceDelta(TypedDict):
     token_ids: list[int]
     logprobs: Logprobs | None
     finish_reason: str | None
+    parts: NotRequired[list[Part]]  # a parsed (chat) job's: its text split by the model's format
     words: NotRequired[list[Word]]  # a transcription window's, where an AudioPrompt asked for word_timestamps
     prompt_logprobs: NotRequired[list[PromptLogprob]]  # on a choice's first delta, when the job asked
     embedding: NotRequired[list[float]]  # an EmbeddingPrompt's vector

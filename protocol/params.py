@@ -9,7 +9,8 @@ class Structured(TypedDict):
     """A grammar a job's output must match; `type` says which one key holds it.
 
     json_schema: `schema` (json_object is {"type": "object"}); regex: `pattern`; choice: `choices`;
-    grammar: `grammar` (Lark or GBNF); tool_call: `tools` [{"name", "parameters"}] (one call of one).
+    grammar: `grammar` (Lark or GBNF); tool_call: `tools` [{"name", "parameters"}] (one call of one, or
+    `many`: one or more), which the worker writes in the model's own tool-call syntax (`syntax`).
     """
 
     type: Literal["json_schema", "regex", "choice", "grammar", "tool_call"]
@@ -18,6 +19,8 @@ class Structured(TypedDict):
     choices: NotRequired[list[str]]
     grammar: NotRequired[str]
     tools: NotRequired[list[dict[str, Any]]]
+    many: NotRequired[bool]
+    syntax: NotRequired[str]
 
 
 @dataclass
@@ -45,6 +48,12 @@ class JobParams:
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # True, False or "never", as Hugging Face's
     structured: Structured | None = None  # a grammar the output must match (workers.engine.grammars)
+    # Chat and Responses: the answer split into reasoning, content and tool calls as the model's family
+    # writes them (ChoiceDelta.parts; workers/engine/parsing), tool calls read when `parse_tools`.
+    parse_output: bool = False
+    parse_tools: bool = False
+    parallel_tool_calls: bool = True  # False: an answer's first call only
+    ban_tool_calls: bool = False  # tool_choice "none": the family's tool-call markers are never generated
     logit_bias: dict[str, float] | None = None  # {token id (str): bias}
     seed: int | None = None
     n: int = 1

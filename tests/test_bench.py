@@ -106,3 +106,11 @@ def test_engine_scenario_reports_the_engine_against_raw_and_the_floor(hf_cache, 
     families = run_scenario(hf_cache, tmp_path / "families", "--scenario", "engine", "--families")
     assert [row["cache"] for row in families["rows"]] == ["full attention", "full (MLA)"]
     assert all(row["engine_tokens_per_s"] > 0 and row["raw_tokens_per_s"] > 0 for row in families["rows"])
+
+
+def test_parsing_scenario_reports_each_familys_share_of_the_stream(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "parsing")
+    assert report["stream_cpu_us_per_token"] > 0 and all(s["chunks"] > 1 for s in report["streams"])
+    assert {"hermes", "mistral", "openai", "response_template"} <= set(report["families"])
+    for family, row in report["families"].items():
+        assert row["calls"] == 1 and row["us_per_token"] > 0 and row["share_of_stream_cpu"] > 0, family

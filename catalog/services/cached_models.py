@@ -42,7 +42,7 @@ def scan_cache(cache_dir: str | Path | None = None) -> ScanResult:
             values = dict(
                 revision=entry.revision, revisions=list(entry.revisions), size_on_disk=entry.size_on_disk,
                 architectures=list(entry.architectures), is_causal_lm=entry.is_causal_lm,
-                modalities=list(entry.modalities),
+                modalities=list(entry.modalities), detected_parsers=dict(entry.parsers),
                 last_modified=datetime.fromtimestamp(entry.last_modified, tz=dt_timezone.utc),
                 last_scanned=now, gone=False,
             )

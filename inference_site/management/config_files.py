@@ -24,6 +24,7 @@ GENERATION_KEYS: dict[str, Any] = {
 MODEL_KEYS: dict[str, Any] = {
     "name": str, "preload": bool, "dtype": str, "device": str, "chat_template": str,
     "stop": list, "generation_defaults": GENERATION_KEYS, "idle_timeout": int, "aliases": list,
+    "tool_parser": str, "reasoning_parser": str,
 }
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,

@@ -14,7 +14,7 @@ from .conversation import ConversationSerializer, MessagesField
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ChatOpenAIParamsSerializer, legacy_functions, thinking_kwargs, usage_tags
 from .sampling import SamplingParamsSerializer
-from .structured import ResponseFormatField, StructuredOutputsField, constrain, output_grammar
+from .structured import ResponseFormatField, StructuredOutputsField, output_grammar, parsed_answer
 
 
 def requested_max_tokens(data: dict) -> int | None:
@@ -99,11 +99,6 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Ch
             if name not in {tool["function"]["name"] for tool in tools}:
                 raise invalid("tool_choice", f"tool_choice names function {name!r}, which is not in tools.")
 
-    @property
-    def parse_tools(self) -> bool:
-        data = self.validated_data
-        return bool(data.get("tools")) and data.get("tool_choice") != "none"
-
     def job_prompts(self) -> list[str | Conversation]:
         """The job's one prompt: raw text as sent, or the conversation for the worker's template."""
         data = self.validated_data
@@ -124,4 +119,4 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Ch
         data = self.validated_data
         params = to_job_params(data, max_tokens=requested_max_tokens(data),
                                logprobs=(data.get("top_logprobs") or 0) if data["logprobs"] else None)
-        return constrain(params, data, data.get("tools") or [])
+        return parsed_answer(params, data, data.get("tools") or [])

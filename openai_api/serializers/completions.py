@@ -95,7 +95,7 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
         max_tokens = data.get("max_tokens")
         params = to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
-        return constrain(params, data, [])
+        return constrain(params, data)
 
     def usage_tags(self) -> dict:
         return usage_tags(self.validated_data)

@@ -14,7 +14,7 @@ from .conversation import TemplateKwargsField, clean_message, clean_tool
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ResponsesOpenAIParamsSerializer, thinking_kwargs, usage_tags
 from .sampling import SamplingParamsSerializer
-from .structured import ResponseFormatField, constrain, output_grammar
+from .structured import ResponseFormatField, output_grammar, parsed_answer
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 
@@ -155,10 +155,6 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
             return
         raise invalid("tool_choice", 'tool_choice must be "none", "auto", "required" or {"type": "function", "name"}.')
 
-    @property
-    def parse_tools(self) -> bool:
-        return bool(self.validated_data["chat_tools"]) and self.validated_data.get("tool_choice") != "none"
-
     def continue_from(self, prior_items: list[dict]) -> None:
         """Put the stored turns (previous input and output items) before this request's input."""
         data = self.validated_data
@@ -189,7 +185,7 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
     def job_params(self) -> JobParams:
         data = self.validated_data
         params = to_job_params(data, max_tokens=data.get("max_output_tokens"), logprobs=self.logprobs)
-        return constrain(params, data, data["chat_tools"])
+        return parsed_answer(params, data, data["chat_tools"])
 
     def usage_tags(self) -> dict:
         return usage_tags(self.validated_data)

@@ -2,8 +2,8 @@
 
 Chat's `response_format`, Responses' `text.format`, vLLM's `structured_outputs` (json, regex,
 choice, grammar) and a forcing `tool_choice` ("required" or a named function) all end up as
-`JobParams.structured`, which the worker compiles and enforces; `tool_choice: "none"` bans the
-tool-call tag instead. Only one of them may constrain a request. Schemas are bounded here
+`JobParams.structured`, which the worker compiles and enforces (a forced call in the model's own
+tool-call syntax); `tool_choice: "none"` bans the model's tool-call markers instead. Only one of them may constrain a request. Schemas are bounded here
 (size, nesting) so a hostile one is a 400 before any worker sees it; what the grammar backend
 cannot handle is a 400 from the worker that names the part.
 """
@@ -16,7 +16,6 @@ from rest_framework import serializers
 
 from protocol import JobParams, Structured
 
-TOOL_CALL_TAG = "<tool_call>"
 STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar")
 MAX_PATTERN_CHARS = 4096
 MAX_GRAMMAR_CHARS = 64 * 1024
@@ -112,8 +111,9 @@ class StructuredOutputsField(serializers.Field):
         return value
 
 
-def forced_tool_call(tool_choice, tools: list[dict], context: dict) -> Structured | None:
-    """tool_choice "required" or a named function: one call, of those tools, with valid arguments."""
+def forced_tool_call(tool_choice, tools: list[dict], context: dict, parallel: bool = False) -> Structured | None:
+    """tool_choice "required" (one call; one or more when parallel_tool_calls is sent true, as vLLM's) or a
+    named function (one call of it), with valid arguments."""
     if tool_choice == "required":
         chosen = [tool["function"] for tool in tools]
     elif isinstance(tool_choice, dict):
@@ -121,7 +121,7 @@ def forced_tool_call(tool_choice, tools: list[dict], context: dict) -> Structure
         chosen = [tool["function"] for tool in tools if tool["function"]["name"] == name]
     else:
         return None
-    return {"type": "tool_call", "tools": [
+    return {"type": "tool_call", "many": tool_choice == "required" and parallel, "tools": [
         {"name": function["name"], "parameters": check_schema(function.get("parameters") or {"type": "object"},
                                                               f"tools[{function['name']}].parameters", context)}
         for function in chosen]}
@@ -140,7 +140,8 @@ def output_grammar(attrs: dict, tools: list[dict], context: dict) -> Structured 
     candidates = {
         "response_format": response_format_grammar(attrs.get("response_format")),
         "structured_outputs": attrs.get("structured_outputs"),
-        "tool_choice": forced_tool_call(attrs.get("tool_choice"), tools, context) if tools else None,
+        "tool_choice": forced_tool_call(attrs.get("tool_choice"), tools, context,
+                                        attrs.get("parallel_tool_calls") is True) if tools else None,
     }
     given = [name for name, grammar in candidates.items() if grammar is not None]
     if len(given) > 1:
@@ -148,9 +149,18 @@ def output_grammar(attrs: dict, tools: list[dict], context: dict) -> Structured 
     return candidates[given[0]] if given else None
 
 
-def constrain(params: JobParams, data: dict, tools: list[dict]) -> JobParams:
-    """Put the validated grammar into the job; tool_choice "none" bans the tool-call tag."""
+def constrain(params: JobParams, data: dict) -> JobParams:
+    """Put the validated grammar into the job."""
     params.structured = data.get("structured")
-    if data.get("tool_choice") == "none" and tools:
-        params.bad_words = [*params.bad_words, TOOL_CALL_TAG]
+    return params
+
+
+def parsed_answer(params: JobParams, data: dict, tools: list[dict]) -> JobParams:
+    """A chat answer's grammar and parsing (chat and Responses): its reasoning split off, its tool calls read
+    when tools are given and tool_choice is not "none" (which bans the model's call markers instead)."""
+    params = constrain(params, data)
+    params.parse_output = True
+    params.parse_tools = bool(tools) and data.get("tool_choice") != "none"
+    params.ban_tool_calls = bool(tools) and data.get("tool_choice") == "none"
+    params.parallel_tool_calls = data.get("parallel_tool_calls") is not False
     return params

@@ -35,16 +35,11 @@ FALLBACK_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# Blocks a prompt may leave open for the model to continue (templates that open <think>, or a
-# prefilled assistant turn with continue_final_message).
-OPEN_BLOCKS = (("<think>", "</think>"), ("<tool_call>", "</tool_call>"))
-
 
 @dataclass(frozen=True)
 class RenderedPrompt:
     ids: list[int]
-    text: str
-    open_block: str  # the prompt's unclosed trailing block ("<think>\n…"), or "": the web side's parser starts there
+    text: str  # the rendered text: a parsed answer's parser starts where it leaves off (workers/engine/parsing)
     media_inputs: dict | None = None  # the processor's tensors beside the ids (pixel_values, …) for media prompts
 
 
@@ -83,16 +78,6 @@ def server_template_kwargs(templates: TemplateSettings) -> dict:
     return kwargs
 
 
-def open_block(text: str) -> str:
-    """The unclosed `<think>…` or `<tool_call>…` the text ends in, from its tag on; "" when none."""
-    start = -1
-    for opening, closing in OPEN_BLOCKS:
-        opened = text.rfind(opening)
-        if opened > start and text.rfind(closing) < opened:
-            start = opened
-    return text[start:] if start >= 0 else ""
-
-
 def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conversation,
                         templates: TemplateSettings, default_template: str | None = None) -> RenderedPrompt:
     """Render a conversation with the chosen template and tokenize it; bad input is a JobError 400.
@@ -123,7 +108,7 @@ def render_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conver
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise JobError(400, "The rendered conversation is empty.", "messages", "empty_prompt")
-    return RenderedPrompt(ids, text, open_block(text))
+    return RenderedPrompt(ids, text)
 
 
 def render_fitting(tokenizer: PreTrainedTokenizerBase, conversation: Conversation, templates: TemplateSettings,
@@ -151,9 +136,9 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Conversation | Tex
         ids = list(prompt["token_ids"])
         if any(not isinstance(t, int) or not 0 <= t < len(tokenizer) for t in ids):
             raise JobError(400, f"Token ids must be in [0, {len(tokenizer)}).", "tokens", "invalid_token_id")
-        return RenderedPrompt(ids, "", "")
+        return RenderedPrompt(ids, "")
     text = prompt.get("text")
     if not isinstance(text, str):
         raise JobError(400, "A prompt object needs `messages` or `text`.", "prompt", "invalid_prompt")
     ids = list(tokenizer(text, add_special_tokens=bool(prompt.get("add_special_tokens", True)))["input_ids"])
-    return RenderedPrompt(ids, text, "")
+    return RenderedPrompt(ids, text)

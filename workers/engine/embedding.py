@@ -81,7 +81,7 @@ class PooledJob:
     def started_message(self) -> Started:
         return {"type": protocol.STARTED, "model": self.model.model_id,
                 "prompt_tokens": [len(ids) for ids in self.inputs], "prompt_token_ids": [[] for _ in self.inputs],
-                "max_model_len": self.model.max_model_len, "open_blocks": ["" for _ in self.inputs]}
+                "max_model_len": self.model.max_model_len}
 
     def usage(self) -> Usage:
         return {"prompt_tokens": sum(len(ids) for ids in self.inputs), "completion_tokens": 0}

@@ -11,7 +11,8 @@ A job's `structured` parameter (protocol) is one of
     {"type": "regex", "pattern": str}
     {"type": "choice", "choices": [str, ...]}
     {"type": "grammar", "grammar": str}            (Lark or GBNF)
-    {"type": "tool_call", "tools": [{"name", "parameters"}]}   (one <tool_call> of one of them)
+    {"type": "tool_call", "tools": [{"name", "parameters"}], "many"?, "syntax"}
+                                                   (calls in the model's syntax: parsing/tool_grammars.py)
 """
 from __future__ import annotations
 
@@ -28,12 +29,10 @@ import llguidance.hf
 from transformers import PreTrainedTokenizerBase
 
 from protocol import ErrorMessage, Structured, error_message
+from workers.engine.parsing.tool_grammars import JSON_OPTIONS, tool_call_grammar
 
 logger = logging.getLogger(__name__)
 
-# Compact JSON: a random or weak model cannot wander in whitespace until max_tokens.
-JSON_OPTIONS = {"whitespace_flexible": False}
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 PARAM_BY_TYPE = {"json_schema": "response_format", "regex": "structured_outputs", "choice": "structured_outputs",
                  "grammar": "structured_outputs", "tool_call": "tool_choice"}
 
@@ -44,24 +43,6 @@ class GrammarError(Exception):
     def __init__(self, message: str, param: str | None = None, code: str = "invalid_grammar") -> None:
         super().__init__(message)
         self.message, self.param, self.code = message, param, code
-
-
-def _tool_call_schema(tools: list[dict]) -> dict:
-    """A Hermes/Qwen tool-call body: {"name": one of the tools, "arguments": that tool's parameters}."""
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": tool["name"]},
-                               "arguments": tool.get("parameters") or {"type": "object"}}}
-               for tool in tools]
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return {**schema, "x-guidance": JSON_OPTIONS}
-
-
-def _literal(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
-    """A Lark terminal for `text`: its token when the tokenizer has it as one added token (Qwen's tags)."""
-    token_id = tokenizer.convert_tokens_to_ids(text)
-    if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and text in tokenizer.get_added_vocab():
-        return f"<[{token_id}]>"
-    return json.dumps(text)
 
 
 def grammar_text(spec: dict, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -76,10 +57,7 @@ def grammar_text(spec: dict, tokenizer: PreTrainedTokenizerBase) -> str:
     if kind == "grammar":
         return llguidance.grammar_from("grammar", spec["grammar"])
     if kind == "tool_call":
-        schema = json.dumps(_tool_call_schema(spec["tools"]))
-        lark = (f'start: {_literal(tokenizer, TOOL_OPEN)} "\\n" body "\\n" {_literal(tokenizer, TOOL_CLOSE)}\n'
-                f'body: %json {schema}')
-        return llguidance.LLMatcher.grammar_from_lark(lark)
+        return llguidance.LLMatcher.grammar_from_lark(tool_call_grammar(spec, tokenizer))
     raise GrammarError(f"Unknown structured output type {kind!r}.", "structured_outputs")
 
 

@@ -119,4 +119,4 @@ def render_media_conversation(loaded, prompt: dict, templates: TemplateSettings)
         raise JobError(400, f"The model's processor could not take this input: {exc}", "messages",
                        "invalid_media") from None
     extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
-    return RenderedPrompt(inputs["input_ids"][0].tolist(), rendered.text, rendered.open_block, extra)
+    return RenderedPrompt(inputs["input_ids"][0].tolist(), rendered.text, extra)

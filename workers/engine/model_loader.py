@@ -80,6 +80,7 @@ class LoadedModel:
     adapter: str | None = None  # a LoRA adapter's peft name (workers.engine.adapters); its modules are its base's
     base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
+    output_format: Any = None  # workers.engine.parsing.OutputFormat: how its answers are parsed (set by the manager)
 
     @property
     def modalities(self) -> tuple[str, ...]:

@@ -19,6 +19,8 @@ import protocol
 from workers.engine.errors import MemoryBudgetError, ModelBusyError, ModelLoadError
 from workers.engine import adapters
 from workers.engine.model_loader import LoadedModel, Progress, estimate_bytes, load_model
+from workers.engine.parsing import OutputFormat, output_format
+from workers.engine.parsing.factory import model_type_of
 from protocol import ModelRef
 from workers.engine.runner import ModelRunner
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
@@ -104,6 +106,19 @@ class ModelManager:
         loaded.generation_defaults = {**file_defaults, **extra}
         loaded.default_stop = list((own.get("generation_defaults") or {}).get("stop") or [])
         loaded.tokenizer.chat_template = own.get("chat_template") or file_template
+        if loaded.kind in ("causal", "image_text", "audio_text"):
+            loaded.output_format = self._output_format(loaded, own)
+
+    @staticmethod
+    def _output_format(loaded: LoadedModel, own: dict) -> OutputFormat:
+        """Its parsers: the catalog's overrides over what its files say (an unknown name is logged, not used)."""
+        model_type = model_type_of(loaded.model)
+        try:
+            return output_format(loaded.tokenizer, model_type, own.get("tool_parser") or "",
+                                 own.get("reasoning_parser") or "")
+        except ValueError as exc:
+            logger.warning("%s: %s; using the parsers its files point to", loaded.model_id, exc)
+            return output_format(loaded.tokenizer, model_type)
 
     def idle_timeout(self, name: str) -> float:
         value = self._settings(self.models[name].model_id).get("idle_timeout")

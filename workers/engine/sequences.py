@@ -17,6 +17,9 @@ from workers.engine.constraints import Constraint
 from workers.engine.detokenizer import IncrementalText
 from workers.engine.errors import JobError
 from workers.engine.model_loader import LoadedModel
+from workers.engine.parsing import make_parser
+from workers.engine.parsing.factory import open_reasoning
+from workers.engine.parsing.tool_grammars import banned_markers, in_family_syntax
 from workers.engine.prompt_scoring import PromptScorer
 from workers.engine.sampling import Sampler, SamplingParams, TokenChoice
 from workers.engine.token_text import TokenIdText, TokenText, settled_length
@@ -46,7 +49,7 @@ class Sequence:
     """One choice being generated: its tokens, its sampler, its text, its model state."""
 
     def __init__(self, request: "GenerationJob", index: int, prompt_index: int, prompt_ids: list[int], echo_text: str,
-                 sampler: Sampler, max_tokens: int, stop: list[str], suffix: str | None) -> None:
+                 sampler: Sampler, max_tokens: int, stop: list[str], suffix: str | None, parser=None) -> None:
         self.request = request
         self.index = index
         self.prompt_index = prompt_index  # choices of one prompt share its prefill
@@ -58,9 +61,16 @@ class Sequence:
         params = request.params
         self.stop_token_ids = set(params.stop_token_ids)
         self.include_stop = params.include_stop_str_in_output
+        # A parsed answer (workers/engine/parsing) keeps the special tokens its family's markers are.
+        self.parser = parser
+        keep_special = parser is not None and request.model.output_format.keep_special_tokens
         self.text = IncrementalText(request.model.tokenizer, stop, params.include_stop_str_in_output,
-                                    params.skip_special_tokens, params.spaces_between_special_tokens)
+                                    params.skip_special_tokens and not keep_special,
+                                    params.spaces_between_special_tokens)
         self.completion_ids: list[int] = []
+        # Decoded with special tokens for its parser: the ones that are no marker of it stay out of the text.
+        self.hidden_ids = request.model.output_format.hidden_ids if keep_special and params.skip_special_tokens else None
+        self.text_ids: list[int] = [] if self.hidden_ids else self.completion_ids
         self.state = None  # the runner's per-sequence model state (KV cache)
         self.media_inputs: dict | None = None  # processor tensors the prompt's prefill takes (pixel_values, …)
         self.finish_reason: str | None = None
@@ -148,8 +158,11 @@ class Sequence:
         params = self.sampler.params
         hit_eos = choice.token_id in self.sampler.eos_token_ids and not params.ignore_eos
         hit_stop_id = choice.token_id in self.stop_token_ids
-        # As vLLM: a stop token's own text is left out unless include_stop_str_in_output.
-        shown = self.completion_ids[:-1] if hit_stop_id and not self.include_stop else self.completion_ids
+        shown_now = self.text_ids is self.completion_ids or choice.token_id not in self.hidden_ids
+        if shown_now and self.text_ids is not self.completion_ids:
+            self.text_ids.append(choice.token_id)
+        # As vLLM: a stop token's (and EOS's) own text is left out unless include_stop_str_in_output.
+        shown = self.text_ids[:-1] if (hit_stop_id or hit_eos) and shown_now and not self.include_stop else self.text_ids
         delta, stopped = self.text.update(shown)
         self.pending_text += delta
         if self.constraint is not None and not hit_eos and not self.constraint.consume(choice.token_id):
@@ -172,6 +185,18 @@ class Sequence:
         self.finish_reason = reason
         self.state = None
 
+    def _parts(self) -> list[protocol.Part]:
+        """The pending text split by the family's parser; should the parser fail, the text is content (and the
+        rest of the answer goes unparsed: the web side reads a delta without parts as content)."""
+        try:
+            parts = self.parser.feed(self.pending_text, self.pending_ids)
+            return parts + self.parser.finish() if self.finished else parts
+        except Exception:
+            logger.exception("%s choice %d: the output parser failed; the rest of the answer is content",
+                             self.request.request_id, self.index)
+            self.parser = None
+            return [{"type": "content", "text": self.pending_text}] if self.pending_text else []
+
     def take_delta(self) -> ChoiceDelta | None:
         """What the client has not seen yet, as a protocol ChoiceDelta (None when nothing new)."""
         if self.sent_final:
@@ -188,6 +213,8 @@ class Sequence:
         }
         if self.scored_prompt is not None:
             delta["prompt_logprobs"], self.scored_prompt = self.scored_prompt, None
+        if self.parser is not None:
+            delta["parts"] = self._parts()
         self.pending_text, self.pending_ids = "", []
         if self.pending_logprobs is not None:
             self.pending_logprobs = PendingLogprobs()
@@ -222,13 +249,18 @@ class GenerationJob:
             raise JobError(400, f"The model `{model.model_id}` is a cross-encoder (it scores text pairs): send its "
                            "pairs to /v1/score or /v1/rerank.", "model", "unsupported_model")
         self.media_inputs: list[dict | None] = []  # per prompt
+        self.prompt_texts: list[str] = []  # per prompt: a rendered conversation's text, for its parser ("" otherwise)
         self.prompt_ids = [self._truncate(self._tokenize(prompt, templates, params.max_tokens), index)
                            for index, prompt in enumerate(job["prompts"])]
         max_tokens = self._max_tokens(params.max_tokens)
         self._check_limits(max_tokens, params)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
         sampling.bad_words_ids += self._bad_words_ids(params.bad_words)
+        sampling.bad_words_ids += self._bad_words_ids(banned_markers(model.output_format) if params.ban_tool_calls else [])
         self.structured: Structured | None = params.structured
+        if self.structured and self.structured["type"] == "tool_call":  # written in the model's own syntax
+            self.structured = in_family_syntax(self.structured, model.output_format, open_reasoning(
+                model.output_format, self.prompt_texts[0]) if self.prompt_texts else None)
         num_beams = params.num_beams
         self.beam: dict | None = None  # beam search settings; None for the continuous batch
         if num_beams > 1:
@@ -248,12 +280,18 @@ class GenerationJob:
             for sample in range(n):
                 sampler = Sampler(prompt_sampling, model.eos_token_ids, model.device, seed_offset=sample)
                 seq = Sequence(self, prompt_index * n + sample, prompt_index, ids, echo_text, sampler, max_tokens,
-                               params.stop or model.default_stop, params.suffix)
+                               params.stop or model.default_stop, params.suffix, self._parser(prompt_index, prompt))
                 seq.media_inputs = self.media_inputs[prompt_index]
                 self.sequences.append(seq)
 
-    # One per dict prompt, in order: the unclosed <think>/<tool_call> block its rendered text ends in.
-    open_blocks: tuple[str, ...] = ()
+    def _parser(self, prompt_index: int, prompt: Prompt):
+        """A conversation's answer, parsed as the model's family writes it (chat and Responses ask)."""
+        params, fmt = self.params, self.model.output_format
+        if not params.parse_output or fmt is None or not isinstance(prompt, (dict, str)):
+            return None
+        tools = prompt.get("tools") if isinstance(prompt, dict) else None
+        return make_parser(fmt, self.prompt_texts[prompt_index], tools, params.parse_tools,
+                           None if params.parallel_tool_calls else 1)
 
     def _truncate(self, ids: list[int], index: int) -> list[int]:
         """vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (-1: the model's context)."""
@@ -277,10 +315,11 @@ class GenerationJob:
                 rendered = render_fitting(self.model.tokenizer, prompt, templates, budget)
             else:
                 rendered = render_prompt(self.model.tokenizer, prompt, templates)
-            self.open_blocks = (*self.open_blocks, rendered.open_block)
+            self.prompt_texts.append(rendered.text)
             self.media_inputs.append(rendered.media_inputs)
             return rendered.ids
         self.media_inputs.append(None)
+        self.prompt_texts.append(prompt if isinstance(prompt, str) else "")
         if isinstance(prompt, str):
             return list(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         vocab = self.model.vocab_size
@@ -368,7 +407,7 @@ class GenerationJob:
     def started_message(self) -> Started:
         return {"type": protocol.STARTED, "model": self.model.model_id,
                 "prompt_tokens": [len(ids) for ids in self.prompt_ids], "prompt_token_ids": self.prompt_ids,
-                "max_model_len": self.model.max_model_len, "open_blocks": list(self.open_blocks)}
+                "max_model_len": self.model.max_model_len}
 
     def usage(self) -> Usage:
         return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),

@@ -135,7 +135,7 @@ class Transcription:
 
     def started_message(self) -> Started:
         return {"type": protocol.STARTED, "model": self.model.model_id, "prompt_tokens": [0], "prompt_token_ids": [[]],
-                "max_model_len": self.model.max_model_len, "open_blocks": [""], "audio_seconds": self.seconds,
+                "max_model_len": self.model.max_model_len, "audio_seconds": self.seconds,
                 "window_seconds": self.model.processor.feature_extractor.chunk_length, "language": self.language}
 
     def usage(self) -> Usage:

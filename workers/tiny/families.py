@@ -110,9 +110,10 @@ def build_tiny_families(families: list[str], cache_dir: str | os.PathLike | None
 
 
 def build_tiny_family(family: str, repo_id: str | None = None, cache_dir: str | os.PathLike | None = None,
-                      seed: int = 0, tokenizer=None) -> Path:
+                      seed: int = 0, tokenizer=None, eos_token_ids: list[int] | None = None) -> Path:
     """Build the family's tiny model with the project's tokenizer into the cache as `repo_id`
-    (default `local/tiny-<family>`); returns its snapshot directory. Deterministic for a seed."""
+    (default `local/tiny-<family>`); returns its snapshot directory. Deterministic for a seed.
+    `eos_token_ids`: the generation config's end-of-turn tokens (default: the tokenizer's EOS)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -128,6 +129,7 @@ def build_tiny_family(family: str, repo_id: str | None = None, cache_dir: str | 
     if output is not None and not config.tie_word_embeddings:
         with torch.no_grad():
             output.weight.mul_(SIZES["tiny"]["lm_head_scale"])
-    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
+                                               eos_token_id=eos_token_ids or config.eos_token_id,
                                                pad_token_id=config.pad_token_id)
     return _save_and_install(model, tokenizer, cache_dir, repo_id or f"local/tiny-{family}")
