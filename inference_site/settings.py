@@ -265,6 +265,8 @@ INFERENCE = {
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
     # SDPA's cuDNN backend on CUDA (off: flash / memory-efficient kernels; see workers/engine/model_loader.py).
     "CUDNN_ATTENTION": env_bool("INFERENCE_CUDNN_ATTENTION", False),
+    "STATIC_DECODE": os.environ.get("INFERENCE_STATIC_DECODE", "auto"),
+    "CUDA_GRAPHS": env_bool("INFERENCE_CUDA_GRAPHS", True),
     # Continuous batching: sequences decoded together, requests that may wait beyond them
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
     # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/prefill_pacing.py).

@@ -52,6 +52,8 @@ class EngineConfig:
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
     embedding_batch: int = 32  # embedding inputs per batched forward, one forward per engine step
     stream_interval: int = 1  # new tokens a stream gathers before its next message (1: every token as it comes)
+    static_decode: str = "auto"  # decode steps as one static program: "on", "off", "auto" (on with CUDA)
+    cuda_graphs: bool = True  # static steps captured into CUDA graphs, one per bucket of rows (CUDA only)
     templates: TemplateSettings = field(default_factory=TemplateSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
 
@@ -65,6 +67,8 @@ class EngineConfig:
         fitted = self if self.max_num_seqs > 0 else replace(self, max_num_seqs=256 if gpu else 32)
         if fitted.prefill_chunk <= 0:
             fitted = replace(fitted, prefill_chunk=PREFILL_CHUNK_GPU if gpu else PREFILL_CHUNK_CPU)
+        if fitted.static_decode not in ("on", "off"):
+            fitted = replace(fitted, static_decode="on" if gpu else "off")
         if fitted.batch_rows_beside_interactive < 0:
             fitted = replace(fitted, batch_rows_beside_interactive=fitted.max_num_seqs if gpu
                              else BATCH_ROWS_BESIDE_INTERACTIVE_CPU)
@@ -86,6 +90,7 @@ class EngineConfig:
             prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
             embedding_batch=inference.get("EMBEDDING_BATCH", 32),
             stream_interval=max(1, inference.get("STREAM_INTERVAL", 1)),
+            static_decode=inference.get("STATIC_DECODE", "auto"), cuda_graphs=inference.get("CUDA_GRAPHS", True),
             max_faults=inference.get("ENGINE_MAX_FAULTS", 5), stall_seconds=inference.get("ENGINE_STALL_SECONDS", 60.0),
             templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
                                        kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",

@@ -36,6 +36,7 @@ from workers.engine.model_control import ModelControl
 from workers.engine.metrics import EngineMetrics
 from workers.engine.model_loader import resolve_device, set_attention_backends
 from workers.engine.model_manager import ModelManager
+from workers.engine.runner import RunnerSettings
 from protocol import ModelRef
 from workers.engine.scheduler import Scheduler
 from workers.engine.sequences import GenerationJob
@@ -66,9 +67,10 @@ class Engine:
         self.config = config = config.fitted(device.type)
         self.max_num_seqs = config.max_num_seqs
         self.metrics = EngineMetrics()
-        self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
-                                    config.memory_budget_bytes, _both_callbacks(EngineMetrics.model_loaded, on_model_event),
-                                    prefix_cache_bytes=config.prefix_cache_bytes, max_rows=config.max_num_seqs)
+        self.manager = ModelManager(config.device, config.dtype, config.model_timeout, config.memory_budget_bytes,
+                                    _both_callbacks(EngineMetrics.model_loaded, on_model_event),
+                                    RunnerSettings(config.prefill_chunk, config.prefix_cache_bytes, config.max_num_seqs,
+                                                   config.static_decode == "on", config.cuda_graphs))
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self.loader = Loader(self.manager, self._wake)

@@ -22,7 +22,7 @@ from workers.engine.model_loader import LoadedModel, Progress, estimate_bytes, l
 from workers.engine.parsing import OutputFormat, output_format
 from workers.engine.parsing.factory import model_type_of
 from protocol import ModelRef
-from workers.engine.runner import ModelRunner
+from workers.engine.runner import ModelRunner, RunnerSettings
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -61,14 +61,11 @@ class LoadPlan:
 
 
 class ModelManager:
-    def __init__(self, device: str, dtype: str, prefill_chunk: int, default_timeout: float,
-                 budget_bytes: int | None, on_event: OnEvent | None = None, prefix_cache_bytes: int = 0,
-                 max_rows: int = 32) -> None:
+    def __init__(self, device: str, dtype: str, default_timeout: float, budget_bytes: int | None,
+                 on_event: OnEvent | None = None, runner_settings: RunnerSettings = RunnerSettings()) -> None:
         self.device = device
-        self.max_rows = max_rows
         self.dtype = dtype
-        self.prefill_chunk = prefill_chunk
-        self.prefix_cache_bytes = prefix_cache_bytes
+        self.runner_settings = runner_settings
         self.default_timeout = default_timeout
         self.budget_bytes = budget_bytes if budget_bytes and budget_bytes > 0 else None
         self.on_event = on_event or (lambda event: None)
@@ -175,7 +172,7 @@ class ModelManager:
         gc.freeze()
         if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
             # embeddings and cross-encoders: no KV cache; adapters: the base's runner
-            self.runners[plan.name] = ModelRunner(loaded, self.prefill_chunk, self.prefix_cache_bytes, self.max_rows)
+            self.runners[plan.name] = ModelRunner(loaded, self.runner_settings)
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()

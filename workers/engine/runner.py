@@ -11,31 +11,49 @@ kind the batch has no store for decodes row by row.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from workers.engine.adapters import adapter_names
 from workers.engine.lora_batch import dense_lora
 from workers.engine.kv.prefix_cache import PrefixCache
 from workers.engine.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
-from workers.engine.kv.slab import SlabKV
+from workers.engine.kv.slab import SlabKV, static_attention
 from workers.engine.kv.specs import SLIDING, STATE, cache_spec
 from workers.engine.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
+from workers.engine.static_decode import StaticDecode
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What every model's runner is told (from the engine's config)."""
+
+    prefill_chunk: int = 256
+    prefix_cache_bytes: int = 0
+    max_rows: int = 32
+    static_decode: bool = False  # decode steps as one static program (workers/engine/static_decode.py)
+    cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
+
+
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, prefill_chunk: int = 256, prefix_cache_bytes: int = 0,
-                 max_rows: int = 32) -> None:
+    def __init__(self, loaded: LoadedModel, settings: RunnerSettings = RunnerSettings()) -> None:
         self.loaded = loaded
-        self.prefill_chunk = max(1, prefill_chunk)
+        self.prefill_chunk = max(1, settings.prefill_chunk)
         self.spec = spec = cache_spec(loaded.model, loaded.device)
-        self.prefix_cache = (PrefixCache(loaded.model.config, prefix_cache_bytes)
-                             if prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
+        self.prefix_cache = (PrefixCache(loaded.model.config, settings.prefix_cache_bytes)
+                             if settings.prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
         # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
-        row_slots = max_rows if loaded.device.type == "cpu" else 4
+        row_slots = settings.max_rows if loaded.device.type == "cpu" else 4
         self.batch = SlabKV(loaded.model.config, spec, loaded.device, row_slots)
+        # LoRA rows pick their adapter per row, which a fixed program over a bucket cannot.
+        self.static: StaticDecode | None = None
+        if settings.static_decode and spec.batchable and loaded.peft is None and static_attention(loaded.model.config):
+            self.batch.zeroed = True
+            self.batch.dtype = loaded.model.dtype
+            self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
         declined = [what for what, served in (("decoding in one batch", spec.batchable),
@@ -58,6 +76,9 @@ class ModelRunner:
             with stacked.rows(names):
                 return self.loaded.model(**inputs)
         return self.loaded.peft(**inputs, adapter_names=names)
+
+    def _static_forward(self, **inputs) -> torch.Tensor:
+        return self.loaded.model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1]
 
     def kv_bytes(self, tokens: int) -> int:
         """Cache bytes of one sequence of `tokens` tokens, over every layer of its kind."""
@@ -230,6 +251,15 @@ class ModelRunner:
         self.batch.clear()
         return rows
 
+    def _decode_over_window(self, last_tokens: list[int]) -> torch.Tensor:
+        """One decode step over the batch's window (its shapes change every step); logits [rows, vocab]."""
+        if self.batch.prepared_mask is None and self.batch.padded:
+            output = self._check_prepared_mask(last_tokens)
+        else:
+            inputs = self.batch.decode_inputs(last_tokens)
+            output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
+        return output.logits[:, -1, :]
+
     def drop_finished(self) -> None:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
         if dead:
@@ -242,14 +272,12 @@ class ModelRunner:
         logits: list[torch.Tensor] = []
         if self.batch_rows:
             last_tokens = [seq.completion_ids[-1] for seq in self.batch_rows]
-            if self.batch.prepared_mask is None and self.batch.padded:
-                output = self._check_prepared_mask(last_tokens)
+            if self.static is not None and self.static.serves(len(self.batch_rows)):
+                logits.append(self.static.step(last_tokens, lambda: self._decode_over_window(last_tokens)))
             else:
-                inputs = self.batch.decode_inputs(last_tokens)
-                output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
+                logits.append(self._decode_over_window(last_tokens))
             self.batch.advance()
             rows.extend(self.batch_rows)
-            logits.append(output.logits[:, -1, :])
         for seq in self.solo_rows:
             position = cached_tokens(seq)
             output = self._forward(

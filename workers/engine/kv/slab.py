@@ -41,6 +41,15 @@ class SlabKV:
         self.start = self.end = 0
         self.cache = DynamicCache(config=config)  # the model's view: its layers are the stores
         self.cache.layers = self.stores
+        # Static steps (workers/engine/static_decode.py): zero-filled buffers, the bucket a step runs (None:
+        # a step over the window), where it writes, and its inputs' persistent tensors per bucket; a
+        # reallocation starts a new generation of buffers (captured steps of the old one are dropped).
+        self.zeroed = False
+        self.bucket: int | None = None
+        self.write_column = torch.zeros(1, dtype=torch.long, device=device)
+        self.generation = 0
+        self._static: dict[int, StaticInputs] = {}
+        self.dtype = torch.float32  # the model's (an eager model's prepared masks are additive, of its dtype)
 
     def _store(self, layer):
         if layer.kind == FULL:
@@ -69,6 +78,7 @@ class SlabKV:
     # --- layout --------------------------------------------------------------
     def _reallocate(self, row_slots: int, left_room: int, columns: int) -> None:
         """New buffers; the window moves to start at `left_room` (one copy of it)."""
+        self.generation += 1
         for store in self._live_stores():
             store.reallocate(row_slots, left_room, columns)
         mask = torch.zeros((row_slots, columns), dtype=torch.bool, device=self.device)
@@ -94,6 +104,7 @@ class SlabKV:
                 store.allocate(contents, slots, columns)
         self.mask = torch.zeros((slots, columns), dtype=torch.bool, device=self.device)
         self.allocated = True
+        self.generation += 1
 
     # --- the batch -----------------------------------------------------------
     def add(self, prefilled: list[DynamicCache], lengths: list[int]) -> None:
@@ -189,6 +200,48 @@ class SlabKV:
             inputs["position_ids"] = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
         return inputs
 
+    def static_inputs(self, last_tokens: list[int], bucket: int) -> dict:
+        """Model kwargs for one static decode step over `bucket` rows (the first `rows` real, the rest
+        attending to their own new column) and every column of the buffers: tensors of fixed shapes, the
+        same objects at every step of this bucket and generation of buffers, each kind's mask prepared
+        (transformers builds none). The stores run the bucket until `bucket` is set back to None."""
+        self._ensure(bucket, 0, 1)
+        inputs = self._static.get(bucket)
+        if inputs is None or inputs.generation != self.generation:
+            self._static = {b: i for b, i in self._static.items() if i.generation == self.generation}
+            inputs = self._static[bucket] = StaticInputs(self, bucket)
+        rows, end = self.rows, self.end
+        self.mask[:rows, end] = True
+        lengths = torch.tensor(self.lengths + [0] * (bucket - rows), device=self.device)
+        inputs.ids[:, 0] = torch.tensor(list(last_tokens) + [0] * (bucket - rows), device=self.device)
+        inputs.positions[:, 0] = lengths
+        self.write_column.fill_(end)
+        if inputs.full is not None:
+            columns = torch.arange(self.mask.shape[1], device=self.device)
+            full = self.mask[:bucket] & (columns >= self.start) & (columns <= end)
+            full[rows:] = False
+            full[rows:, end] = True
+            inputs.set_mask(inputs.full, full[:, None, None, :])
+        for store in self.stores:
+            if isinstance(store, SlidingStore):
+                store.prepare_static()
+        for store, mask in zip(inputs.sliding_stores, inputs.sliding):  # one mask: transformers' sliding layers share one
+            inputs.set_mask(mask, store.static_mask(lengths, bucket))
+        self.bucket = bucket
+        return inputs.model_kwargs
+
+    def snapshot_states(self) -> list[torch.Tensor]:
+        """Copies of the recurrent states (a step run twice to compare its two forms must start both from
+        the same states; keys/values are only written, never read-modified, so they need none)."""
+        return [pool.clone() for store in self.stores if isinstance(store, StateStore)
+                for pool in (*store.conv_pool.values(), *store.recurrent_pool.values())]
+
+    def restore_states(self, snapshot: list[torch.Tensor]) -> None:
+        pools = [pool for store in self.stores if isinstance(store, StateStore)
+                 for pool in (*store.conv_pool.values(), *store.recurrent_pool.values())]
+        for pool, saved in zip(pools, snapshot):
+            pool.copy_(saved)
+
     def advance(self) -> None:
         """After a decode step: every row has one more real token cached."""
         self.end += 1
@@ -207,3 +260,46 @@ def attends_with_sdpa(config) -> bool:
     transformers builds it); other implementations want their own masks, built by transformers."""
     configs = [config, config.get_text_config()]
     return all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
+
+
+def static_attention(config) -> bool:
+    """Whether the model attends through an implementation that takes a prepared 4D mask as transformers
+    builds it: SDPA's boolean mask, or eager attention's additive one."""
+    return all(getattr(c, "_attn_implementation", None) in ("sdpa", "eager")
+               for c in (config, config.get_text_config()))
+
+
+class StaticInputs:
+    """A static step's persistent inputs for one bucket of rows and one generation of buffers."""
+
+    def __init__(self, slab: SlabKV, bucket: int) -> None:
+        device, spec = slab.device, slab.spec
+        self.generation = slab.generation
+        self.ids = torch.zeros((bucket, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((bucket, 1), dtype=torch.long, device=device)
+        # SDPA takes a boolean mask; eager attention adds the mask to its scores: 0, or the dtype's lowest.
+        self.additive = slab.config.get_text_config()._attn_implementation == "eager"
+        dtype = slab.dtype if self.additive else torch.bool
+        self.full = (torch.zeros((bucket, 1, 1, slab.mask.shape[1]), dtype=dtype, device=device)
+                     if spec.has(FULL) else None)
+        self.sliding_stores = [store for store in slab.stores if isinstance(store, SlidingStore)][:1]
+        self.sliding = [torch.zeros((bucket, 1, 1, store.capacity), dtype=dtype, device=device)
+                        for store in self.sliding_stores]
+        self.model_kwargs = {"input_ids": self.ids, spec.cache_arg: slab.cache}
+        if spec.takes_positions:
+            self.model_kwargs["position_ids"] = self.positions
+        masks = {"full_attention": self.full, "sliding_attention": self.sliding[0] if self.sliding else None}
+        if self.full is not None and self.sliding:  # both kinds: the mapping the model's layers read by type
+            types = set(getattr(slab.config.get_text_config(), "layer_types", None) or ())
+            self.model_kwargs["attention_mask"] = {
+                **masks, **{name: masks["sliding_attention"] if "sliding" in name or "chunked" in name
+                            else masks["full_attention"] for name in types if "attention" in name and "linear" not in name}}
+        elif self.full is not None or self.sliding:
+            self.model_kwargs["attention_mask"] = self.full if self.full is not None else self.sliding[0]
+
+    def set_mask(self, target: torch.Tensor, shown: torch.Tensor) -> None:
+        """Write a boolean mask (True: attend) into one of the persistent masks, in its form."""
+        if self.additive:
+            target.copy_(torch.where(shown, 0.0, torch.finfo(target.dtype).min))
+        else:
+            target.copy_(shown)

@@ -17,6 +17,12 @@ the same window for every row.
 
 Buffers are allocated empty, never zero-filled: only columns inside a row's window are
 read, and each is written first (a token's keys/values, or zeros for left padding).
+
+In a static step (workers/engine/static_decode.py) every store hands the model its whole
+buffer for a fixed bucket of rows instead of the window, writes at a position held in a
+device tensor, and the slab builds each kind's mask: the same shapes at every step, so a
+step can be captured once and replayed. Its buffers are then zero-filled when allocated
+(columns outside a row's window are read, weighed 0, and must be finite).
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ from workers.engine.kv.rows import RowState
 
 
 class SlabKV(Protocol):
-    """What a store reads of its batch (workers/engine/kv/slab.py): its rows and its columns [start, end)."""
+    """What a store reads of its batch (workers/engine/kv/slab.py): its rows and its columns [start, end),
+    and in a static step the bucket of rows it runs (None: a step over the window) and where it writes."""
 
     @property
     def rows(self) -> int: ...
@@ -39,6 +46,13 @@ class SlabKV(Protocol):
 
     start: int
     end: int
+    bucket: int | None
+    write_column: torch.Tensor  # [1]: `end`, on the device
+    zeroed: bool  # buffers are zero-filled when allocated (static steps read outside the window)
+
+
+def _new(like: torch.Tensor, shape: tuple[int, ...], zeroed: bool) -> torch.Tensor:
+    return like.new_zeros(shape) if zeroed else like.new_empty(shape)
 
 SPARE_WINDOW_COLUMNS = 64  # a sliding store's columns past its window: one shift per this many steps
 
@@ -56,8 +70,9 @@ class FullStore(DynamicLayer):
     # --- the slab's side -----------------------------------------------------
     def allocate(self, contents: tuple[torch.Tensor, torch.Tensor], slots: int, columns: int) -> None:
         keys, values = contents
-        self.key_buffer = keys.new_empty((slots, keys.shape[1], columns, keys.shape[3]))
-        self.value_buffer = values.new_empty((slots, values.shape[1], columns, values.shape[3]))
+        zeroed = self.slab.zeroed
+        self.key_buffer = _new(keys, (slots, keys.shape[1], columns, keys.shape[3]), zeroed)
+        self.value_buffer = _new(values, (slots, values.shape[1], columns, values.shape[3]), zeroed)
 
     def reallocate(self, slots: int, left_room: int, columns: int) -> None:
         """New buffers; the window moves to start at `left_room` (one copy of it)."""
@@ -98,6 +113,11 @@ class FullStore(DynamicLayer):
     # --- the model's side ----------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         slab = self.slab
+        if slab.bucket is not None:  # a static step: every column of a bucket of rows
+            keys, values = self.key_buffer[:slab.bucket], self.value_buffer[:slab.bucket]
+            keys.index_copy_(2, slab.write_column, key_states)
+            values.index_copy_(2, slab.write_column, value_states)
+            return keys, values
         width = key_states.shape[-2]
         self.key_buffer[:slab.rows, :, slab.end:slab.end + width] = key_states
         self.value_buffer[:slab.rows, :, slab.end:slab.end + width] = value_states
@@ -125,6 +145,7 @@ class SlidingStore(DynamicLayer):
         self.local_end = self.keep
         self.key_buffer: torch.Tensor | None = None
         self.value_buffer: torch.Tensor | None = None
+        self.write_index: torch.Tensor | None = None  # [1]: `local_end` on the device, for static steps
         self.is_initialized = True
 
     def visible(self, length: int | None = None) -> int:
@@ -134,8 +155,10 @@ class SlidingStore(DynamicLayer):
     # --- the slab's side -----------------------------------------------------
     def allocate(self, contents: tuple[torch.Tensor, torch.Tensor], slots: int, columns: int = 0) -> None:
         keys, values = contents
-        self.key_buffer = keys.new_empty((slots, keys.shape[1], self.capacity, keys.shape[3]))
-        self.value_buffer = values.new_empty((slots, values.shape[1], self.capacity, values.shape[3]))
+        zeroed = self.slab.zeroed
+        self.key_buffer = _new(keys, (slots, keys.shape[1], self.capacity, keys.shape[3]), zeroed)
+        self.value_buffer = _new(values, (slots, values.shape[1], self.capacity, values.shape[3]), zeroed)
+        self.write_index = torch.zeros(1, dtype=torch.long, device=keys.device)
 
     def reallocate(self, slots: int, left_room: int = 0, columns: int = 0) -> None:
         if slots <= self.key_buffer.shape[0]:
@@ -192,8 +215,26 @@ class SlidingStore(DynamicLayer):
         self.value_buffer[:rows, :, target] = self.value_buffer[:rows, :, source].clone()
         self.local_end = self.keep
 
+    def prepare_static(self) -> None:
+        """Before a static step: room for its column, and where it goes, on the device."""
+        self._shift(1)
+        self.write_index.fill_(self.local_end)
+
+    def static_mask(self, lengths: torch.Tensor, bucket: int) -> torch.Tensor:
+        """[bucket, 1, 1, capacity]: each row's window in this buffer (its last `keep` tokens or fewer, and
+        the step's new one); rows past `lengths` attend to the new column alone."""
+        columns = torch.arange(self.capacity, device=lengths.device)
+        lower = self.local_end - torch.clamp(lengths, max=self.keep)
+        shown = (columns[None, :] >= lower[:, None]) & (columns[None, :] <= self.local_end)
+        return shown[:, None, None, :]
+
     # --- the model's side ----------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.slab.bucket is not None:  # a static step: the whole buffer of a bucket of rows
+            keys, values = self.key_buffer[:self.slab.bucket], self.value_buffer[:self.slab.bucket]
+            keys.index_copy_(2, self.write_index, key_states)
+            values.index_copy_(2, self.write_index, value_states)
+            return keys, values
         width = key_states.shape[-2]
         self._shift(width)
         rows, end = self.slab.rows, self.local_end
@@ -224,8 +265,9 @@ class StateStore(LinearAttentionLayer):
 
     # --- the slab's side -----------------------------------------------------
     def allocate(self, contents: RowState, slots: int, columns: int = 0) -> None:
-        self.conv_pool = {i: t.new_empty((slots, *t.shape[1:])) for i, t in contents.conv.items() if t is not None}
-        self.recurrent_pool = {i: t.new_empty((slots, *t.shape[1:])) for i, t in contents.recurrent.items()
+        zeroed = self.slab.zeroed
+        self.conv_pool = {i: _new(t, (slots, *t.shape[1:]), zeroed) for i, t in contents.conv.items() if t is not None}
+        self.recurrent_pool = {i: _new(t, (slots, *t.shape[1:]), zeroed) for i, t in contents.recurrent.items()
                                if t is not None}
         self.conv_kernel_size = {i: t.shape[-1] for i, t in self.conv_pool.items()}
         first = next(iter(self.conv_pool.values()), None)
@@ -237,7 +279,7 @@ class StateStore(LinearAttentionLayer):
         for pool in (self.conv_pool, self.recurrent_pool):
             for index, old in pool.items():
                 if slots > old.shape[0]:
-                    pool[index] = old.new_empty((slots, *old.shape[1:]))
+                    pool[index] = _new(old, (slots, *old.shape[1:]), self.slab.zeroed)
                     pool[index][:rows] = old[:rows]
 
     def place(self, row: int, contents: RowState, length: int) -> None:
@@ -270,13 +312,17 @@ class StateStore(LinearAttentionLayer):
     def has_previous_state(self) -> dict[int, bool]:
         return {index: True for index in range(self.number_of_states)}
 
+    def _batch(self) -> int:
+        """The slots a step runs: its rows, or a static step's whole bucket."""
+        return self.slab.rows if self.slab.bucket is None else self.slab.bucket
+
     @property
     def conv_states(self) -> dict[int, torch.Tensor]:
-        return {index: pool[:self.slab.rows] for index, pool in self.conv_pool.items()}
+        return {index: pool[:self._batch()] for index, pool in self.conv_pool.items()}
 
     @property
     def recurrent_states(self) -> dict[int, torch.Tensor]:
-        return {index: pool[:self.slab.rows] for index, pool in self.recurrent_pool.items()}
+        return {index: pool[:self._batch()] for index, pool in self.recurrent_pool.items()}
 
     @property
     def is_conv_states_initialized(self) -> dict[int, bool]:
@@ -287,12 +333,12 @@ class StateStore(LinearAttentionLayer):
         return {index: True for index in self.recurrent_pool}
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
-        current = self.conv_pool[state_idx][:self.slab.rows]
+        current = self.conv_pool[state_idx][:self._batch()]
         full = torch.cat([current, conv_states], dim=-1)
         current.copy_(full[..., -self.conv_kernel_size[state_idx]:])
         return full
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
-        current = self.recurrent_pool[state_idx][:self.slab.rows]
+        current = self.recurrent_pool[state_idx][:self._batch()]
         current.copy_(recurrent_states)
         return current
