@@ -76,26 +76,35 @@ def manage_shell(server: LiveServer, code: str) -> str:
     return result.stdout
 
 
-# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute;
-# dana's team may use both (compare mode).
+# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute,
+# tess's 3; dana's team may use both (compare mode).
 TEAMS = {"red": {"allowed_models": [TINY_MODEL]}, "blue": {"allowed_models": [SECOND_MODEL]},
-         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}, "both": {"allowed_models": [TINY_MODEL, SECOND_MODEL]}}
-# olga is an operator (staff): she may load and unload models (/load_model), the others may not.
-MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow", "dana": "both", "olga": "red"}
+         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}, "both": {"allowed_models": [TINY_MODEL, SECOND_MODEL]},
+         "tight": {"allowed_models": [TINY_MODEL], "rpm": 3}}
+# olga is an operator (staff): she may load and unload models (/load_model), the others may not;
+# sam is a superuser (the admin's catalog).
+MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow", "dana": "both", "olga": "red", "sam": "both",
+           "tess": "tight"}
 STAFF = {"olga"}
+SUPERUSERS = {"sam"}
 MAKE_MEMBERS = """
 from django.contrib.auth import get_user_model
 from teams.services import add_member, create_team
 teams = {{name: create_team(name, **options) for name, options in {teams!r}.items()}}
 for username, team in {members!r}.items():
-    add_member(teams[team], get_user_model().objects.create_user(username, password={password!r},
-                                                                is_staff=username in {staff!r}))
+    user = get_user_model().objects.create_user(username, password={password!r}, is_staff=username in {staff!r},
+                                                is_superuser=username in {superusers!r})
+    if user.is_superuser:
+        user.is_staff = True
+        user.save()
+    add_member(teams[team], user)
 """
 
 
 def make_users(server: LiveServer) -> dict[str, str]:
     """{username: team}, every user a member of one team (the real teams services)."""
-    manage_shell(server, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD, staff=STAFF))
+    manage_shell(server, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD, staff=STAFF,
+                                              superusers=SUPERUSERS))
     return MEMBERS
 
 

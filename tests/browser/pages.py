@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 from ..live_server import LiveServer
 
@@ -160,3 +161,19 @@ LOW_CONTRAST = """(minimum) => {
 
 def low_contrast(page, minimum: float = 4.5) -> list[str]:
     return page.evaluate(LOW_CONTRAST, minimum)
+
+
+AXE_SOURCE = (Path(__file__).parent / "vendor" / "axe-4.14.1.min.js").read_text()
+
+
+def axe_violations(page) -> list[str]:
+    """axe-core's violations on the page as it is now, one line each (rule, impact, the elements).
+
+    The vendored axe-core is evaluated by the browser's debugger protocol, which the page's CSP does not
+    govern (the page itself could not load it: only its own scripts)."""
+    if not page.evaluate("() => typeof axe !== 'undefined'"):
+        page.evaluate(f"() => {{ {AXE_SOURCE}\n; window.axe = axe; }}")
+    return page.evaluate("""async () => {
+        const result = await axe.run(document, {resultTypes: ['violations']});
+        return result.violations.map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`);
+    }""")
