@@ -18,6 +18,16 @@ class IdleTimeoutForm(forms.Form):
                                       help_text="seconds; empty: the server default; -1: never unload")
 
 
+class CatalogRowForm(forms.ModelForm):
+    """A changelist row's editable cells, each named for assistive technology after its field and model
+    (the column header is far away; axe's `label` rule)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            field.widget.attrs["aria-label"] = f"{name.replace('_', ' ')} of {self.instance.repo_id}"
+
+
 def _who(request) -> str:
     return f"admin:{request.user.get_username()}"
 
@@ -56,6 +66,9 @@ class CachedModelAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # rows come from cache scans
+
+    def get_changelist_form(self, request, **kwargs):
+        return super().get_changelist_form(request, **{"form": CatalogRowForm, **kwargs})
 
     @admin.display(description="status")
     def status(self, obj: CachedModel) -> str:

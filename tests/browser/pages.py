@@ -9,6 +9,24 @@ from ..live_server import LiveServer
 
 DONE_TIMEOUT_MS = 120_000
 
+# An answer with everything the page draws: maths four ways, a highlighted code block, a table, a link.
+ANSWER = """Euler: $e^{i\\pi}+1=0$ and
+
+$$\\int_0^1 x\\,dx = \\frac{1}{2}$$
+
+also \\(a^2\\) and \\[b^2\\]
+
+```python
+def greet(name):
+    return "hello " + name  # a comment
+```
+
+| a | b |
+|---|---|
+| 1 | 2 |
+
+**Bold** and `inline code` and a [link](https://example.org)."""
+
 
 def chat_settings(page, temperature: float | None = None, max_tokens: int | None = None,
                   thinking: str | None = None, tools: str | None = None) -> None:

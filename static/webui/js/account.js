@@ -55,7 +55,8 @@ function renderUsage(days) {
 }
 
 function renderKeys(keys) {
-  $("keys").replaceChildren(row(["name", "key", "created", "last used", "expires", "status", ""], true),
+  $("keys").replaceChildren(row(["name", "key", "created", "last used", "expires", "status",
+    el("span", { className: "sr-only", textContent: "action" })], true),
     ...keys.map((key) => {
       let action = "";
       if (key.active) {

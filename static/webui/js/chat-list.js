@@ -16,14 +16,16 @@ export class ConversationList {
     this.backdrop = $("sidebar-backdrop");
     this.toggle = $("sidebar-toggle");
     this.toggle.addEventListener("click", () => (this.isOpen ? this.close() : this.openDrawer()));
-    $("sidebar-close").addEventListener("click", () => this.close());
-    this.backdrop.addEventListener("click", () => this.close());
+    $("sidebar-close").addEventListener("click", () => this.close({ refocus: true }));
+    this.backdrop.addEventListener("click", () => this.close({ refocus: true }));
     this.search.addEventListener("input", () => this.render());
   }
 
   get isOpen() { return this.sidebar.classList.contains("open"); }
 
-  close() {
+  /** Close the drawer; `refocus`: focus goes back to the button that opened it (Esc, ✕, the backdrop). */
+  close({ refocus = false } = {}) {
+    if (refocus && this.isOpen) this.toggle.focus();
     this.sidebar.classList.remove("open");
     this.backdrop.hidden = true;
     this.toggle.setAttribute("aria-expanded", "false");

@@ -376,7 +376,7 @@ ui.stop.addEventListener("click", () => {
 });
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Escape") return;
-  if (sidebar.isOpen) sidebar.close();
+  if (sidebar.isOpen) sidebar.close({ refocus: true });
   else if (streaming) {
     streaming.controller.abort();
     composer.focus();
