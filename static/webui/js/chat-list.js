@@ -51,9 +51,9 @@ export class ConversationList {
       item.dataset.id = c.id;
       const open = el("button", { type: "button", className: "open", textContent: c.title, title: c.title });
       open.addEventListener("click", () => this.open(c.id).catch(this.showError));
-      const rename = el("button", { type: "button", className: "act", textContent: "Rename" });
+      const rename = el("button", { type: "button", className: "act row-action", textContent: "Rename" });
       rename.addEventListener("click", () => this.startRename(item, c));
-      const remove = el("button", { type: "button", className: "act", textContent: "Delete" });
+      const remove = el("button", { type: "button", className: "act row-action", textContent: "Delete" });
       remove.addEventListener("click", () => this.confirmDelete(item, c));
       item.append(open, rename, remove);
       return item;

@@ -39,6 +39,8 @@ function showError(error) {
 const documentText = () => segments.map((s) => s.text).join("");
 
 const DOC_KEY = "playground.doc";
+const SETTINGS_KEY = "playground.settings";
+const SETTINGS = ["maxTokens", "temperature", "topP", "topK", "seed", "stops"];
 
 /** The document, kept in this browser across reloads (text and token colours, per user's browser profile). */
 function save() {
@@ -50,6 +52,19 @@ function load() {
     const kept = JSON.parse(localStorage.getItem(DOC_KEY));
     if (Array.isArray(kept)) segments = kept.filter((s) => s && typeof s.text === "string");
   } catch (_) { segments = []; }
+}
+
+/** The sampling settings, kept in this browser across reloads as the document is. */
+function saveSettings() {
+  const values = Object.fromEntries(SETTINGS.map((name) => [name, ui[name].value]));
+  try { localStorage.setItem(SETTINGS_KEY, JSON.stringify(values)); } catch (_) { /* over quota: not kept */ }
+}
+
+function loadSettings() {
+  let kept = null;
+  try { kept = JSON.parse(localStorage.getItem(SETTINGS_KEY)); } catch (_) { /* not kept */ }
+  if (!kept || typeof kept !== "object") return;
+  for (const name of SETTINGS) if (typeof kept[name] === "string") ui[name].value = kept[name];
 }
 
 function remember() {
@@ -419,6 +434,8 @@ ui.clear.addEventListener("click", () => {
 
 load();
 render();
+loadSettings();
+for (const name of SETTINGS) ui[name].addEventListener("input", saveSettings);
 initViewCode({ model: () => picker.value, prompt: documentText, fields: () => ({
   max_tokens: intOrNull(ui.maxTokens) ?? 32, logprobs: ALTERNATIVES, ...samplingFields() }) });
 initCompare({ prompt: documentText, fields: () => ({ max_tokens: intOrNull(ui.maxTokens) ?? 32, ...samplingFields() }),
