@@ -158,6 +158,14 @@ User.objects.create_user("newcomer", password={PASSWORD!r})
 """
 
 
+@pytest.fixture(scope="session")
+def media_pages_server(media_cache, tmp_path_factory):
+    """One server over the media cache for the first-run and the attachment pages' tests."""
+    live = media_page_server(media_cache, tmp_path_factory.mktemp("media-pages"), "media-pages")
+    yield live
+    live.stop()
+
+
 def media_page_server(media_cache, work_dir, name: str, **env: str) -> LiveServer:
     """A server over the cache of a text, a vision and a speech model, warm, with MAKE_ACCOUNTS' users."""
     server_env = base_env(media_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90",
