@@ -66,6 +66,7 @@ def test_the_closed_phone_drawer_gives_focus_back_and_takes_no_tab(page_of):
     page.keyboard.press("Escape")
     page.wait_for_selector("#sidebar:not(.open)")
     assert page.evaluate("() => document.activeElement.id") == "sidebar-toggle"
+    page.wait_for_function("() => getComputedStyle(document.getElementById('sidebar')).visibility === 'hidden'")
     # Tab from the toggle never goes into the closed drawer.
     for _ in range(12):
         page.keyboard.press("Tab")

@@ -15,7 +15,7 @@ SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 
 
 def open_reading(page, server) -> None:
-    conversation = store_conversation(page, server, {"title": "Reading on a phone", "model": TINY_MODEL, "messages": [
+    conversation = store_conversation(page, server, {"title": "Reading an answer", "model": TINY_MODEL, "messages": [
         {"role": "user", "content": "Show me maths and code"},
         {"role": "assistant", "content": READING, "stats": {"model": TINY_MODEL, "finish_reason": "length"}},
     ]})
@@ -73,7 +73,7 @@ def test_quotes_have_a_bar_and_code_blocks_their_language(page_of, web_server):
 
 def test_conversation_titles_are_not_cut_by_their_buttons(page_of, web_server):
     page = page_of("bob")
-    titles = ["Notes on gardening in May", "Questions about the taxes"]
+    titles = ["Notes on the harbour walls", "Questions about the ferries"]
     for title in titles:
         store_conversation(page, web_server, {"title": title, "model": SECOND_MODEL, "messages": [
             {"role": "user", "content": title}]})

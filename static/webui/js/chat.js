@@ -74,6 +74,7 @@ function unreachableNow() {
   if (!connection.down) return false;
   showError("The server cannot be reached, so nothing was sent: your message stays in the box. "
     + "The page keeps trying; send it once the banner above is gone.");
+  ui.error.dataset.unreachable = "true";
   return true;
 }
 
