@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -129,24 +130,28 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
-@pytest.fixture
-def page_of(chromium, web_server, users):
-    """page_of(username, width=1200): a fresh browser context (its own cookies) logged in as that user."""
-    contexts = []
-
-    def open_page(username: str, width: int = 1200, height: int = 800):
-        context = chromium.new_context(viewport={"width": width, "height": height})
-        contexts.append(context)
+@contextmanager
+def signed_in(chromium, server: LiveServer, username: str, width: int = 1200, height: int = 800):
+    """A page in a fresh browser context (its own cookies and storage) logged in as that user; the page's
+    uncaught script errors collect in `page.js_errors`."""
+    context = chromium.new_context(viewport={"width": width, "height": height})
+    try:
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.js_errors = errors
-        log_in(page, web_server, username)
-        return page
-
-    yield open_page
-    for context in contexts:
+        log_in(page, server, username)
+        yield page
+    finally:
         context.close()
+
+
+@pytest.fixture
+def page_of(chromium, web_server, users):
+    """page_of(username, width=1200): a fresh browser context (its own cookies) logged in as that user."""
+    with ExitStack() as pages:
+        yield lambda username, width=1200, height=800: pages.enter_context(
+            signed_in(chromium, web_server, username, width, height))
 
 
 # A superuser made exactly as the README says, and a user in no team (the first-run and media pages' servers).

@@ -9,7 +9,7 @@ from ..live_server import LiveServer
 
 DONE_TIMEOUT_MS = 120_000
 
-# An answer with everything the page draws: maths four ways, a highlighted code block, a table, a link.
+# An answer with everything the page draws: maths four ways, a highlighted code block, a table, a link, a quote.
 ANSWER = """Euler: $e^{i\\pi}+1=0$ and
 
 $$\\int_0^1 x\\,dx = \\frac{1}{2}$$
@@ -25,7 +25,9 @@ def greet(name):
 |---|---|
 | 1 | 2 |
 
-**Bold** and `inline code` and a [link](https://example.org)."""
+**Bold** and `inline code` and a [link](https://example.org).
+
+> A quoted line, with its bar."""
 
 
 def chat_settings(page, temperature: float | None = None, max_tokens: int | None = None,

@@ -10,7 +10,7 @@ from openai import OpenAI
 
 from .. import media_files
 from ..conftest import TINY_AUDIO_LM, TINY_MODEL, TINY_VLM
-from .conftest import log_in, screenshot
+from .conftest import screenshot, signed_in
 from .pages import chat_settings, conversation_id, send_message, stored_conversation, wait_for_answer
 
 # A file handed to the page as the browser hands over a dropped or pasted one: a File in a DataTransfer.
@@ -31,27 +31,28 @@ GIVE_FILE = """async ({event, target, name, type, data}) => {
 
 @pytest.fixture
 def root_page(chromium, media_pages_server):
-    context = chromium.new_context(viewport={"width": 1200, "height": 800})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.js_errors = errors
-    log_in(page, media_pages_server, "root")
-    yield page
-    context.close()
+    with signed_in(chromium, media_pages_server, "root") as page:
+        yield page
 
 
-def give_file(page, event: str, name: str, media_type: str, data: bytes) -> None:
-    target = "#prompt" if event == "paste" else "#composer"
-    page.evaluate(GIVE_FILE, {"event": event, "target": target, "name": name, "type": media_type,
-                              "data": base64.b64encode(data).decode()})
-
-
-def chat_requests(page) -> list[dict]:
-    """The bodies of the page's /v1/chat/completions requests from now on."""
+def send_with_file(page, model: str, event: str, file: tuple[str, str, bytes], question: str,
+                   shown: str) -> list[dict]:
+    """Choose the model, give the page the file (name, type, bytes) by a drop on the composer or a paste into
+    the box, wait for its `shown` element among the attachments, send the question and wait for the answer.
+    Returns the bodies of the page's /v1/chat/completions requests, this one and those after it."""
+    page.select_option("[data-model-select]", model)
+    page.wait_for_selector("#attach:not([disabled])", state="attached")
+    name, media_type, data = file
+    page.evaluate(GIVE_FILE, {"event": event, "target": "#prompt" if event == "paste" else "#composer",
+                              "name": name, "type": media_type, "data": base64.b64encode(data).decode()})
+    page.wait_for_selector(f"#attachments {shown}")
+    chat_settings(page, temperature=0, max_tokens=8)
     bodies: list[dict] = []
     page.on("request", lambda request: request.url.endswith("/v1/chat/completions") and bodies.append(
         request.post_data_json))
+    send_message(page, question)
+    wait_for_answer(page)
+    assert page.is_hidden("#error"), page.inner_text("#error")
     return bodies
 
 
@@ -64,17 +65,9 @@ def sdk_answer(server, model: str, question: dict) -> str:
 
 def test_a_dropped_wav_reaches_the_audio_model_and_regenerate_sends_it_again(root_page, media_pages_server):
     page = root_page
-    page.select_option("[data-model-select]", TINY_AUDIO_LM)
-    page.wait_for_selector("#attach:not([disabled])", state="attached")
-    assert "audio/wav" in page.get_attribute("#attach", "accept")
     wav = media_files.wav_bytes(media_files.tone(0.5, 440))
-    give_file(page, "drop", "tone.wav", "audio/wav", wav)
-    page.wait_for_selector("#attachments audio")
-    chat_settings(page, temperature=0, max_tokens=8)
-    bodies = chat_requests(page)
-    send_message(page, "What is this sound?")
-    wait_for_answer(page)
-    assert page.is_hidden("#error"), page.inner_text("#error")
+    bodies = send_with_file(page, TINY_AUDIO_LM, "drop", ("tone.wav", "audio/wav", wav), "What is this sound?", "audio")
+    assert "audio/wav" in page.get_attribute("#attach", "accept")
     assert page.locator(".message.user audio").count() == 1
     question, answer = stored_conversation(page, media_pages_server, conversation_id(page)).json()["messages"]
     sent = question["content"][1]["input_audio"]
@@ -93,16 +86,9 @@ def test_a_dropped_wav_reaches_the_audio_model_and_regenerate_sends_it_again(roo
 
 def test_a_pasted_video_reaches_the_vision_model_and_edit_sends_it_again(root_page, media_pages_server):
     page = root_page
-    page.select_option("[data-model-select]", TINY_VLM)
-    page.wait_for_selector("#attach:not([disabled])", state="attached")
     video = media_files.lossless_video_bytes(media_files.video_frames(8))
-    give_file(page, "paste", "clip.mkv", "video/x-matroska", video)
-    page.wait_for_selector("#attachments video")
-    chat_settings(page, temperature=0, max_tokens=8)
-    bodies = chat_requests(page)
-    send_message(page, "What happens here?")
-    wait_for_answer(page)
-    assert page.is_hidden("#error"), page.inner_text("#error")
+    bodies = send_with_file(page, TINY_VLM, "paste", ("clip.mkv", "video/x-matroska", video), "What happens here?",
+                            "video")
     question, answer = stored_conversation(page, media_pages_server, conversation_id(page)).json()["messages"]
     url = question["content"][1]["video_url"]["url"]
     assert url == "data:video/x-matroska;base64," + base64.b64encode(video).decode()
@@ -116,16 +102,14 @@ def test_a_pasted_video_reaches_the_vision_model_and_edit_sends_it_again(root_pa
     wait_for_answer(page)
     assert page.is_hidden("#error"), page.inner_text("#error")
     edited = bodies[-1]["messages"][-1]["content"]
-    assert edited == [{"type": "text", "text": "And what happens now?"}, {"type": "video_url", "video_url": {"url": url}}]
+    assert edited == [{"type": "text", "text": "And what happens now?"},
+                      {"type": "video_url", "video_url": {"url": url}}]
     assert page.locator(".message.user video").count() == 1
     assert page.js_errors == []
 
 
 def test_a_tab_closed_mid_answer_keeps_the_partial_answer(chromium, media_pages_server):
-    context = chromium.new_context()
-    page = context.new_page()
-    try:
-        log_in(page, media_pages_server, "root")
+    with signed_in(chromium, media_pages_server, "root") as page:
         page.select_option("[data-model-select]", TINY_MODEL)
         chat_settings(page, temperature=0, max_tokens=60)
         cdp = page.context.new_cdp_session(page)  # a slow link: the answer is still streaming when the tab goes
@@ -139,12 +123,11 @@ def test_a_tab_closed_mid_answer_keeps_the_partial_answer(chromium, media_pages_
         shown = page.evaluate("() => document.querySelector('.message.assistant.streaming .body').textContent")
         page.close(run_before_unload=True)
         # Saved by the request that outlived the tab, or else from this browser's outbox at the next visit.
-        again = context.new_page()
+        again = page.context.new_page()
         again.goto(f"{media_pages_server.base_url}/chat?c={conversation}")
         again.wait_for_selector("body[data-ready=true]")
         messages = stored_conversation(again, media_pages_server, conversation).json()["messages"]
         assert [m["role"] for m in messages] == ["user", "assistant"]
-        assert messages[1]["content"].strip().startswith(shown.strip()) and messages[1]["stats"]["finish_reason"] == "stopped"
+        assert messages[1]["content"].strip().startswith(shown.strip())
+        assert messages[1]["stats"]["finish_reason"] == "stopped"
         assert again.locator(".message.assistant").count() == 1
-    finally:
-        context.close()

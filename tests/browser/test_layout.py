@@ -10,14 +10,13 @@ from ..conftest import TINY_MODEL
 from .conftest import SECOND_MODEL, screenshot
 from .pages import ANSWER, store_conversation
 
-READING = ANSWER + "\n\n> A quoted line, with its bar."
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 
 
 def open_reading(page, server) -> None:
     conversation = store_conversation(page, server, {"title": "Reading an answer", "model": TINY_MODEL, "messages": [
         {"role": "user", "content": "Show me maths and code"},
-        {"role": "assistant", "content": READING, "stats": {"model": TINY_MODEL, "finish_reason": "length"}},
+        {"role": "assistant", "content": ANSWER, "stats": {"model": TINY_MODEL, "finish_reason": "length"}},
     ]})
     page.goto(f"{server.base_url}/chat?c={conversation}")
     page.wait_for_selector("body[data-ready=true]")

@@ -42,11 +42,13 @@ function blankConversation() {
   return { id: null, version: 0, title: "", model: "", system_prompt: "", options: {}, messages: [] };
 }
 
-function showError(error) {
+/** Show an error (a failure or a text); `cause`: the failure behind a text (the server unreachable starts
+ * the retries, and the error goes once it answers). */
+function showError(error, cause = error) {
   ui.error.textContent = typeof error === "string" ? error : messageOf(error);
   ui.error.hidden = false;
-  ui.error.dataset.unreachable = unreachable(error);
-  connection.failed(error);
+  ui.error.dataset.unreachable = unreachable(cause);
+  connection.failed(cause);
 }
 
 /** A failure of something the user did not ask for now (the model list, the conversation list): when the
@@ -62,9 +64,18 @@ function clearError() { ui.error.hidden = true; }
 async function reconnected() {
   if (ui.error.dataset.unreachable === "true") clearError();
   const flushed = await flushOutbox().catch(() => new Set());
-  if (current.id && flushed.has(current.id) && !busy) await openConversation(current.id).catch(backgroundError);
+  // The open conversation again when some of it waited here (or it could not be opened at all).
+  const wanted = current.id ?? conversationInUrl();
+  if (wanted !== null && !busy && (flushed.has(wanted) || current.id !== wanted)) {
+    await openConversation(wanted).catch(backgroundError);
+  }
   if (flushed.size) notify(KEPT_TURNS_SAVED);
   await sidebar.refresh().catch(backgroundError);
+}
+
+function conversationInUrl() {
+  const id = parseInt(new URLSearchParams(location.search).get("c"), 10);
+  return Number.isFinite(id) ? id : null;
 }
 
 const KEPT_TURNS_SAVED = "Turns kept in this browser while the server was away are saved now.";
@@ -357,9 +368,7 @@ async function send() {
     composer.setDraft(text, parts);
     setBusy(false);
     renderMessages();
-    showError(`${messageOf(error)} Your message is back in the box.`);
-    ui.error.dataset.unreachable = unreachable(error);
-    connection.failed(error);
+    showError(`${messageOf(error)} Your message is back in the box.`, error);
     return;
   }
   setBusy(false);
@@ -416,8 +425,8 @@ picker.onChange = () => {
 async function start() {
   const flushed = await flushOutbox().catch(() => new Set());
   await Promise.all([picker.refresh().catch(backgroundError), sidebar.refresh().catch(backgroundError)]);
-  const id = parseInt(new URLSearchParams(location.search).get("c"), 10);
-  if (Number.isFinite(id)) await openConversation(id);
+  const id = conversationInUrl();
+  if (id !== null) await openConversation(id);
   else renderMessages();
   if (flushed.size) notify(KEPT_TURNS_SAVED);
   composer.showAttachable();
