@@ -111,11 +111,11 @@ def test_a_pasted_video_reaches_the_vision_model_and_edit_sends_it_again(root_pa
 def test_a_tab_closed_mid_answer_keeps_the_partial_answer(chromium, media_pages_server):
     with signed_in(chromium, media_pages_server, "root") as page:
         page.select_option("[data-model-select]", TINY_MODEL)
-        chat_settings(page, temperature=0, max_tokens=60)
+        chat_settings(page, temperature=0, max_tokens=200)
         cdp = page.context.new_cdp_session(page)  # a slow link: the answer is still streaming when the tab goes
         cdp.send("Network.enable")
         cdp.send("Network.emulateNetworkConditions",
-                 {"offline": False, "latency": 0, "downloadThroughput": 400, "uploadThroughput": -1})
+                 {"offline": False, "latency": 0, "downloadThroughput": 3000, "uploadThroughput": -1})
         send_message(page, "Tell me a long story")
         page.wait_for_function("() => (document.querySelector('.message.assistant.streaming .body')"
                                "?.textContent || '').length > 3", timeout=60_000)

@@ -19,11 +19,11 @@ def network(page, cdp, offline: bool = False, bytes_per_second: int = -1) -> Non
 
 def test_an_unreachable_server_is_said_and_retried_and_nothing_is_lost(page_of, web_server):
     page = page_of("alice")
-    chat_settings(page, temperature=0, max_tokens=40)
+    chat_settings(page, temperature=0, max_tokens=200)
     cdp = page.context.new_cdp_session(page)
     cdp.send("Network.enable")
     # The network goes while an answer streams (as when the server is killed mid-answer).
-    network(page, cdp, bytes_per_second=600)
+    network(page, cdp, bytes_per_second=3000)
     send_message(page, "Tell me a story")
     page.wait_for_function("() => (document.querySelector('.message.assistant.streaming .body')?.textContent || '')"
                            ".length > 2", timeout=60_000)
