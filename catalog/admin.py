@@ -5,6 +5,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
+from django.utils.html import format_html
 
 import protocol
 
@@ -16,6 +17,16 @@ from .models import CachedModel, LoadEvent, ModelLoad, Worker
 class IdleTimeoutForm(forms.Form):
     idle_timeout = forms.IntegerField(required=False, min_value=-1,
                                       help_text="seconds; empty: the server default; -1: never unload")
+
+
+class CatalogRowForm(forms.ModelForm):
+    """A changelist row's editable cells, each named for assistive technology after its field and model
+    (the column header is far away; axe's `label` rule)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            field.widget.attrs["aria-label"] = f"{name.replace('_', ' ')} of {self.instance.repo_id}"
 
 
 def _who(request) -> str:
@@ -55,15 +66,33 @@ class CachedModelAdmin(admin.ModelAdmin):
     actions = ["preload_now", "unload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
                "delete_from_cache"]
 
+    class Media:
+        # Preload and Unload from the changelist stream /load_model's stages and bytes into each row
+        # (without the script they are the plain actions below).
+        js = ("catalog/admin-catalog.js",)
+        css = {"all": ("catalog/admin-catalog.css",)}
+
     def has_add_permission(self, request) -> bool:
         return False  # rows come from cache scans
+
+    def get_changelist_form(self, request, **kwargs):
+        return super().get_changelist_form(request, **{"form": CatalogRowForm, **kwargs})
+
+    def changelist_view(self, request, extra_context=None):
+        # The table with the filters beside it fits 1280 px only without the admin's left navigation
+        # (Home and the breadcrumbs are still there).
+        return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 
     @admin.display(description="status")
     def status(self, obj: CachedModel) -> str:
         if obj.gone:
-            return "gone"
-        state = selectors.load_state(obj.repo_id)
-        return state["status"] if state else "cached"
+            status = "gone"
+        else:
+            state = selectors.load_state(obj.repo_id)
+            status = state["status"] if state else "cached"
+        # The model's name and size for the script that shows a load's progress in this cell.
+        return format_html('<span class="model-status" data-model="{}" data-bytes="{}">{}</span>',
+                           obj.repo_id, obj.size_on_disk or 0, status)
 
     @admin.display(description="loaded on")
     def loaded_on(self, obj: CachedModel) -> str:

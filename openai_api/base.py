@@ -161,7 +161,7 @@ class GenerationView(OpenAIView):
     async def generate(self, request, serializer) -> HttpResponseBase:
         """Everything after validation: the model, the meter, the job, the answer."""
         def meter_for(request_id: str) -> RequestMeter:
-            request.meter = RequestMeter(request.auth, request.path, request_id)
+            request.meter = RequestMeter(request.auth, request.path, request_id, metered=self.metered(request))
             return request.meter
 
         job = await self.start(serializer, meter_for)
@@ -191,6 +191,10 @@ class GenerationView(OpenAIView):
 
     def new_request_id(self) -> str:
         return new_request_id(self.id_prefix)
+
+    def metered(self, request) -> bool:
+        """Whether the request counts against the team's limits and is written to the ledger."""
+        return True
 
     def answer_without_job(self, data: dict) -> dict | None:
         return None

@@ -2,6 +2,8 @@
 
 Both are zero-token jobs: the worker tokenizes (or renders) the prompt, reports its ids in the
 `started` message, and finishes at once; detokenize reads the echoed text of a token-id prompt.
+The chat page's context meter calls /tokenize as its user types: from a signed-in page (no key) it is
+free of the team's rate limits and of the ledger, never of authentication or the team's model list.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from .serializers.tokenize import DetokenizeRequestSerializer, TokenizeRequestSe
 class TokenizeView(GenerationView):
     serializer_class = TokenizeRequestSerializer
     id_prefix = "tok"
+
+    def metered(self, request) -> bool:
+        return request.auth.key is not None  # a key's /tokenize counts; the signed-in page's does not
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         answer = await stream.collect()

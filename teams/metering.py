@@ -10,7 +10,9 @@
     await meter.rate_headers()      # OpenAI's x-ratelimit-* headers for the response
 
 `finish` is idempotent and must run however the request ends (also a vanished client or a
-dead worker): the tokens seen so far are what gets counted then. Its row is marked `refused`
+dead worker): the tokens seen so far are what gets counted then. A meter made with `metered=False`
+(the pages' own `/tokenize`, see `openai_api.tokenization`) checks the model and nothing else: it
+neither counts against the limits nor writes a ledger row. Its row is marked `refused`
 when the request was turned away without running (see `refusal`): those are counted apart from
 served requests in `/v1/key` and the admin.
 """
@@ -39,14 +41,15 @@ def refusal(status_code: int, completion_tokens: int) -> bool:
 
 class RequestMeter:
     def __init__(self, principal: Principal, endpoint: str, request_id: str, model: str = "",
-                 hold_row: bool = False) -> None:
+                 hold_row: bool = False, metered: bool = True) -> None:
         self.principal = principal
+        self.metered = metered
         self.endpoint = endpoint
         self.request_id = request_id
         self.model = model
         self.started_at = timezone.now()
         self.clock = time.monotonic()
-        self.ticket = Ticket.for_scopes(request_id, principal.scopes, time.time())
+        self.ticket = Ticket.for_scopes(request_id, principal.scopes if metered else (), time.time())
         self.admitted = False
         self.refused = False
         self.prompt_tokens = 0
@@ -111,7 +114,7 @@ class RequestMeter:
         """OpenAI's x-ratelimit-* headers for this request's response: the counters as its own
         admission left them, or, when it was refused or never admitted (a 429, a 404 for a model
         it may not use), as they stand now."""
-        if self.admitted and not self.refused:
+        if self.admitted and not self.refused and self.metered:
             return ticket_headers(self.ticket)
         return await current_headers(self.principal.scopes)
 
@@ -119,6 +122,8 @@ class RequestMeter:
         if self.finished:
             return
         self.finished = True
+        if not self.metered:
+            return
         prompt, completion = self.used
         row = UsageEntry(
             request_id=self.request_id, created_at=self.started_at, team_id=self.principal.team.pk,

@@ -6,10 +6,12 @@ script: its CSP allows only our own files.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
+from functools import cache, wraps
 
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
@@ -76,3 +78,16 @@ logout = page_security(auth_views.LogoutView.as_view())
 @page_security
 def home(request):
     return redirect("/chat")
+
+
+@cache
+def _favicon() -> bytes:
+    with open(finders.find("webui/favicon.ico"), "rb") as icon:
+        return icon.read()
+
+
+def favicon(request):
+    """`/favicon.ico`: browsers ask for it on every page (the admin's and the API docs' too), not only ours."""
+    response = HttpResponse(_favicon(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

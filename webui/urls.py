@@ -4,6 +4,7 @@ from . import account, conversations, pages
 
 urlpatterns = [
     path("", pages.home),
+    path("favicon.ico", pages.favicon),
     path("login", pages.login, name="login"),
     path("logout", pages.logout, name="logout"),
     path("chat", pages.chat, name="chat"),

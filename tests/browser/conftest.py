@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -76,26 +77,35 @@ def manage_shell(server: LiveServer, code: str) -> str:
     return result.stdout
 
 
-# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute;
-# dana's team may use both (compare mode).
+# Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute,
+# tess's 3; dana's team may use both (compare mode).
 TEAMS = {"red": {"allowed_models": [TINY_MODEL]}, "blue": {"allowed_models": [SECOND_MODEL]},
-         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}, "both": {"allowed_models": [TINY_MODEL, SECOND_MODEL]}}
-# olga is an operator (staff): she may load and unload models (/load_model), the others may not.
-MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow", "dana": "both", "olga": "red"}
+         "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}, "both": {"allowed_models": [TINY_MODEL, SECOND_MODEL]},
+         "tight": {"allowed_models": [TINY_MODEL], "rpm": 3}}
+# olga is an operator (staff): she may load and unload models (/load_model), the others may not;
+# sam is a superuser (the admin's catalog).
+MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow", "dana": "both", "olga": "red", "sam": "both",
+           "tess": "tight"}
 STAFF = {"olga"}
+SUPERUSERS = {"sam"}
 MAKE_MEMBERS = """
 from django.contrib.auth import get_user_model
 from teams.services import add_member, create_team
 teams = {{name: create_team(name, **options) for name, options in {teams!r}.items()}}
 for username, team in {members!r}.items():
-    add_member(teams[team], get_user_model().objects.create_user(username, password={password!r},
-                                                                is_staff=username in {staff!r}))
+    user = get_user_model().objects.create_user(username, password={password!r}, is_staff=username in {staff!r},
+                                                is_superuser=username in {superusers!r})
+    if user.is_superuser:
+        user.is_staff = True
+        user.save()
+    add_member(teams[team], user)
 """
 
 
 def make_users(server: LiveServer) -> dict[str, str]:
     """{username: team}, every user a member of one team (the real teams services)."""
-    manage_shell(server, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD, staff=STAFF))
+    manage_shell(server, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD, staff=STAFF,
+                                              superusers=SUPERUSERS))
     return MEMBERS
 
 
@@ -120,24 +130,28 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
-@pytest.fixture
-def page_of(chromium, web_server, users):
-    """page_of(username, width=1200): a fresh browser context (its own cookies) logged in as that user."""
-    contexts = []
-
-    def open_page(username: str, width: int = 1200, height: int = 800):
-        context = chromium.new_context(viewport={"width": width, "height": height})
-        contexts.append(context)
+@contextmanager
+def signed_in(chromium, server: LiveServer, username: str, width: int = 1200, height: int = 800):
+    """A page in a fresh browser context (its own cookies and storage) logged in as that user; the page's
+    uncaught script errors collect in `page.js_errors`."""
+    context = chromium.new_context(viewport={"width": width, "height": height})
+    try:
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.js_errors = errors
-        log_in(page, web_server, username)
-        return page
-
-    yield open_page
-    for context in contexts:
+        log_in(page, server, username)
+        yield page
+    finally:
         context.close()
+
+
+@pytest.fixture
+def page_of(chromium, web_server, users):
+    """page_of(username, width=1200): a fresh browser context (its own cookies) logged in as that user."""
+    with ExitStack() as pages:
+        yield lambda username, width=1200, height=800: pages.enter_context(
+            signed_in(chromium, web_server, username, width, height))
 
 
 # A superuser made exactly as the README says, and a user in no team (the first-run and media pages' servers).
@@ -147,6 +161,14 @@ User = get_user_model()
 User.objects.create_superuser("root", "root@example.org", {PASSWORD!r})
 User.objects.create_user("newcomer", password={PASSWORD!r})
 """
+
+
+@pytest.fixture(scope="session")
+def media_pages_server(media_cache, tmp_path_factory):
+    """One server over the media cache for the first-run and the attachment pages' tests."""
+    live = media_page_server(media_cache, tmp_path_factory.mktemp("media-pages"), "media-pages")
+    yield live
+    live.stop()
 
 
 def media_page_server(media_cache, work_dir, name: str, **env: str) -> LiveServer:

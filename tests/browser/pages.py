@@ -3,10 +3,31 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 from ..live_server import LiveServer
 
 DONE_TIMEOUT_MS = 120_000
+
+# An answer with everything the page draws: maths four ways, a highlighted code block, a table, a link, a quote.
+ANSWER = """Euler: $e^{i\\pi}+1=0$ and
+
+$$\\int_0^1 x\\,dx = \\frac{1}{2}$$
+
+also \\(a^2\\) and \\[b^2\\]
+
+```python
+def greet(name):
+    return "hello " + name  # a comment
+```
+
+| a | b |
+|---|---|
+| 1 | 2 |
+
+**Bold** and `inline code` and a [link](https://example.org).
+
+> A quoted line, with its bar."""
 
 
 def chat_settings(page, temperature: float | None = None, max_tokens: int | None = None,
@@ -160,3 +181,19 @@ LOW_CONTRAST = """(minimum) => {
 
 def low_contrast(page, minimum: float = 4.5) -> list[str]:
     return page.evaluate(LOW_CONTRAST, minimum)
+
+
+AXE_SOURCE = (Path(__file__).parent / "vendor" / "axe-4.14.1.min.js").read_text()
+
+
+def axe_violations(page) -> list[str]:
+    """axe-core's violations on the page as it is now, one line each (rule, impact, the elements).
+
+    The vendored axe-core is evaluated by the browser's debugger protocol, which the page's CSP does not
+    govern (the page itself could not load it: only its own scripts)."""
+    if not page.evaluate("() => typeof axe !== 'undefined'"):
+        page.evaluate(f"() => {{ {AXE_SOURCE}\n; window.axe = axe; }}")
+    return page.evaluate("""async () => {
+        const result = await axe.run(document, {resultTypes: ['violations']});
+        return result.violations.map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`);
+    }""")

@@ -53,7 +53,8 @@ def adapter_server(hf_cache, tmp_path_factory):
     warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
                          json={"model": TINY_MODEL, "prompt": "warm up", "max_tokens": 1})
     assert warm_up.status_code == 200, warm_up.text
-    manage_shell(live, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD, staff=set()))
+    manage_shell(live, MAKE_MEMBERS.format(teams=TEAMS, members=MEMBERS, password=PASSWORD, staff=set(),
+                                           superusers=set()))
     yield live
     live.stop()
 

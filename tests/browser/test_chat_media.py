@@ -13,7 +13,7 @@ from openai import OpenAI
 from PIL import Image
 
 from ..conftest import TINY_MODEL, TINY_VLM
-from .conftest import log_in, media_page_server, screenshot
+from .conftest import media_page_server, screenshot, signed_in
 from .pages import chat_settings, conversation_id, csrf_header, send_message, stored_conversation, wait_for_answer
 
 STORAGE_BYTES = 64 * 1024
@@ -29,14 +29,8 @@ def media_server(media_cache, tmp_path_factory):
 
 @pytest.fixture
 def root_page(chromium, media_server):
-    context = chromium.new_context(viewport={"width": 1200, "height": 800})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.js_errors = errors
-    log_in(page, media_server, "root")
-    yield page
-    context.close()
+    with signed_in(chromium, media_server, "root") as page:
+        yield page
 
 
 def squares_png(path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 
 from ..conftest import TINY_MODEL, TINY_VLM, TINY_WHISPER
-from .conftest import log_in, media_page_server, screenshot
+from .conftest import log_in, screenshot
 from .pages import chat_settings, conversation_id, doc_text, send_message, stored_conversation, wait_for_answer, \
     wait_for_continuation
 
@@ -29,10 +29,8 @@ PASTE_IMAGE = """async () => {
 
 
 @pytest.fixture(scope="module")
-def first_run_server(media_cache, tmp_path_factory):
-    live = media_page_server(media_cache, tmp_path_factory.mktemp("first-run"), "first-run")
-    yield live
-    live.stop()
+def first_run_server(media_pages_server):
+    return media_pages_server
 
 
 def options_of(page) -> list[str]:
@@ -47,9 +45,14 @@ def test_a_superuser_uses_the_pages_at_once_with_model_aware_defaults(chromium, 
     page.on("pageerror", lambda error: errors.append(str(error)))
     try:
         log_in(page, first_run_server, "root")
+        phone = page.is_visible("#menu-toggle")
+        if phone:  # the staff links are behind Menu
+            page.click("#menu-toggle")
         assert page.is_visible("[data-testid=admin-link]") and page.is_visible("[data-testid=docs-link]")
         assert page.get_attribute("[data-testid=admin-link]", "href") == "/admin/"
         assert page.get_attribute("[data-testid=docs-link]", "href") == "/docs"
+        if phone:
+            page.keyboard.press("Escape")
         chat_models = options_of(page)
         assert TINY_WHISPER not in chat_models and TINY_VLM in chat_models and TINY_MODEL in chat_models
         assert page.input_value("[data-model-select]") == TINY_MODEL  # the server's default, not the first by name

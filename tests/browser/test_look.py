@@ -7,24 +7,7 @@ import pytest
 
 from ..conftest import TINY_MODEL
 from .conftest import log_in, screenshot
-from .pages import low_contrast, store_conversation
-
-ANSWER = """Euler: $e^{i\\pi}+1=0$ and
-
-$$\\int_0^1 x\\,dx = \\frac{1}{2}$$
-
-also \\(a^2\\) and \\[b^2\\]
-
-```python
-def greet(name):
-    return "hello " + name  # a comment
-```
-
-| a | b |
-|---|---|
-| 1 | 2 |
-
-**Bold** and `inline code` and a [link](https://example.org)."""
+from .pages import ANSWER, low_contrast, store_conversation
 
 
 @pytest.fixture

@@ -2,11 +2,16 @@
 // over time and their own keys (/ui/api/usage, /ui/api/keys), and the team's batches (GET /v1/batches,
 // POST /v1/batches/{id}/cancel, the files from GET /v1/files/{id}/content: the public API, with the session).
 import { apiJSON, messageOf } from "./api.js";
+import { Connection } from "./connection.js";
 import { $, el } from "./dom.js";
+
+// The server cannot be reached: a banner and retries with backoff; once it answers, the page is read again.
+const connection = new Connection({ check: () => apiJSON("/v1/key"), back: () => location.reload() });
 
 function showError(error) {
   $("error").textContent = messageOf(error);
   $("error").hidden = false;
+  connection.failed(error);
 }
 
 const show = (value) => (value === null || value === undefined ? "–" : String(value));
@@ -50,7 +55,8 @@ function renderUsage(days) {
 }
 
 function renderKeys(keys) {
-  $("keys").replaceChildren(row(["name", "key", "created", "last used", "expires", "status", ""], true),
+  $("keys").replaceChildren(row(["name", "key", "created", "last used", "expires", "status",
+    el("span", { className: "sr-only", textContent: "action" })], true),
     ...keys.map((key) => {
       let action = "";
       if (key.active) {

@@ -5,14 +5,22 @@ export function csrfToken() {
   return meta ? meta.content : "";
 }
 
-/** fetch() with JSON body, the CSRF header and same-origin credentials. */
-export function apiFetch(path, { method = "GET", body, signal } = {}) {
+const UNREACHABLE = "The server cannot be reached (is it running? is the network up?).";
+
+/** fetch() with JSON body, the CSRF header and same-origin credentials; a network failure is an APIProblem
+ * with status 0 (see `unreachable`). */
+export async function apiFetch(path, { method = "GET", body, signal } = {}) {
   const headers = { "X-CSRFToken": csrfToken() };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  return fetch(path, {
-    method, headers, signal, credentials: "same-origin",
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  try {
+    return await fetch(path, {
+      method, headers, signal, credentials: "same-origin",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (error) {
+    if (error.name === "AbortError") throw error;
+    throw new APIProblem(UNREACHABLE, { code: "unreachable" });
+  }
 }
 
 /** An error a page can show: its text says what happened and what to do. */
@@ -71,7 +79,13 @@ export async function streamSSE(path, body, onEvent, signal, { endsWithDone = tr
   const decoder = new TextDecoder();
   let buffer = "";
   for (;;) {
-    const { value, done } = await reader.read();
+    let value, done;
+    try {
+      ({ value, done } = await reader.read());
+    } catch (error) {
+      if (error.name === "AbortError") throw error;
+      done = true; // the connection broke
+    }
     if (done && !endsWithDone) return;
     if (done) throw new APIProblem("The answer was cut off: the connection to the server closed before it ended.");
     buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
@@ -96,9 +110,15 @@ function statusOfCode(error) {
   return { rate_limit_error: 429, service_unavailable: 503, authentication_error: 401 }[error.type] || 400;
 }
 
+/**
+ * Whether a failure is the network's: the server could not be reached or an answer was cut off before
+ * its end (status 0). A refusal of the server's (an HTTP error) is an answer; a Stop is neither.
+ */
+export const unreachable = (error) => error instanceof APIProblem && error.status === 0;
+
 /** A message for any failure of a request: ours, the network's, or a Stop. */
 export function messageOf(error) {
   if (error instanceof APIProblem) return error.message;
   if (error && error.name === "AbortError") return "Stopped.";
-  return `The request failed: ${error && error.message ? error.message : error}. Is the server running?`;
+  return `The request failed: ${error && error.message ? error.message : error}.`;
 }

@@ -16,14 +16,16 @@ export class ConversationList {
     this.backdrop = $("sidebar-backdrop");
     this.toggle = $("sidebar-toggle");
     this.toggle.addEventListener("click", () => (this.isOpen ? this.close() : this.openDrawer()));
-    $("sidebar-close").addEventListener("click", () => this.close());
-    this.backdrop.addEventListener("click", () => this.close());
+    $("sidebar-close").addEventListener("click", () => this.close({ refocus: true }));
+    this.backdrop.addEventListener("click", () => this.close({ refocus: true }));
     this.search.addEventListener("input", () => this.render());
   }
 
   get isOpen() { return this.sidebar.classList.contains("open"); }
 
-  close() {
+  /** Close the drawer; `refocus`: focus goes back to the button that opened it (Esc, ✕, the backdrop). */
+  close({ refocus = false } = {}) {
+    if (refocus && this.isOpen) this.toggle.focus();
     this.sidebar.classList.remove("open");
     this.backdrop.hidden = true;
     this.toggle.setAttribute("aria-expanded", "false");
@@ -49,9 +51,9 @@ export class ConversationList {
       item.dataset.id = c.id;
       const open = el("button", { type: "button", className: "open", textContent: c.title, title: c.title });
       open.addEventListener("click", () => this.open(c.id).catch(this.showError));
-      const rename = el("button", { type: "button", className: "act", textContent: "Rename" });
+      const rename = el("button", { type: "button", className: "act row-action", textContent: "Rename" });
       rename.addEventListener("click", () => this.startRename(item, c));
-      const remove = el("button", { type: "button", className: "act", textContent: "Delete" });
+      const remove = el("button", { type: "button", className: "act row-action", textContent: "Delete" });
       remove.addEventListener("click", () => this.confirmDelete(item, c));
       item.append(open, rename, remove);
       return item;

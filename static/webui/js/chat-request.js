@@ -1,6 +1,7 @@
 // What the chat page sends: the settings as options, the checks made before a message leaves the box,
-// the /v1/chat/completions body (a new answer, or the rest of one with continue_final_message), and
-// tool-call deltas merged as they stream.
+// the /v1/chat/completions body (a new answer, or the rest of one with continue_final_message), its
+// max_tokens fitted to the context, and tool-call deltas merged as they stream.
+import { APIProblem, apiJSON } from "./api.js";
 import { apiContent, partModality } from "./attachments.js";
 
 function numberOrNull(input, parse = parseFloat) {
@@ -58,6 +59,38 @@ export function requestBody({ model, system, options, base, continues }) {
   if (o.thinking !== "auto") body.chat_template_kwargs = { enable_thinking: o.thinking === "on" };
   if (o.tools.trim()) body.tools = JSON.parse(o.tools);
   return body;
+}
+
+const TEMPLATE_FIELDS = ["tools", "chat_template_kwargs", "continue_final_message", "add_generation_prompt"];
+
+/**
+ * A remembered Max tokens may be more than the context has left after the conversation: lower the
+ * body's max_tokens to what is left and return a note saying so (null when it fits or is not set).
+ * The prompt is counted by /tokenize exactly as the request renders it (free for the pages: it spends
+ * no request quota). Throws an APIProblem when the prompt leaves no room at all.
+ */
+export async function fitToContext(body) {
+  if (body.max_tokens === undefined) return null; // unset: the server gives the answer the rest of the context
+  const asked = { model: body.model, messages: body.messages };
+  for (const field of TEMPLATE_FIELDS) if (field in body) asked[field] = body[field];
+  let counted;
+  try {
+    counted = await apiJSON("/tokenize", { method: "POST", body: asked });
+  } catch (error) {
+    if (error.code !== "context_length_exceeded") return null; // not counted: the answer's request will say why
+    counted = { count: null, max_model_len: null };
+  }
+  const { count, max_model_len: limit } = counted;
+  const left = limit && count !== null ? limit - count : 0;
+  if (left >= body.max_tokens) return null;
+  if (left < 1) {
+    throw new APIProblem(`This conversation fills ${body.model}'s context${limit ? ` (${count} of ${limit} tokens)` : ""}: `
+      + "start a new chat, or edit an earlier message to shorten it.", { status: 400, code: "context_length_exceeded" });
+  }
+  const note = `Max tokens is ${body.max_tokens}, but the conversation takes ${count} of the model's ${limit} tokens: `
+    + `this answer may have at most ${left}.`;
+  body.max_tokens = left;
+  return note;
 }
 
 export function mergeToolCall(calls, delta) {

@@ -110,11 +110,12 @@ export function saveOnLeave(conv, at, messages) {
       method: "POST", keepalive: true, credentials: "same-origin",
       headers: { "X-CSRFToken": csrfToken(), "Content-Type": "application/json" },
       body: JSON.stringify({ version: conv.version, at, messages }),
-    }).then((response) => { if (response.ok) forget(conv.id, messages); }).catch(() => {});
+    }).then((response) => { if (response.ok) unqueue(conv.id, messages); }).catch(() => {});
   } catch (_) { /* keepalive bodies are limited to 64 kB: the outbox has it */ }
 }
 
-function forget(conversationId, messages) {
+/** Take messages out of the outbox (kept there by a write that is not wanted any more). */
+export function unqueue(conversationId, messages) {
   const ids = new Set(messages.map((m) => m.id));
   writeOutbox(readOutbox().filter((e) => !(e.conversation === conversationId && e.messages.every((m) => ids.has(m.id)))));
 }
@@ -126,9 +127,9 @@ export async function flushOutbox() {
     try {
       await appendMissing(entry.conversation, entry.messages);
       changed.add(entry.conversation);
-      forget(entry.conversation, entry.messages);
+      unqueue(entry.conversation, entry.messages);
     } catch (error) {
-      if (error instanceof APIProblem && error.status === 404) forget(entry.conversation, entry.messages);
+      if (error instanceof APIProblem && error.status === 404) unqueue(entry.conversation, entry.messages);
       // anything else: still down, try next time
     }
   }

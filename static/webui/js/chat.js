@@ -4,14 +4,15 @@
 // before the answer streams; the answer (whole or partial: stopped, failed, tab closed) is saved
 // after; a failed Regenerate keeps the old answer; Regenerate and Edit keep earlier versions (‹ n/m ›).
 // The box and its attachments are composer.js, the conversation list chat-list.js, the request chat-request.js.
-import { apiJSON, messageOf, streamSSE } from "./api.js";
+import { APIProblem, apiJSON, messageOf, streamSSE, unreachable } from "./api.js";
 import { contentOf, mediaParts, textOf } from "./attachments.js";
 import { exportJSON, exportMarkdown, importFile } from "./chat-io.js";
 import { ConversationList } from "./chat-list.js";
-import { checkSettings, mergeToolCall, readOptions as optionsOf, requestBody } from "./chat-request.js";
-import { createConversation, flushOutbox, newId, pendingFor, saveOnLeave, writeTurns } from "./chat-store.js";
+import { checkSettings, fitToContext, mergeToolCall, readOptions as optionsOf, requestBody } from "./chat-request.js";
+import { createConversation, flushOutbox, newId, pendingFor, saveOnLeave, unqueue, writeTurns } from "./chat-store.js";
 import { asNewVersion, fillAnswer, messageElement, withVersion } from "./chat-view.js";
 import { Composer } from "./composer.js";
+import { Connection } from "./connection.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
 import { ModelPicker, modalitiesOf, writesText } from "./models.js";
 
@@ -29,6 +30,9 @@ const sidebar = new ConversationList({
   deleted: (id) => { if (current.id === id) newConversation(); },
 });
 
+// The server cannot be reached: a banner, retries with backoff; once it answers, what waited is saved.
+const connection = new Connection({ check: () => picker.refresh(), back: reconnected });
+
 let current = blankConversation();
 let streaming = null; // {controller, answer, at, base} while an answer streams
 let busy = false;      // from a send until the answer is saved: no second turn meanwhile
@@ -38,12 +42,52 @@ function blankConversation() {
   return { id: null, version: 0, title: "", model: "", system_prompt: "", options: {}, messages: [] };
 }
 
-function showError(error) {
+/** Show an error (a failure or a text); `cause`: the failure behind a text (the server unreachable starts
+ * the retries, and the error goes once it answers). */
+function showError(error, cause = error) {
   ui.error.textContent = typeof error === "string" ? error : messageOf(error);
   ui.error.hidden = false;
+  ui.error.dataset.unreachable = unreachable(cause);
+  connection.failed(cause);
+}
+
+/** A failure of something the user did not ask for now (the model list, the conversation list): when the
+ * server cannot be reached the banner says so, anything else is shown. */
+function backgroundError(error) {
+  if (unreachable(error)) connection.failed(error);
+  else showError(error);
 }
 
 function clearError() { ui.error.hidden = true; }
+
+/** The server answers again: the turns kept in this browser are saved, the list is read again. */
+async function reconnected() {
+  if (ui.error.dataset.unreachable === "true") clearError();
+  const flushed = await flushOutbox().catch(() => new Set());
+  // The open conversation again when some of it waited here (or it could not be opened at all).
+  const wanted = current.id ?? conversationInUrl();
+  if (wanted !== null && !busy && (flushed.has(wanted) || current.id !== wanted)) {
+    await openConversation(wanted).catch(backgroundError);
+  }
+  if (flushed.size) notify(KEPT_TURNS_SAVED);
+  await sidebar.refresh().catch(backgroundError);
+}
+
+function conversationInUrl() {
+  const id = parseInt(new URLSearchParams(location.search).get("c"), 10);
+  return Number.isFinite(id) ? id : null;
+}
+
+const KEPT_TURNS_SAVED = "Turns kept in this browser while the server was away are saved now.";
+
+/** Nothing can be sent while the server cannot be reached: the text stays in the box. */
+function unreachableNow() {
+  if (!connection.down) return false;
+  showError("The server cannot be reached, so nothing was sent: your message stays in the box. "
+    + "The page keeps trying; send it once the banner above is gone.");
+  ui.error.dataset.unreachable = "true";
+  return true;
+}
 
 function notify(text) {
   ui.notice.textContent = text;
@@ -197,7 +241,7 @@ function setStreaming(state) {
  * The messages change only once the answer has something in it: a failed Regenerate keeps the old one.
  */
 async function generate({ at, replaces = null, continues = null }) {
-  if (busy) return;
+  if (busy || unreachableNow()) return;
   const problem = checkSettings(picker.value, modalitiesOf(picker.model), readOptions());
   if (problem) {
     showError(problem);
@@ -236,6 +280,8 @@ async function streamAnswer(at, replaces, continues) {
   });
   try {
     await picker.ensureLoaded();
+    const fitted = await fitToContext(body);
+    if (fitted) notify(fitted);
     await streamSSE("/v1/chat/completions", body, (chunk) => {
       node.dataset.requestId = chunk.id;
       if (chunk.usage) usage = chunk.usage;
@@ -273,7 +319,7 @@ async function streamAnswer(at, replaces, continues) {
   } catch (error) {
     showError(error);
   }
-  picker.refresh().catch(() => {});
+  picker.refresh().catch(backgroundError);
 }
 
 function placeAnswer(answer, at, replaces, continues) {
@@ -289,7 +335,7 @@ function placeAnswer(answer, at, replaces, continues) {
 /** Send the box: checked first (the text stays in the box on any problem), saved, then answered. */
 async function send() {
   const text = composer.text;
-  if (!text.trim() || busy) return;
+  if (!text.trim() || busy || unreachableNow()) return;
   const problem = checkSettings(picker.value, modalitiesOf(picker.model), readOptions(), composer.pending);
   if (problem) {
     showError(problem);
@@ -306,7 +352,11 @@ async function send() {
     await saveSettings().catch(() => {});
     if (current.id) {
       const outcome = await saveFrom(current.messages.length - 1);
-      if (outcome === "queued") throw new Error("The server does not answer");
+      if (outcome === "queued") {
+        unqueue(current.id, [message]); // it goes back into the box instead
+        notify("");
+        throw new APIProblem("The server does not answer now.");
+      }
     } else {
       await createConversation(current, titleOf(current.messages));
       history.replaceState(null, "", `/chat?c=${current.id}`);
@@ -318,7 +368,7 @@ async function send() {
     composer.setDraft(text, parts);
     setBusy(false);
     renderMessages();
-    showError(`${messageOf(error)} Your message is back in the box.`);
+    showError(`${messageOf(error)} Your message is back in the box.`, error);
     return;
   }
   setBusy(false);
@@ -336,7 +386,7 @@ ui.stop.addEventListener("click", () => {
 });
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Escape") return;
-  if (sidebar.isOpen) sidebar.close();
+  if (sidebar.isOpen) sidebar.close({ refocus: true });
   else if (streaming) {
     streaming.controller.abort();
     composer.focus();
@@ -374,11 +424,11 @@ picker.onChange = () => {
 
 async function start() {
   const flushed = await flushOutbox().catch(() => new Set());
-  await Promise.all([picker.refresh().catch(showError), sidebar.refresh()]);
-  const id = parseInt(new URLSearchParams(location.search).get("c"), 10);
-  if (Number.isFinite(id)) await openConversation(id);
+  await Promise.all([picker.refresh().catch(backgroundError), sidebar.refresh().catch(backgroundError)]);
+  const id = conversationInUrl();
+  if (id !== null) await openConversation(id);
   else renderMessages();
-  if (flushed.size) notify("Turns kept in this browser while the server was away are saved now.");
+  if (flushed.size) notify(KEPT_TURNS_SAVED);
   composer.showAttachable();
   composer.grow();
   document.body.dataset.ready = "true";

@@ -100,7 +100,8 @@ export function initCompare({ prompt, fields, onError }) {
         input.addEventListener("change", () => {
           if (chosen().length > MAX_MODELS) input.checked = false;
         });
-        return el("label", { className: "inline" }, input, model.parent ? label : model.id);
+        const name = model.parent ? label : model.id;
+        return el("label", { className: "inline" }, input, el("span", { className: "name", textContent: name, title: name }));
       }));
     } catch (error) { onError(messageOf(error)); }
   });

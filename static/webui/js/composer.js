@@ -90,7 +90,8 @@ export class Composer {
     this.meterTimer = setTimeout(() => this.measureContext().catch(() => { this.meter.textContent = ""; }), 700);
   }
 
-  /** Tokens the conversation (and the draft) takes of the model's context, as /tokenize counts them. */
+  /** Tokens the conversation (and the draft) takes of the model's context, as /tokenize counts them
+   * (free for the pages: it spends none of the team's requests). */
   async measureContext() {
     if (!this.picker.value || this.isBusy()) return;
     const texts = this.messages().map((m) => ({ role: m.role, content: textOf(m.content) }));
@@ -99,7 +100,15 @@ export class Composer {
       this.meter.textContent = "";
       return;
     }
-    const counted = await apiJSON("/tokenize", { method: "POST", body: { model: this.picker.value, messages: texts } });
+    let counted;
+    try {
+      counted = await apiJSON("/tokenize", { method: "POST", body: { model: this.picker.value, messages: texts } });
+    } catch (error) {
+      if (error.code !== "context_length_exceeded") throw error;
+      this.meter.textContent = "more than the model's context";
+      this.meter.classList.add("full");
+      return;
+    }
     this.meter.textContent = counted.max_model_len ? `${counted.count} / ${counted.max_model_len} tokens`
       : `${counted.count} tokens`;
     this.meter.classList.toggle("full", Boolean(counted.max_model_len) && counted.count > 0.9 * counted.max_model_len);

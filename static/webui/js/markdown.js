@@ -93,6 +93,7 @@ function decorate(root) {
     const wrap = el("div", { className: "code-wrap" });
     pre.replaceWith(wrap);
     wrap.append(pre, copy);
+    if (code.dataset.lang) wrap.append(el("span", { className: "code-lang", textContent: code.dataset.lang }));
   }
 }
 

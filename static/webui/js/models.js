@@ -1,5 +1,5 @@
 // The model picker: /v1/models (with each model's status) and /load_model's progress events.
-import { APIProblem, apiJSON, streamSSE } from "./api.js";
+import { APIProblem, apiJSON, streamSSE, unreachable } from "./api.js";
 
 /** A model's input modalities as the picker shows them beside its name. */
 export const modalitiesOf = (model) => (model && model.modalities) || [];
@@ -74,7 +74,17 @@ export class ModelPicker {
     try {
       body = await apiJSON("/v1/models");
     } catch (error) {
+      if (unreachable(error)) {
+        // Not an answer: the models known stay as they are, and the badge says why it is not theirs.
+        if (!this.models.size) this.select.replaceChildren(new Option("The server cannot be reached", ""));
+        this.badge.textContent = "unreachable";
+        this.badge.className = "badge error";
+        this.badge.title = "The server cannot be reached: the page keeps trying.";
+        throw error;
+      }
+      this.models = new Map();
       this.select.replaceChildren(new Option(error.status === 403 ? "No access: see the message above" : "No models", ""));
+      this.showStatus();
       throw error;
     }
     const usable = body.data.filter((m) => this.suits(m));

@@ -3,7 +3,8 @@
 // The document is a list of segments: plain text (typed or pasted) and tokens (generated or scored),
 // each token with its logprob and the top alternatives there. Tokens are coloured by probability;
 // hovering shows the top 5; clicking one cuts the text there, puts it in, and continues.
-import { apiJSON, messageOf, streamSSE } from "./api.js";
+import { apiJSON, messageOf, streamSSE, unreachable } from "./api.js";
+import { Connection } from "./connection.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
 import { initCompare } from "./compare.js";
 import { ModelPicker, writesText } from "./models.js";
@@ -23,14 +24,23 @@ const undoStack = [];   // earlier `segments`
 let typing = false;     // an undo point was taken for the current run of typing
 let running = null;     // AbortController of the generation in progress
 
+// The server cannot be reached: a banner, retries with backoff (the model list), then the page goes on.
+const connection = new Connection({ check: () => picker.refresh(), back: () => {
+  if (ui.error.dataset.unreachable === "true") ui.error.hidden = true;
+} });
+
 function showError(error) {
   ui.error.textContent = typeof error === "string" ? error : messageOf(error);
   ui.error.hidden = false;
+  ui.error.dataset.unreachable = unreachable(error);
+  connection.failed(error);
 }
 
 const documentText = () => segments.map((s) => s.text).join("");
 
 const DOC_KEY = "playground.doc";
+const SETTINGS_KEY = "playground.settings";
+const SETTINGS = ["maxTokens", "temperature", "topP", "topK", "seed", "stops"];
 
 /** The document, kept in this browser across reloads (text and token colours, per user's browser profile). */
 function save() {
@@ -42,6 +52,19 @@ function load() {
     const kept = JSON.parse(localStorage.getItem(DOC_KEY));
     if (Array.isArray(kept)) segments = kept.filter((s) => s && typeof s.text === "string");
   } catch (_) { segments = []; }
+}
+
+/** The sampling settings, kept in this browser across reloads as the document is. */
+function saveSettings() {
+  const values = Object.fromEntries(SETTINGS.map((name) => [name, ui[name].value]));
+  try { localStorage.setItem(SETTINGS_KEY, JSON.stringify(values)); } catch (_) { /* over quota: not kept */ }
+}
+
+function loadSettings() {
+  let kept = null;
+  try { kept = JSON.parse(localStorage.getItem(SETTINGS_KEY)); } catch (_) { /* not kept */ }
+  if (!kept || typeof kept !== "object") return;
+  for (const name of SETTINGS) if (typeof kept[name] === "string") ui[name].value = kept[name];
 }
 
 function remember() {
@@ -289,7 +312,7 @@ async function continueText(undoPoint = true) {
   const seconds = (performance.now() - started) / 1000;
   const count = usage ? usage.completion_tokens : generated.token_logprobs.length;
   ui.stats.textContent = `${count} tokens · ${(count / seconds).toFixed(1)} tokens/s · ${finish || "done"}`;
-  picker.refresh().catch(() => {});
+  picker.refresh().catch((error) => connection.failed(error));
 }
 
 /** Cut the text before token `index`, put `token` there (a byte piece as its bytes), and continue from it. */
@@ -411,6 +434,8 @@ ui.clear.addEventListener("click", () => {
 
 load();
 render();
+loadSettings();
+for (const name of SETTINGS) ui[name].addEventListener("input", saveSettings);
 initViewCode({ model: () => picker.value, prompt: documentText, fields: () => ({
   max_tokens: intOrNull(ui.maxTokens) ?? 32, logprobs: ALTERNATIVES, ...samplingFields() }) });
 initCompare({ prompt: documentText, fields: () => ({ max_tokens: intOrNull(ui.maxTokens) ?? 32, ...samplingFields() }),
