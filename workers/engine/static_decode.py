@@ -49,6 +49,7 @@ class StaticDecode:
         self.verified: bool | None = None  # None: not yet checked against a step over the window
         self.graphs: dict[tuple[int, int], CapturedStep] = {}  # (bucket, generation of buffers)
         self.eager_buckets: set[int] = set()  # capture failed: the same program, eagerly
+        self.steps = 0  # static steps run (the check's first step is not one)
         self.pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
     def serves(self, rows: int) -> bool:
@@ -60,6 +61,7 @@ class StaticDecode:
         if self.verified is None:
             return self._verify(last_tokens, over_window)
         bucket = bucket_for(self.slab.rows)
+        self.steps += 1
         try:
             inputs = self.slab.static_inputs(last_tokens, bucket)
             if not self.cuda_graphs or bucket in self.eager_buckets:
