@@ -59,7 +59,10 @@ class WebConfig:
     responses_max_bytes: int
     responses_retention_days: float
     # The browser pages.
-    default_model: str  # what they open on when the user chose nothing yet
+    default_model: str  # what they open on when the user chose nothing yet (the pinned model, if any)
+    # The pinned model (`serve MODEL`): preloaded, never unloaded, the model of a request that names none.
+    pinned_model: str
+    pinned_trust_remote_code: bool
     ui_storage_bytes_per_user: int
     # The Batch API (openai_api.batches).
     batch_files_dir: Path
@@ -92,7 +95,9 @@ class WebConfig:
             bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
             responses_max_bytes=inference["RESPONSES_MAX_BYTES"],
             responses_retention_days=inference["RESPONSES_RETENTION_DAYS"],
-            default_model=inference["DEFAULT_MODEL"], ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
+            default_model=inference.get("MODEL") or inference["DEFAULT_MODEL"],
+            pinned_model=inference.get("MODEL") or "", pinned_trust_remote_code=bool(inference.get("TRUST_REMOTE_CODE")),
+            ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
             batch_files_dir=Path(inference["BATCH_FILES_DIR"]), batch_file_max_bytes=inference["BATCH_FILE_MAX_BYTES"],
             batch_max_lines=inference["BATCH_MAX_LINES"], batch_concurrency=inference["BATCH_CONCURRENCY"],
             batch_poll_seconds=inference["BATCH_POLL_SECONDS"], batch_lost_after=inference["BATCH_LOST_AFTER"],

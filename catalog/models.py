@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from protocol import MODEL_SAMPLING_KEYS
+from protocol.load_options import ATTN_IMPLEMENTATIONS, QUANTIZATIONS, check_attn_implementation
 
 # What an admin may set in a model's `generation_defaults`: the sampling knobs a worker also takes
 # from generation_config.json, and stop strings.
@@ -49,6 +50,16 @@ class CachedModel(models.Model):
     generation_defaults = models.JSONField(
         default=dict, blank=True,
         help_text="sampling defaults over generation_config.json; the request still wins")
+    quantization = models.CharField(
+        max_length=32, blank=True, choices=[(q, q) for q in QUANTIZATIONS],
+        help_text="quantize on load (bnb-*: CUDA only); empty: the server default (a checkpoint saved "
+                  "quantized loads as it is)")
+    trust_remote_code = models.BooleanField(
+        default=False, help_text="let the repo's own Python files (auto_map in config.json) run on the workers: "
+                                 "only for repos you trust")
+    attn_implementation = models.CharField(
+        max_length=100, blank=True,
+        help_text=f"transformers' attention kernel: {', '.join(ATTN_IMPLEMENTATIONS)}; empty: the server default")
 
     class Meta:
         ordering = ["repo_id"]
@@ -61,6 +72,10 @@ class CachedModel(models.Model):
         """What the admin form accepts: aliases as a list of names, known numeric sampling defaults."""
         if not isinstance(self.aliases, list) or not all(isinstance(a, str) and a.strip() for a in self.aliases):
             raise ValidationError({"aliases": 'A JSON list of names, e.g. ["tiny"].'})
+        try:
+            check_attn_implementation(self.attn_implementation)
+        except ValueError as exc:
+            raise ValidationError({"attn_implementation": str(exc)}) from None
         defaults = self.generation_defaults
         if not isinstance(defaults, dict):
             raise ValidationError({"generation_defaults": 'A JSON object, e.g. {"temperature": 0.7}.'})

@@ -60,14 +60,26 @@ def canonical_repo_id(name: str, aliases: dict[str, str] | None = None) -> str:
 
 
 def model_settings_map() -> dict[str, dict]:
-    """Per-model settings as workers take them (protocol ModelSettings)."""
-    fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults")
-    return {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
-            for row in CachedModel.objects.filter(gone=False).values(*fields)}
+    """Per-model settings as workers take them (protocol ModelSettings); the pinned model's say preloaded and
+    never unloaded (and whether its code may run), whatever its row says."""
+    fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
+              "quantization", "trust_remote_code", "attn_implementation")
+    settings = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
+                for row in CachedModel.objects.filter(gone=False).values(*fields)}
+    config = web_config()
+    if config.pinned_model:
+        repo_id = ModelRef.parse(config.pinned_model).repo_id
+        own = settings.setdefault(repo_id, {"enabled": True})
+        own.update(preload=True, idle_timeout=-1,
+                   trust_remote_code=bool(own.get("trust_remote_code")) or config.pinned_trust_remote_code)
+    return settings
 
 
 def preload_models() -> list[str]:
-    return list(CachedModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True))
+    """The models a worker loads when it starts: the pinned one first, then the catalog's preloaded ones."""
+    pinned = web_config().pinned_model
+    rows = CachedModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True)
+    return [pinned] * bool(pinned) + [repo_id for repo_id in rows if repo_id != pinned]
 
 
 # --- where models run -----------------------------------------------------------

@@ -30,6 +30,9 @@ class ModelSettings(TypedDict):
     device: str
     chat_template: str
     generation_defaults: dict[str, Any]
+    quantization: str  # protocol.load_options; "": the worker's default
+    trust_remote_code: bool
+    attn_implementation: str
 
 
 class ControlMessage(TypedDict):

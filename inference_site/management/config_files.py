@@ -24,10 +24,13 @@ GENERATION_KEYS: dict[str, Any] = {
 MODEL_KEYS: dict[str, Any] = {
     "name": str, "preload": bool, "dtype": str, "device": str, "chat_template": str,
     "stop": list, "generation_defaults": GENERATION_KEYS, "idle_timeout": int, "aliases": list,
+    "quantization": str, "trust_remote_code": bool, "attn_implementation": str,
 }
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
     "chat_template_kwargs": dict, "reasoning": str, "model_timeout": NUMBER, "log_level": str,
+    "model": str, "trust_remote_code": bool, "quantization": str, "attn_implementation": str,
+    "enable_cors": bool, "cors_allow_origins": list,
     "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int, "prefill_share": NUMBER},
     "models": [MODEL_KEYS],
 }

@@ -13,14 +13,14 @@ from .content import invalid
 from .conversation import ConversationSerializer, MessagesField
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ChatOpenAIParamsSerializer, legacy_functions, thinking_kwargs, usage_tags
-from .sampling import SamplingParamsSerializer
+from .sampling import SamplingParamsSerializer, first_given
 from .structured import ResponseFormatField, StructuredOutputsField, constrain, output_grammar
 
 
 def requested_max_tokens(data: dict) -> int | None:
-    """`max_completion_tokens` when given, else the older `max_tokens` (None: the rest of the context)."""
-    max_tokens = data.get("max_completion_tokens")
-    return data.get("max_tokens") if max_tokens is None else max_tokens
+    """`max_completion_tokens` when given, else the older `max_tokens`, else Hugging Face's `max_new_tokens`
+    (None: the model's default, else the rest of the context)."""
+    return first_given(data, "max_completion_tokens", "max_tokens", "max_new_tokens")
 
 
 class ToolChoiceField(serializers.Field):

@@ -13,7 +13,7 @@ from .content import invalid
 from .conversation import TemplateKwargsField, clean_message, clean_tool
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ResponsesOpenAIParamsSerializer, thinking_kwargs, usage_tags
-from .sampling import SamplingParamsSerializer
+from .sampling import SamplingParamsSerializer, first_given
 from .structured import ResponseFormatField, constrain, output_grammar
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
@@ -114,7 +114,7 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
             raise invalid("conversation", "Send conversation or previous_response_id, not both.")
         if attrs.get("n", 1) != 1:
             raise invalid("n", "The Responses API returns one output; n must be 1.")
-        self.check_min_tokens(attrs, attrs.get("max_output_tokens"))
+        self.check_min_tokens(attrs, first_given(attrs, "max_output_tokens", "max_new_tokens"))
         self.common(attrs)
         attrs["messages"] = input_messages(attrs["input"], attrs.get("instructions"))
         attrs["input_items"] = input_items(attrs["input"])
@@ -188,7 +188,8 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
 
     def job_params(self) -> JobParams:
         data = self.validated_data
-        params = to_job_params(data, max_tokens=data.get("max_output_tokens"), logprobs=self.logprobs)
+        params = to_job_params(data, max_tokens=first_given(data, "max_output_tokens", "max_new_tokens"),
+                               logprobs=self.logprobs)
         return constrain(params, data, data["chat_tools"])
 
     def usage_tags(self) -> dict:

@@ -34,7 +34,7 @@ from workers.engine.grammars import GrammarCompiler, PendingGrammars
 from workers.engine.loading import LOAD_FINISHED, Loader
 from workers.engine.model_control import ModelControl
 from workers.engine.metrics import EngineMetrics
-from workers.engine.model_loader import resolve_device, set_attention_backends
+from workers.engine.model_loader import LoadOptions, resolve_device, set_attention_backends
 from workers.engine.model_manager import ModelManager
 from protocol import ModelRef
 from workers.engine.scheduler import Scheduler
@@ -68,7 +68,8 @@ class Engine:
         self.metrics = EngineMetrics()
         self.manager = ModelManager(config.device, config.dtype, config.prefill_chunk, config.model_timeout,
                                     config.memory_budget_bytes, _both_callbacks(EngineMetrics.model_loaded, on_model_event),
-                                    prefix_cache_bytes=config.prefix_cache_bytes, max_rows=config.max_num_seqs)
+                                    prefix_cache_bytes=config.prefix_cache_bytes, max_rows=config.max_num_seqs,
+                                    load_defaults=LoadOptions(config.quantization, False, config.attn_implementation))
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self.loader = Loader(self.manager, self._wake)

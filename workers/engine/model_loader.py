@@ -24,6 +24,7 @@ from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
 from protocol.hub import hub_reachable
+from protocol.load_options import CUDA_ONLY_QUANTIZATIONS, check_attn_implementation, check_quantization
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
@@ -60,6 +61,15 @@ def _model_class(kind: Kind):
     return AutoModelForCausalLM
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a load asks of transformers beyond device and dtype (protocol.load_options names the choices)."""
+
+    quantization: str = ""  # "": none asked (a checkpoint saved quantized still loads quantized)
+    trust_remote_code: bool = False  # run the repo's own modeling code (its config's auto_map)
+    attn_implementation: str = ""  # "": the model's default
+
+
 @dataclass
 class LoadedModel:
     model_id: str
@@ -80,6 +90,8 @@ class LoadedModel:
     adapter: str | None = None  # a LoRA adapter's peft name (workers.engine.adapters); its modules are its base's
     base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
+    quantization: str = ""  # how its weights are held: "" (not quantized), a protocol.load_options name, or the
+    # checkpoint's own quant_method (e.g. "torchao")
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -150,9 +162,20 @@ def _max_model_len(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -
 
 
 def model_bytes(model: torch.nn.Module) -> int:
-    """Bytes the model's parameters and buffers hold, wherever they live."""
+    """Bytes the model's parameters and buffers hold, wherever they live (a quantized weight: its packed data)."""
     tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(tensor_bytes(t) for t in tensors)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """A tensor's storage: a torchao weight is a tensor subclass whose numel() counts the logical (full-size)
+    elements, so its inner tensors (int8 data, scales…) are summed instead."""
+    inner = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+    flatten = getattr(inner, "__tensor_flatten__", None)
+    if flatten is not None and type(inner) is not torch.Tensor:
+        names, _ = flatten()
+        return sum(tensor_bytes(getattr(inner, name)) for name in names)
+    return inner.numel() * inner.element_size()
 
 
 def estimate_bytes(ref: ModelRef) -> int | None:
@@ -209,6 +232,39 @@ def _count(iterable, progress: Progress) -> Iterator:
             progress("weights", {"current": index, "total": total})
 
 
+def quantization_config(name: str, device: torch.device):
+    """transformers' config for quantizing on load, or ModelLoadError saying why this worker cannot."""
+    check_quantization(name)
+    if name in CUDA_ONLY_QUANTIZATIONS:
+        if device.type != "cuda":
+            raise ModelLoadError(f"Quantization {name} (bitsandbytes) needs a CUDA GPU; this worker runs on "
+                                 f"{device.type}. On CPU use torchao-int8.")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            raise ModelLoadError(f"Quantization {name} needs the bitsandbytes package on the worker "
+                                 "(pip install bitsandbytes).") from None
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4") if name == "bnb-4bit" \
+            else BitsAndBytesConfig(load_in_8bit=True)
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import TorchAoConfig
+
+    return TorchAoConfig(Int8WeightOnlyConfig())
+
+
+def _remote_code_refused(repo_id: str, exc: Exception) -> ModelLoadError | None:
+    """transformers' refusal of a repo that carries its own code, said as what an admin can do about it."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    return ModelLoadError(
+        f"The model `{repo_id}` carries its own Python code (auto_map in its config.json), which this server does "
+        "not run unless told to: an admin enables trust_remote_code on the model (catalog admin or a config file's "
+        "models: entry), or serve it pinned with `serve MODEL --trust-remote-code`. That runs the repo's code on "
+        "the workers: only for repos you trust.")
+
+
 def _local_first(loader, repo_id: str, **kwargs):
     try:  # what the cache holds loads without touching the network
         return loader(repo_id, local_files_only=True, **kwargs)
@@ -227,16 +283,23 @@ def _download(repo_id: str, revision: str, progress: Progress) -> None:
     progress("download", {"current": size, "total": size})
 
 
-def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
+def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None,
+               options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
     report: Progress = progress or (lambda stage, value=None: None)
     repo_id, revision = ref.repo_id, ref.branch
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     started = time.monotonic()
+    # always said: left out, transformers asks on stdin whether to run a repo's code
+    remote = {"trust_remote_code": options.trust_remote_code}
+    if options.trust_remote_code:
+        logger.warning("loading %s with trust_remote_code: the repo's own Python code runs in this worker", ref.key)
     try:
+        check_attn_implementation(options.attn_implementation)
+        quantize = quantization_config(options.quantization, torch_device) if options.quantization else None
         report("processor", None)
-        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)  # says which processor
+        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision, **remote)  # says which processor
         modules = cached_file(repo_id, "modules.json", revision=revision, local_files_only=True,
                               _raise_exceptions_for_missing_entries=False)
         kind = model_kind(config.to_dict(), sentence_transformers=bool(modules)) or "causal"
@@ -252,14 +315,25 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             classifier = read_classifier(config.to_dict())
         processor = None
         if kind in ("causal", "embedding", "cross_encoder"):
-            tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
+            tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision, **remote)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
             from transformers import AutoProcessor
 
-            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil")
+            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil", **remote)
             tokenizer = processor.tokenizer
         report("config", None)
-        kwargs = dict(revision=revision, config=config, dtype=torch_dtype)
+        kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
+        if options.attn_implementation:
+            kwargs["attn_implementation"] = options.attn_implementation
+        saved_quantized = getattr(config, "quantization_config", None)
+        if quantize is not None and saved_quantized is not None:
+            raise ModelLoadError(f"The model `{ref.key}` is saved quantized already "
+                                 f"({_quant_method(saved_quantized)}); serve it without a quantization setting.")
+        if quantize is not None:
+            kwargs["quantization_config"] = quantize
+        if quantize is not None or saved_quantized is not None:
+            # quantized weights are placed as they load: a bitsandbytes model cannot be moved afterwards
+            kwargs["device_map"] = {"": torch_device}
         model_class = _model_class(kind)
         try:
             with _weights_progress(report):
@@ -273,14 +347,20 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
                 model = model_class.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"The model `{ref.key}` does not exist or could not be read: {exc}", not_found=True) from exc
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"The model `{ref.key}` could not be loaded: {exc}") from exc
-    model.to(torch_device)
+    except (ValueError, KeyError, RuntimeError, ImportError) as exc:
+        raise _remote_code_refused(ref.key, exc) or ModelLoadError(
+            f"The model `{ref.key}` could not be loaded: {exc}") from exc
+    if "device_map" not in kwargs:
+        model.to(torch_device)
     model.eval()
     defaults, eos_ids = _generation_defaults(repo_id, revision)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
-    logger.info("loaded %s on %s as %s in %.1fs", ref.key, torch_device, torch_dtype, time.monotonic() - started)
+    quantized = options.quantization or (_quant_method(saved_quantized) if saved_quantized is not None else "")
+    logger.info("loaded %s on %s as %s%s%s in %.1fs", ref.key, torch_device, torch_dtype,
+                f", quantized {quantized}" if quantized else "",
+                f", attention {options.attn_implementation}" if options.attn_implementation else "",
+                time.monotonic() - started)
     return LoadedModel(
         model_id=repo_id,
         revision=revision,
@@ -295,4 +375,11 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         processor=processor,
         pooling=pooling,
         classifier=classifier,
+        quantization=quantized,
     )
+
+
+def _quant_method(config) -> str:
+    """A saved quantization_config's method (torchao, bitsandbytes, gptq…), as a dict or an object."""
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    return str(getattr(method, "value", method) or "quantized")

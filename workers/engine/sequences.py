@@ -325,10 +325,13 @@ class GenerationJob:
         return self.model.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _max_tokens(self, requested: int | None) -> int:
-        """None (chat's default, as vLLM): whatever the context leaves after the longest prompt."""
+        """None (chat's default, as vLLM): the model's generation_config.json max_new_tokens, else whatever the
+        context leaves after the longest prompt (never more than that)."""
         if requested is not None:
             return int(requested)
-        return rest_of_context([len(ids) for ids in self.prompt_ids], self.model.max_model_len)
+        rest = rest_of_context([len(ids) for ids in self.prompt_ids], self.model.max_model_len)
+        default = self.model.generation_defaults.get("max_new_tokens")
+        return min(int(default), rest) if isinstance(default, int) and default > 0 else rest
 
     def _check_limits(self, max_tokens: int, params: JobParams) -> None:
         limit = self.model.max_model_len
