@@ -99,18 +99,20 @@ STATUS_ORDER = {ModelLoad.Status.LOADED: 3, ModelLoad.Status.LOADING: 2, ModelLo
 
 
 def load_states(loads=None) -> dict[str, dict]:
-    """{repo_id: {"status": loaded|loading|error, "loaded_on": [worker], "last_used"}} on live workers."""
+    """{repo_id: {"status": loaded|loading|error, "loaded_on": [worker], "last_used", "memory_mb"}} on live workers
+    (`memory_mb`: what one loaded copy holds, quantized weights as packed; None while loaded nowhere)."""
     states: dict[str, dict] = {}
     alive = [w.pk for w in live_workers()]
     rows = ((loads if loads is not None else ModelLoad.objects).filter(worker_id__in=alive).exclude(status=ModelLoad.Status.UNLOADED)
             .select_related("model", "worker"))
     for row in rows:
         state = states.setdefault(row.model.repo_id, {"status": row.status, "loaded_on": [], "last_used": None,
-                                                      "error": ""})
+                                                      "error": "", "memory_mb": None})
         if STATUS_ORDER.get(row.status, 0) > STATUS_ORDER.get(state["status"], 0):
             state["status"] = row.status
         if row.status == ModelLoad.Status.LOADED:
             state["loaded_on"].append(row.worker.name)
+            state["memory_mb"] = max(state["memory_mb"] or 0.0, row.memory_mb)
         if row.status == ModelLoad.Status.ERROR:
             state["error"] = row.error
         if row.last_used and (state["last_used"] is None or row.last_used > state["last_used"]):

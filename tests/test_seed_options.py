@@ -1,0 +1,271 @@
+"""The options of the seeds' servers and clients (issue 39), through real servers, the real SDK, tiny models.
+
+Two servers, shared by every test here:
+- `keyed`: auth on, pins a model whose repo carries its own code (`serve MODEL --trust-remote-code`), every
+  model's attention `eager` (`--attn-implementation`), CORS for any origin (`--enable-cors`), and per-model
+  settings from a config file (quantize one on load with torchao, ask bitsandbytes of another on this CPU).
+- `open`: auth off, pins a plain local model folder, and quantizes every model on load (`--quantization`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+from openai import OpenAI
+from transformers import AutoModelForCausalLM
+
+from workers.tiny.builders import build_tiny_model
+from workers.tiny.variants import build_tiny_quantized_model, build_tiny_remote_code_model
+
+from .conftest import FROM_CACHE, TINY_MODEL, Reference, snapshot_of
+from .live_server import ROOT, LiveServer, base_env
+
+REMOTE = "local/tiny-remote"  # pinned, its own code trusted by the flag
+UNTRUSTED = "local/tiny-remote-untrusted"  # the same repo, never trusted
+SAVED_INT8 = "local/tiny-llama-int8"  # saved quantized by torchao (quantization_config in config.json)
+ONLOAD_INT8 = "local/tiny-llama-onload-int8"  # quantized on load (its config-file entry)
+BNB = "local/tiny-llama-bnb"  # bitsandbytes asked on a CPU worker
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def options_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("options-cache")
+    for name in (TINY_MODEL, ONLOAD_INT8, BNB):
+        build_tiny_model(name, cache_dir=cache)  # seed 0: the same weights under every name
+    build_tiny_remote_code_model(REMOTE, cache_dir=cache)
+    build_tiny_remote_code_model(UNTRUSTED, cache_dir=cache)
+    build_tiny_quantized_model(SAVED_INT8, cache_dir=cache)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def keyed(options_cache, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp("keyed")
+    config = work_dir / "server.yaml"
+    config.write_text(f"models:\n  - name: {ONLOAD_INT8}\n    quantization: torchao-int8\n"
+                      f"  - name: {BNB}\n    quantization: bnb-4bit\n")
+    live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="keyed",
+                      extra_args=(REMOTE, "--trust-remote-code", "--attn-implementation", "eager", "--enable-cors",
+                                  "--config", str(config)))
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def open_server(options_cache, tmp_path_factory):
+    """`serve FOLDER --no-auth --quantization torchao-int8`: a save_pretrained folder outside the cache, pinned."""
+    work_dir = tmp_path_factory.mktemp("open")
+    folder = work_dir / "my-model"
+    shutil.copytree(snapshot_of(options_cache, TINY_MODEL), folder)  # the snapshot's links, copied as files
+    live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="open",
+                      extra_args=(str(folder), "--no-auth", "--quantization", "torchao-int8"))
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(options_cache) -> Reference:
+    return Reference(options_cache)
+
+
+def sdk(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
+
+
+def listed(server) -> dict[str, dict]:
+    body = httpx.get(f"{server.base_url}/v1/models", headers=server.headers, timeout=30).json()
+    return {model["id"]: model for model in body["data"]}
+
+
+def wait_loaded(server, name: str, timeout: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        model = listed(server).get(name, {})
+        if model.get("status") == "loaded":
+            return model
+        time.sleep(0.3)
+    raise AssertionError(f"{name} not loaded: {listed(server).get(name)}")
+
+
+def greedy_text(model: torch.nn.Module, reference: Reference, tokens: int) -> str:
+    prompt = reference.encode(PROMPT)
+    with torch.no_grad():
+        output = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                max_new_tokens=tokens, do_sample=False, pad_token_id=reference.tokenizer.pad_token_id)
+    return reference.decode(output[0, len(prompt):].tolist())
+
+
+def complete(server, tokens: int = 8, **body) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=120,
+                      json={"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, **body})
+
+
+# --- the pinned model, its own code, the attention choice -------------------------------------------------
+
+def test_pinned_model_is_preloaded_and_requests_may_leave_model_out(keyed, reference):
+    model = wait_loaded(keyed, REMOTE)  # preloaded at start, nobody asked
+    assert model["memory_bytes"] > 0
+    response = complete(keyed)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == REMOTE
+    # Its own code is Llama's, attention eager here: the tiny Llama's greedy text, token for token.
+    assert body["choices"][0]["text"] == reference.decode(reference.greedy(reference.encode(PROMPT), 8))
+    assert "with trust_remote_code" in keyed.log() and "attention eager" in keyed.log()
+
+
+def test_a_repo_with_its_own_code_is_refused_unless_trusted(keyed):
+    response = complete(keyed, model=UNTRUSTED)
+    assert response.status_code == 503, response.text
+    message = response.json()["error"]["message"]
+    assert "trust_remote_code" in message and "its own Python code" in message
+
+
+# --- quantization -------------------------------------------------------------------------------------------
+
+def test_a_checkpoint_saved_quantized_loads_quantized(keyed, options_cache, reference):
+    response = complete(keyed, model=SAVED_INT8)
+    assert response.status_code == 200, response.text
+    saved = AutoModelForCausalLM.from_pretrained(SAVED_INT8, cache_dir=options_cache, **FROM_CACHE).eval()
+    assert response.json()["choices"][0]["text"] == greedy_text(saved, reference, 8)
+    assert "quantized torchao" in keyed.log()
+
+
+def test_quantized_on_load_holds_less_memory_than_the_same_model_unquantized(keyed, options_cache, reference):
+    for name in (TINY_MODEL, ONLOAD_INT8):
+        assert complete(keyed, model=name).status_code == 200
+    plain, quantized = wait_loaded(keyed, TINY_MODEL), wait_loaded(keyed, ONLOAD_INT8)
+    assert quantized["memory_bytes"] < 0.8 * plain["memory_bytes"], (quantized, plain)
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import TorchAoConfig
+
+    expected = AutoModelForCausalLM.from_pretrained(
+        ONLOAD_INT8, cache_dir=options_cache, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()),
+        **FROM_CACHE).eval()
+    assert complete(keyed, model=ONLOAD_INT8).json()["choices"][0]["text"] == greedy_text(expected, reference, 8)
+
+
+def test_bitsandbytes_on_a_cpu_worker_is_refused_saying_why(keyed):
+    response = complete(keyed, model=BNB)
+    assert response.status_code == 503, response.text
+    message = response.json()["error"]["message"]
+    assert "needs a CUDA GPU" in message and "torchao-int8" in message
+
+
+def test_serve_refuses_an_unknown_quantization_or_attention(options_cache, tmp_path):
+    env = base_env(options_cache, tmp_path)
+    for flags, said in ((("--attn-implementation", "warp_speed"), "unknown attn_implementation"),
+                        (("--trust-remote-code",), "applies to the pinned model")):
+        done = subprocess.run([sys.executable, "manage.py", "serve", "--port", "1", *flags], env=env,
+                              cwd=str(ROOT), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+# --- a local folder, pinned, quantized server-wide ----------------------------------------------------------
+
+def test_a_local_folder_is_served_pinned_and_quantized(open_server, reference):
+    model = wait_loaded(open_server, "local/my-model")
+    result = sdk(open_server).chat.completions.create(model="local/my-model", max_tokens=4,
+                                                      messages=[{"role": "user", "content": "Hi"}])
+    assert result.usage.completion_tokens == 4
+    assert "quantized torchao-int8" in open_server.log()
+    assert model["memory_bytes"] < 0.8 * model["size_bytes"]
+
+
+# --- generation_config, do_sample, max_new_tokens ----------------------------------------------------------
+
+def test_generation_config_sets_the_fields_it_names_and_the_request_still_wins(keyed, reference):
+    config = json.dumps({"do_sample": False, "max_new_tokens": 6, "transformers_version": "5.23.0"})
+    response = httpx.post(f"{keyed.base_url}/v1/completions", headers=keyed.headers, timeout=120,
+                          json={"prompt": PROMPT, "temperature": 1.5, "generation_config": config})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["completion_tokens"] == 6
+    assert body["choices"][0]["text"] == reference.decode(reference.greedy(reference.encode(PROMPT), 6))
+    overridden = complete(keyed, tokens=3, generation_config={"max_new_tokens": 6})
+    assert overridden.json()["usage"]["completion_tokens"] == 3
+
+
+def test_do_sample_and_max_new_tokens_as_fields(keyed, reference):
+    result = sdk(keyed).chat.completions.create(model=REMOTE, messages=[{"role": "user", "content": "Hi"}],
+                                                temperature=1.9, extra_body={"do_sample": False, "max_new_tokens": 5})
+    again = sdk(keyed).chat.completions.create(model=REMOTE, messages=[{"role": "user", "content": "Hi"}],
+                                               temperature=1.9, extra_body={"do_sample": False, "max_new_tokens": 5})
+    assert result.usage.completion_tokens == 5 and result.choices[0].message.content == again.choices[0].message.content
+
+
+def test_generation_config_keys_this_server_cannot_honour_are_a_400(keyed):
+    response = complete(keyed, generation_config=json.dumps({"penalty_alpha": 0.6, "output_scores": True}))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "generation_config" and "penalty_alpha" in error["message"]
+    assert complete(keyed, generation_config="{not json").status_code == 400
+
+
+# --- CORS ---------------------------------------------------------------------------------------------------
+
+def test_cors_preflight_needs_no_key_and_answers_carry_the_headers(keyed):
+    origin = "http://localhost:3000"
+    preflight = httpx.options(f"{keyed.base_url}/v1/chat/completions", timeout=30, headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    models = httpx.get(f"{keyed.base_url}/v1/models", headers={**keyed.headers, "Origin": origin}, timeout=30)
+    assert models.status_code == 200 and models.headers["access-control-allow-origin"] == "*"
+    assert "x-request-id" in models.headers["access-control-expose-headers"]
+    refused = httpx.get(f"{keyed.base_url}/v1/models", headers={"Origin": origin}, timeout=30)
+    assert refused.status_code == 401  # CORS lets a page call; the key is still needed
+
+
+def test_cors_is_off_unless_asked(open_server):
+    preflight = httpx.options(f"{open_server.base_url}/v1/models", timeout=30, headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "GET"})
+    assert "access-control-allow-origin" not in preflight.headers
+
+
+# --- transformers chat, the seeds' own client, unchanged --------------------------------------------------
+
+def transformers_chat(server, model: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The installed transformers' `chat` CLI: two turns typed on stdin, greedy via its generate flags (each
+    answer stops at max_new_tokens, and it asks whether to go on: "n")."""
+    cli = shutil.which("transformers", path=os.path.dirname(sys.executable)) or "transformers"
+    return subprocess.run([cli, "chat", model, server.base_url, "max_new_tokens=6", "do_sample=False"],
+                          input="Hello there\nn\nAnd again\nn\n!exit\n", capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "COLUMNS": "200", "TERM": "dumb", **env})
+
+
+def chat_requests(server) -> int:
+    return server.log().count("/v1/chat/completions")
+
+
+@pytest.mark.parametrize("which", ["keyed", "open_server"])
+def test_transformers_chat_works_unchanged(which, request):
+    """With auth on it sends its key (HF_TOKEN) to the API; its /load_model carries none, and is answered
+    for the pinned model, which is loaded."""
+    server = request.getfixturevalue(which)
+    model = REMOTE if which == "keyed" else "local/my-model"
+    wait_loaded(server, model)
+    before = chat_requests(server)
+    done = transformers_chat(server, model, {"HF_TOKEN": server.key} if which == "keyed" else {})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{model} was already loaded" in done.stdout
+    assert f"<{model}>" in done.stdout  # its answers' heading, once per turn
+    assert chat_requests(server) - before == 2, server.log()[-3000:]
+
+
+def test_load_model_without_a_key_answers_only_a_loaded_model(keyed):
+    ready = httpx.post(f"{keyed.base_url}/load_model", json={"model": REMOTE}, timeout=30)
+    assert ready.status_code == 200 and '"status":"ready"' in ready.text.replace(" ", "")
+    refused = httpx.post(f"{keyed.base_url}/load_model", json={"model": BNB}, timeout=30)
+    assert refused.status_code == 401
