@@ -20,7 +20,7 @@ from teams.metering import RequestMeter
 from teams.authentication import LookupOnLongLivedThread
 from teams.response_headers import RateLimitHeadersMixin
 
-from .errors import APIError, error_body, unavailable
+from .errors import APIError, error_body, in_request_terms, unavailable
 from .generation import GenerationStream, new_request_id, open_generation
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,11 @@ class GenerationView(OpenAIView):
         params = serializer.job_params()
         if priority_class == "batch":  # a request may ask for batch itself (service_tier "flex"), never the reverse
             params = replace(params, priority_class="batch")
-        stream = await open_generation(request_id, resolved, serializer.job_prompts(), params, meter)
+        try:
+            stream = await open_generation(request_id, resolved, serializer.job_prompts(), params, meter)
+        except APIError as exc:  # the worker's `prompt` / `max_tokens`, as this endpoint calls them
+            raise in_request_terms(exc, serializer.job_field_names() if hasattr(serializer, "job_field_names")
+                                   else {}) from None
         return Job(serializer, request_id, model, stream)
 
     def new_request_id(self) -> str:

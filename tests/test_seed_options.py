@@ -269,3 +269,35 @@ def test_load_model_without_a_key_answers_only_a_loaded_model(keyed):
     assert ready.status_code == 200 and '"status":"ready"' in ready.text.replace(" ", "")
     refused = httpx.post(f"{keyed.base_url}/load_model", json={"model": BNB}, timeout=30)
     assert refused.status_code == 401
+
+
+# --- Open WebUI: context errors in the request's terms, one reading of a model's context ---------------------
+
+LONG = " ".join(["word"] * 700)  # past the tiny models' 512 tokens
+
+
+def test_context_errors_say_what_fits_and_name_the_endpoints_fields(keyed):
+    def post(path: str, body: dict) -> dict:
+        response = httpx.post(f"{keyed.base_url}{path}", headers=keyed.headers, json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        return response.json()["error"]
+
+    error = post("/v1/chat/completions", {"messages": [{"role": "system", "content": LONG},
+                                                       {"role": "user", "content": "Hi"}]})
+    assert error["param"] == "messages" and error["code"] == "context_length_exceeded"
+    assert "shorten the `messages` to at most 511 tokens" in error["message"], error["message"]
+    error = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                          "max_completion_tokens": 100000})
+    assert error["param"] == "max_completion_tokens"
+    assert "set `max_completion_tokens` to at most" in error["message"] and "`prompt`" not in error["message"]
+    error = post("/v1/responses", {"input": LONG, "max_output_tokens": 16})
+    assert error["param"] == "input" and "shorten the `input` to at most 496 tokens" in error["message"]
+
+
+def test_one_reading_of_a_models_context():
+    from protocol.context_length import context_length
+
+    vision = {"vision_config": {"image_size": 32}, "text_config": {"max_position_embeddings": 32768}}
+    assert context_length(vision, 512) == 32768  # the text model's, not the tokenizer's
+    assert context_length({"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 8}}) == 4096
+    assert context_length({}, 1024) == 1024 and context_length({}, 10**30) == 2048

@@ -120,6 +120,13 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Ch
     def usage_tags(self) -> dict:
         return usage_tags(self.validated_data)
 
+    def job_field_names(self) -> dict[str, str]:
+        """The job's `prompt` and `max_tokens` as this request calls them (in the worker's errors)."""
+        data = self.validated_data
+        limit = next((name for name in ("max_completion_tokens", "max_tokens", "max_new_tokens")
+                      if data.get(name) is not None), "max_completion_tokens")
+        return {"prompt": "prompt" if "prompt" in data else "messages", "max_tokens": limit}
+
     def job_params(self) -> JobParams:
         data = self.validated_data
         params = to_job_params(data, max_tokens=requested_max_tokens(data),

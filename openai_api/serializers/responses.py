@@ -186,6 +186,10 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
             conversation["truncate_to_fit"] = True
         return [conversation]
 
+    def job_field_names(self) -> dict[str, str]:
+        """The job's `prompt` and `max_tokens` as Responses calls them (in the worker's errors)."""
+        return {"prompt": "input", "max_tokens": "max_output_tokens"}
+
     def job_params(self) -> JobParams:
         data = self.validated_data
         params = to_job_params(data, max_tokens=first_given(data, "max_output_tokens", "max_new_tokens"),

@@ -24,6 +24,7 @@ from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
 from protocol.hub import hub_reachable
+from protocol.context_length import context_length
 from protocol.load_options import CUDA_ONLY_QUANTIZATIONS, check_attn_implementation, check_quantization
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
@@ -151,14 +152,16 @@ def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
     return {key: raw[key] for key in MODEL_DEFAULT_KEYS if raw.get(key) is not None}, eos_ids
 
 
-def _max_model_len(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> int:
-    config = model.config
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+def _max_model_len(repo_id: str, revision: str, tokenizer: PreTrainedTokenizerBase) -> int:
+    """protocol.context_length over the repo's config.json as saved (not the loaded config, whose classes fill
+    in defaults the file lacks): what /v1/models reads from the same files."""
+    path = cached_file(repo_id, "config.json", revision=revision, local_files_only=True,
+                       _raise_exceptions_for_missing_entries=False)
+    try:
+        raw = json.loads(Path(path).read_text()) if path else {}
+    except (OSError, ValueError):
+        raw = {}
+    return context_length(raw if isinstance(raw, dict) else {}, getattr(tokenizer, "model_max_length", None))
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -367,7 +370,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         model=model,
         tokenizer=tokenizer,
         device=torch_device,
-        max_model_len=min(_max_model_len(model, tokenizer), (pooling and pooling.max_seq_length) or 10**9),
+        max_model_len=min(_max_model_len(repo_id, revision, tokenizer), (pooling and pooling.max_seq_length) or 10**9),
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         memory_bytes=model_bytes(model),

@@ -337,15 +337,8 @@ class GenerationJob:
         limit = self.model.max_model_len
         for ids in self.prompt_ids:
             if len(ids) + max_tokens > limit:
-                raise JobError(
-                    400,
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt and {max_tokens} for the "
-                    f"completion). Shorten the prompt to at most {max(limit - max_tokens, 0)} tokens or set "
-                    f"max_tokens to at most {max(limit - len(ids), 0)}.",
-                    "prompt" if len(ids) >= limit else "max_tokens",
-                    "context_length_exceeded",
-                )
+                raise JobError(400, context_error(limit, len(ids), max_tokens),
+                               "prompt" if len(ids) >= limit else "max_tokens", "context_length_exceeded")
         vocab = self.model.vocab_size
         bad = [k for k in (params.logit_bias or {}) if not 0 <= int(k) < vocab]
         if bad:
@@ -387,3 +380,20 @@ class GenerationJob:
 
     def take_deltas(self) -> list[ChoiceDelta]:
         return [delta for seq in self.sequences if (delta := seq.take_delta()) is not None]
+
+
+def context_error(limit: int, prompt: int, max_tokens: int) -> str:
+    """What fits, said in the request's terms: the worker names the fields `prompt` and `max_tokens` in
+    backticks, and the web side says them as the endpoint calls them (messages, max_completion_tokens…)."""
+    said = f"This model's maximum context length is {limit} tokens"
+    if prompt >= limit:
+        fits = f"shorten the `prompt` to at most {limit - max(max_tokens, 1)} tokens"
+        if max_tokens > 1:
+            fits += f" (or to {limit - 1} with a smaller `max_tokens`)"
+        return (f"{said}, and the `prompt` alone is {prompt} tokens: {fits}. A chat's tools and system prompt count "
+                "as prompt tokens; send fewer, or use a model with a longer context.")
+    fits = f"set `max_tokens` to at most {limit - prompt}"
+    if limit - max_tokens > 0:
+        fits += f", or shorten the `prompt` to at most {limit - max_tokens} tokens"
+    return (f"{said}. However, you requested {prompt + max_tokens} tokens ({prompt} in your prompt and "
+            f"{max_tokens} for the completion): {fits}.")
