@@ -41,6 +41,10 @@ class WebConfig:
     max_logprobs: int  # top alternatives a request may ask for per token (vLLM's max_logprobs)
     max_schema_bytes: int
     max_schema_depth: int
+    # Server-wide request defaults (`serve --default-seed/--stop-sequences/--ignore-eos`).
+    default_seed: int | None
+    stop_sequences: tuple[str, ...]
+    ignore_eos: bool
     metrics_allow: str  # comma-separated networks that may scrape /metrics without a key
     # Teams.
     auth_enabled: bool
@@ -86,6 +90,8 @@ class WebConfig:
             max_n=inference["MAX_N"], max_prompts=inference["MAX_PROMPTS"], max_beams=inference["MAX_BEAMS"], max_logprobs=inference["MAX_LOGPROBS"],
             max_schema_bytes=inference["MAX_SCHEMA_BYTES"], max_schema_depth=inference["MAX_SCHEMA_DEPTH"],
             metrics_allow=inference["METRICS_ALLOW"],
+            default_seed=inference.get("DEFAULT_SEED"), stop_sequences=tuple(inference.get("STOP_SEQUENCES") or ()),
+            ignore_eos=bool(inference.get("IGNORE_EOS")),
             auth_enabled=inference["AUTH_ENABLED"], key_dir=Path(inference["KEY_DIR"]),
             limits_redis_url=inference["LIMITS_REDIS_URL"] or "",
             ledger_batch_size=inference["LEDGER_BATCH_SIZE"], ledger_flush_seconds=inference["LEDGER_FLUSH_SECONDS"],

@@ -23,6 +23,7 @@ class CachedModel(models.Model):
         FLOAT32 = "float32"
         FLOAT16 = "float16"
         BFLOAT16 = "bfloat16"
+        FLOAT64 = "float64"
 
     # What the cache scan found.
     repo_id = models.CharField(max_length=300, unique=True)

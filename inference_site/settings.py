@@ -33,6 +33,16 @@ def env_float(name: str, default: float) -> float:
     return float(value) if value not in (None, "") else default
 
 
+def env_json_list(name: str) -> list[str]:
+    """A JSON list of strings (stop strings may hold commas); unset or empty: []."""
+    import json
+
+    value = json.loads(os.environ.get(name) or "[]")
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f"{name} must be a JSON list of non-empty strings")
+    return value
+
+
 def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -321,6 +331,12 @@ INFERENCE = {
     # /v1/embeddings inputs pooled in one forward per engine step (workers/engine/embedding.py).
     "EMBEDDING_BATCH": env_int("INFERENCE_EMBEDDING_BATCH", 32),
     "STREAM_INTERVAL": env_int("INFERENCE_STREAM_INTERVAL", 1),
+    # Server-wide request defaults (forgather's): the seed of a request that sends none (""/unset: none,
+    # as OpenAI), stop strings added to every request's own (a JSON list), and ignore_eos for requests
+    # that do not say (off, as OpenAI).
+    "DEFAULT_SEED": env_int("INFERENCE_DEFAULT_SEED", -1) if os.environ.get("INFERENCE_DEFAULT_SEED") else None,
+    "STOP_SEQUENCES": env_json_list("INFERENCE_STOP_SEQUENCES"),
+    "IGNORE_EOS": env_bool("INFERENCE_IGNORE_EOS", False),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # A pinned model (`serve MODEL`): preloaded, never unloaded, the model of requests that name none (and what
     # the pages open on); TRUST_REMOTE_CODE lets its repo's own code run (other models: their catalog row).

@@ -59,7 +59,9 @@ def serializer_context() -> dict:
     config = web_config()
     return {"max_n": config.max_n, "max_prompts": config.max_prompts, "max_beams": config.max_beams,
             "max_logprobs": config.max_logprobs,
-            "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth}
+            "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth,
+            "request_defaults": {"seed": config.default_seed, "stop": config.stop_sequences,
+                                 "ignore_eos": config.ignore_eos}}
 
 
 def sse_frame(payload: dict | str) -> bytes:

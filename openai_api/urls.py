@@ -24,6 +24,8 @@ urlpatterns = [
     path("tokenizer_info", TokenizerInfoView.as_view()),
     path("tokenize", TokenizeView.as_view()),
     path("detokenize", DetokenizeView.as_view()),
+    path("v1/tokenize", TokenizeView.as_view()),  # forgather's (and some clients') place for the same
+    path("v1/detokenize", DetokenizeView.as_view()),
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/embeddings", EmbeddingsView.as_view()),

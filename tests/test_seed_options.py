@@ -4,7 +4,9 @@ Two servers, shared by every test here:
 - `keyed`: auth on, pins a model whose repo carries its own code (`serve MODEL --trust-remote-code`), every
   model's attention `eager` (`--attn-implementation`), CORS for any origin (`--enable-cors`), and per-model
   settings from a config file (quantize one on load with torchao, ask bitsandbytes of another on this CPU).
-- `open`: auth off, pins a plain local model folder, and quantizes every model on load (`--quantization`).
+- `open`: auth off, pins a plain local model folder, quantizes every model on load (`--quantization`), and
+  sets forgather's server-wide request defaults (`--default-seed`, `--stop-sequences`, `--ignore-eos`), a dtype
+  alias and the log level.
 """
 from __future__ import annotations
 
@@ -61,12 +63,13 @@ def keyed(options_cache, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def open_server(options_cache, tmp_path_factory):
-    """`serve FOLDER --no-auth --quantization torchao-int8`: a save_pretrained folder outside the cache, pinned."""
+    """`serve FOLDER --no-auth --quantization torchao-int8 …`: a save_pretrained folder outside the cache, pinned."""
     work_dir = tmp_path_factory.mktemp("open")
     folder = work_dir / "my-model"
     shutil.copytree(snapshot_of(options_cache, TINY_MODEL), folder)  # the snapshot's links, copied as files
     live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="open",
-                      extra_args=(str(folder), "--no-auth", "--quantization", "torchao-int8"))
+                      extra_args=(str(folder), "--no-auth", "--quantization", "torchao-int8", "--default-seed", "7",
+                                  "--stop-sequences", "a", "--ignore-eos", "--dtype", "fp32", "--log-level", "debug"))
     yield live
     live.stop()
 
@@ -176,9 +179,32 @@ def test_a_local_folder_is_served_pinned_and_quantized(open_server, reference):
     model = wait_loaded(open_server, "local/my-model")
     result = sdk(open_server).chat.completions.create(model="local/my-model", max_tokens=4,
                                                       messages=[{"role": "user", "content": "Hi"}])
-    assert result.usage.completion_tokens == 4
+    assert 1 <= result.usage.completion_tokens <= 4  # this server's stop sequence may end it sooner
     assert "quantized torchao-int8" in open_server.log()
     assert model["memory_bytes"] < 0.8 * model["size_bytes"]
+
+
+def test_server_wide_request_defaults(open_server):
+    client = sdk(open_server)
+    unseeded = [client.completions.create(model="local/my-model", prompt=PROMPT, max_tokens=12, temperature=1.0)
+                for _ in range(2)]
+    assert unseeded[0].choices[0].text == unseeded[1].choices[0].text  # --default-seed 7
+    assert "a" not in unseeded[0].choices[0].text  # --stop-sequences a, beside the request's (none)
+    eos = open_server_tokenizer_eos(open_server)
+    forced = client.completions.create(model="local/my-model", prompt=PROMPT, max_tokens=5, temperature=0,
+                                       logit_bias={str(eos): 100}, stop=None)
+    assert forced.usage.completion_tokens == 5 and forced.choices[0].finish_reason == "length"  # --ignore-eos
+    said = client.completions.create(model="local/my-model", prompt=PROMPT, max_tokens=5, temperature=0,
+                                     logit_bias={str(eos): 100}, extra_body={"ignore_eos": False})
+    assert said.usage.completion_tokens <= 1 and said.choices[0].finish_reason == "stop"  # the request wins
+    assert " DEBUG " in open_server.log()  # --log-level debug
+
+
+def open_server_tokenizer_eos(server) -> int:
+    body = httpx.post(f"{server.base_url}/v1/tokenize", json={"model": "local/my-model", "prompt": "<|eos|>",
+                                                              "add_special_tokens": False}, timeout=60).json()
+    assert len(body["tokens"]) == 1, body  # /v1/tokenize: forgather's path for /tokenize
+    return body["tokens"][0]
 
 
 # --- generation_config, do_sample, max_new_tokens ----------------------------------------------------------
@@ -238,10 +264,10 @@ def test_cors_is_off_unless_asked(open_server):
 
 def transformers_chat(server, model: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """The installed transformers' `chat` CLI: two turns typed on stdin, greedy via its generate flags (each
-    answer stops at max_new_tokens, and it asks whether to go on: "n")."""
+    answer that stops at max_new_tokens asks whether to go on: "n"; spare "!exit"s if one was not asked)."""
     cli = shutil.which("transformers", path=os.path.dirname(sys.executable)) or "transformers"
     return subprocess.run([cli, "chat", model, server.base_url, "max_new_tokens=6", "do_sample=False"],
-                          input="Hello there\nn\nAnd again\nn\n!exit\n", capture_output=True, text=True, timeout=180,
+                          input="Hello there\nn\nAnd again\nn\n!exit\n!exit\n!exit\n", capture_output=True, text=True, timeout=180,
                           env={**os.environ, "COLUMNS": "200", "TERM": "dumb", **env})
 
 
@@ -261,7 +287,9 @@ def test_transformers_chat_works_unchanged(which, request):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{model} was already loaded" in done.stdout
     assert f"<{model}>" in done.stdout  # its answers' heading, once per turn
-    assert chat_requests(server) - before == 2, server.log()[-3000:]
+    # Two turns; an answer that ended on a stop (the open server's --stop-sequences) rather than the length asks
+    # no question, and its "n" goes as one more turn.
+    assert 2 <= chat_requests(server) - before <= 4, server.log()[-3000:]
 
 
 def test_load_model_without_a_key_answers_only_a_loaded_model(keyed):

@@ -101,12 +101,25 @@ class SamplingParamsSerializer(serializers.Serializer):
     def common(self, attrs: dict, n_beams_from: int | None = None) -> None:
         """What every generation endpoint settles alike: the priority class, vLLM's use_beam_search."""
         attrs["priority_class"] = priority_class(attrs)
+        self.server_defaults(attrs)
         if attrs.get("use_beam_search") and not attrs.get("num_beams"):
             width = max(attrs.get("n", 1), n_beams_from or 1)
             if width > 1:
                 attrs["num_beams"] = width
             else:  # a one-wide beam search is greedy decoding
                 attrs["temperature"] = 0.0
+
+    def server_defaults(self, attrs: dict) -> None:
+        """`serve --default-seed/--ignore-eos` where the request is silent; `--stop-sequences` beside its own stops."""
+        defaults = self.context.get("request_defaults") or {}
+        if attrs.get("seed") is None and defaults.get("seed") is not None:
+            attrs["seed"] = defaults["seed"]
+        sent = self.initial_data if isinstance(getattr(self, "initial_data", None), dict) else {}
+        if defaults.get("ignore_eos") and sent.get("ignore_eos") is None:
+            attrs["ignore_eos"] = True
+        if defaults.get("stop"):
+            own = list(attrs.get("stop") or [])
+            attrs["stop"] = own + [stop for stop in defaults["stop"] if stop not in own]
 
     def validate_typical_p(self, value: float | None) -> float | None:
         if value is not None and value <= 0.0:

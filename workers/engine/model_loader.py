@@ -25,6 +25,7 @@ from transformers.utils import cached_file
 from workers.engine.errors import ModelLoadError
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
+from protocol.dtypes import canonical_dtype
 from protocol.load_options import CUDA_ONLY_QUANTIZATIONS, check_attn_implementation, check_quantization
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
@@ -122,16 +123,10 @@ def set_attention_backends(device: torch.device, cudnn: bool) -> None:
 
 
 def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU."""
-    names = {
-        "float32": torch.float32, "fp32": torch.float32,
-        "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    }
-    if requested and requested != "auto":
-        if requested not in names:
-            raise ValueError(f"unknown dtype {requested!r}; one of auto, {', '.join(names)}")
-        return names[requested]
+    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU; else a name or alias (protocol.dtypes)."""
+    name = canonical_dtype(requested)
+    if name != "auto":
+        return getattr(torch, name)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32

@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models, link_local_model
 from inference_site import http_limits
+from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
@@ -25,7 +26,8 @@ ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "
                    ("max_num_seqs", "MAX_NUM_SEQS"), ("max_queue", "MAX_QUEUE"), ("prefill_chunk", "PREFILL_CHUNK"),
                    ("prefill_share", "PREFILL_SHARE"), ("quantization", "QUANTIZATION"),
                    ("attn_implementation", "ATTN_IMPLEMENTATION"), ("model", "MODEL"),
-                   ("trust_remote_code", "TRUST_REMOTE_CODE"))
+                   ("trust_remote_code", "TRUST_REMOTE_CODE"), ("default_seed", "DEFAULT_SEED"),
+                   ("ignore_eos", "IGNORE_EOS"), ("log_level", "LOG_LEVEL"))
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +51,17 @@ class Command(BaseCommand):
                             help="let browser pages on any origin call the API (CORS; requests still need the key)")
         parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN",
                             help="let browser pages on these origins call the API (e.g. http://localhost:3000)")
+        parser.add_argument("--default-seed", type=int, metavar="N", help="the seed of requests that send none")
+        parser.add_argument("--stop-sequences", nargs="+", metavar="TEXT", help="stop strings added to every request's")
+        parser.add_argument("--ignore-eos", action="store_true", default=None,
+                            help="requests that do not say generate past EOS (to max_tokens or a stop)")
+        parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
         parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
         parser.add_argument("--host", help="default 127.0.0.1")
         parser.add_argument("--port", type=int, help="default 8000")
         parser.add_argument("--device", help="auto, cpu, cuda, cuda:1…")
-        parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"))
+        parser.add_argument("--dtype", choices=DTYPE_NAMES, help="auto (the device's: bf16 on GPUs that have it, "
+                                                                "fp16 on older ones, fp32 on CPU) or a name")
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
         parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
@@ -84,6 +92,15 @@ class Command(BaseCommand):
                 set_inference(setting, options[key])
                 os.environ[f"INFERENCE_{setting}"] = str(options[key])
         self._configure_cors(options.get("cors_allow_origins") or [], bool(options.get("enable_cors")))
+        if options.get("stop_sequences"):
+            set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
+            os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
+        if options.get("log_level"):
+            logging.getLogger().setLevel(str(options["log_level"]).upper())
+        logger.debug("serve's options after the config file: %s",
+                     {key: value for key, value in options.items() if value not in (None, False, "", [])
+                      and key not in ("verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color",
+                                      "skip_checks")})
         call_command("migrate", interactive=False, verbosity=0)
         if not no_worker and not options["model"]:
             self._ensure_a_model()
