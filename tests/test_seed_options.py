@@ -329,3 +329,18 @@ def test_one_reading_of_a_models_context():
     assert context_length(vision, 512) == 32768  # the text model's, not the tokenizer's
     assert context_length({"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 8}}) == 4096
     assert context_length({}, 1024) == 1024 and context_length({}, 10**30) == 2048
+
+
+def test_omni_models_take_images_video_and_audio():
+    """Gemma 3n/4 (vision and audio encoders beside the text model) and Qwen2.5-Omni (the same in its
+    thinker_config) are classed as taking audio too, not image-only."""
+    from protocol.modalities import input_modalities, model_kind
+
+    gemma = {"architectures": ["Gemma4ForConditionalGeneration"], "text_config": {}, "vision_config": {},
+             "audio_config": {}}
+    qwen_omni = {"architectures": ["Qwen2_5OmniForConditionalGeneration"], "talker_config": {},
+                 "thinker_config": {"text_config": {}, "vision_config": {}, "audio_config": {}}}
+    for config in (gemma, qwen_omni):
+        assert model_kind(config) == "omni"
+        assert set(input_modalities(model_kind(config))) == {"text", "image", "video", "audio"}
+    assert model_kind({"text_config": {}, "vision_config": {}}) == "image_text"

@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from protocol import Conversation, JobParams, to_job_params
 
-from .content import invalid
+from .content import BARE_INPUT_PART_TYPES, invalid
 from .conversation import TemplateKwargsField, clean_message, clean_tool
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ResponsesOpenAIParamsSerializer, thinking_kwargs, usage_tags
@@ -43,7 +43,13 @@ def input_messages(items, instructions: str | None) -> list[dict]:
         if not isinstance(item, dict):
             raise invalid(path, "each input item must be an object.")
         kind = item.get("type", "message")
-        if kind == "message":
+        if kind in BARE_INPUT_PART_TYPES:  # a content part outside a message: the user's, with its neighbours
+            previous = messages[-1] if messages else None
+            if previous is not None and previous.get("bare_parts"):
+                previous["content"].append(item)
+            else:
+                messages.append({"role": "user", "content": [item], "bare_parts": True})
+        elif kind == "message":
             if item.get("role") not in INPUT_ROLES:
                 raise invalid(f"{path}.role", f"role must be one of {', '.join(INPUT_ROLES)}.")
             message = {"role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
@@ -71,6 +77,8 @@ def input_messages(items, instructions: str | None) -> list[dict]:
             reasoning = _reasoning_text(item)
         else:
             raise invalid(f"{path}.type", f"input item type {kind!r} is not supported.")
+    for message in messages:
+        message.pop("bare_parts", None)
     return [clean_message(message, index) for index, message in enumerate(messages)]
 
 

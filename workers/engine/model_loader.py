@@ -2,7 +2,7 @@
 
 The class follows `protocol.modalities.model_kind`: a causal LM, a vision-language model
 (`AutoModelForImageTextToText` + its `AutoProcessor`), an audio-language model
-(`AutoModelForMultimodalLM` + its `AutoProcessor`), or a speech-to-text model
+or an omni model taking images and audio (`AutoModelForMultimodalLM` + its `AutoProcessor`), or a speech-to-text model
 (`AutoModelForSpeechSeq2Seq` + its processor, for /v1/audio).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _model_class(kind: Kind):
         from transformers import AutoModelForImageTextToText
 
         return AutoModelForImageTextToText
-    if kind == "audio_text":
+    if kind in ("audio_text", "omni"):
         from transformers import AutoModelForMultimodalLM
 
         return AutoModelForMultimodalLM
