@@ -1,7 +1,7 @@
 """The options of the seeds' servers and clients (issue 39), through real servers, the real SDK, tiny models.
 
 Two servers, shared by every test here:
-- `keyed`: auth on, pins a model whose repo carries its own code (`serve MODEL --trust-remote-code`), every
+- `keyed`: auth on with the operator's own key (`--auth-token-file`), pins a model whose repo carries its own code (`serve MODEL --trust-remote-code`), every
   model's attention `eager` (`--attn-implementation`), CORS for any origin (`--enable-cors`), and per-model
   settings from a config file (quantize one on load with torchao, ask bitsandbytes of another on this CPU).
 - `open`: auth off, pins a plain local model folder, quantizes every model on load (`--quantization`), and
@@ -54,9 +54,14 @@ def keyed(options_cache, tmp_path_factory):
     config = work_dir / "server.yaml"
     config.write_text(f"models:\n  - name: {ONLOAD_INT8}\n    quantization: torchao-int8\n"
                       f"  - name: {BNB}\n    quantization: bnb-4bit\n")
+    token = work_dir / "token"
+    token.write_text("operator-chosen-key-0123456789\n")
+    token.chmod(0o600)
     live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="keyed",
                       extra_args=(REMOTE, "--trust-remote-code", "--attn-implementation", "eager", "--enable-cors",
-                                  "--config", str(config)))
+                                  "--auth-token-file", str(token), "--config", str(config)))
+    assert not live.key_file.exists()  # a given key is never written to the port's key file
+    live.key, live.token_file = "operator-chosen-key-0123456789", token  # every test here sends it
     yield live
     live.stop()
 
@@ -171,6 +176,23 @@ def test_serve_refuses_an_unknown_quantization_or_attention(options_cache, tmp_p
                               cwd=str(ROOT), capture_output=True, text=True,
                               timeout=120)
         assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+def run_client(server, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "INFERENCE_API_KEY")}
+    env.update(DJANGO_SETTINGS_MODULE="inference_site.settings", INFERENCE_VAR_DIR=str(server.work_dir / "client-var"),
+               INFERENCE_KEY_DIR=str(server.work_dir / "no-keys"), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "manage.py", "client", "--url", f"{server.base_url}/v1", *args],
+                          input=stdin, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_the_operators_key_from_a_file_on_server_and_client(keyed):
+    done = run_client(keyed, "--auth-token-file", str(keyed.token_file), "--interactive", "--max-tokens", "3",
+                      stdin="Hello\nq\nnever sent\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("> ") == 2  # one turn, then `q` quit (forgather's) before the third line
+    refused = run_client(keyed, "--auth-token", "not-the-key-at-all", "--list-models")
+    assert refused.returncode != 0, refused.stdout
 
 
 # --- a local folder, pinned, quantized server-wide ----------------------------------------------------------

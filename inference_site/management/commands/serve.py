@@ -32,6 +32,21 @@ ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "
 logger = logging.getLogger(__name__)
 
 
+def given_key(token: str | None, token_file: str | None) -> str | None:
+    """forgather's --auth-token / --auth-token-file: the key, read from a file no one else may read."""
+    if token and token_file:
+        raise CommandError("Give --auth-token or --auth-token-file, not both.")
+    if not token_file:
+        return token or None
+    path = Path(token_file).expanduser()
+    try:
+        if path.stat().st_mode & 0o077:
+            raise CommandError(f"--auth-token-file: {path} is readable by others; chmod 600 it.")
+        return path.read_text().strip()
+    except OSError as exc:
+        raise CommandError(f"--auth-token-file: cannot read {path}: {exc.strerror}") from None
+
+
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
 
@@ -63,6 +78,9 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", choices=DTYPE_NAMES, help="auto (the device's: bf16 on GPUs that have it, "
                                                                 "fp16 on older ones, fp32 on CPU) or a name")
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
+        parser.add_argument("--auth-token", metavar="KEY", help="accept this key (instead of a key file written for "
+                                                                "the port); visible to `ps`: prefer --auth-token-file")
+        parser.add_argument("--auth-token-file", metavar="FILE", help="accept the key in this file (mode 0600)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
         parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
         parser.add_argument("--chat-template-kwargs", metavar="JSON", help='default template kwargs, e.g. \'{"enable_thinking": false}\'')
@@ -109,7 +127,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Model catalog: {scan_cache()}")
         if config.get("models"):
             self._configure_models(config["models"])
-        self._announce_auth(port, no_auth)
+        self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)
         http_limits.install()
         from inference_site.asgi import application
@@ -261,13 +279,26 @@ class Command(BaseCommand):
         self.stdout.write(f"No model to serve in the Hugging Face cache: building {name} offline (random weights)…")
         call_command("create_tiny_model", name, size="tiny-long")
 
-    def _announce_auth(self, port: int, no_auth: bool) -> None:
+    def _announce_auth(self, port: int, no_auth: bool, given: str | None) -> None:
         if no_auth:
             set_inference("AUTH_ENABLED", False)
         if not settings.INFERENCE["AUTH_ENABLED"]:
             self.stderr.write(self.style.WARNING(
                 "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
             ))
+            return
+        if given is not None:  # the operator's own key: accepted, never written to the port's key file
+            from django.core.exceptions import ValidationError
+
+            from teams.services import adopt_key
+
+            try:
+                adopt_key(given, f"serve --auth-token :{port}")
+            except ValidationError as exc:
+                raise CommandError(f"--auth-token: {'; '.join(exc.messages)}") from None
+            self.stdout.write("Using the API key given by --auth-token / --auth-token-file "
+                              '(send it as "Authorization: Bearer <key>")')
+            sys.stdout.flush()
             return
         from teams.services import ensure_local_key
 
