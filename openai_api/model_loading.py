@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.response import Response
 
 from catalog.services import model_control
@@ -20,7 +21,6 @@ import protocol
 
 from .base import OpenAIView, resolve_model, sse_frame
 from .errors import APIError
-from rest_framework.exceptions import NotAuthenticated
 from .serializers.model_loading import ModelNameSerializer
 
 

@@ -10,8 +10,10 @@ DEFAULT_CONTEXT = 2048  # where neither the config nor the tokenizer names a len
 
 
 def context_length(config: dict, tokenizer_max_length: object = None) -> int:
-    """The first length the config names (top level, then text_config), else the tokenizer's, else DEFAULT_CONTEXT."""
-    for section in (config, config.get("text_config") or {}):
+    """The first length the config names (top level, then text_config, then an omni model's thinker's text_config),
+    else the tokenizer's, else DEFAULT_CONTEXT."""
+    thinker = config.get("thinker_config") if isinstance(config.get("thinker_config"), dict) else {}
+    for section in (config, config.get("text_config") or {}, thinker.get("text_config") or {}):
         if not isinstance(section, dict):
             continue
         for key in LENGTH_KEYS:
