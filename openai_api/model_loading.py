@@ -34,8 +34,6 @@ async def _resolved(request) -> protocol.ModelRef:
     serializer.is_valid(raise_exception=True)
     asked = serializer.validated_data["model"]
     model = await resolve_model(asked)
-    if request.auth is None:
-        raise NotAuthenticated()
     if not request.auth.may_use(str(model)):
         raise ModelNotAllowed(asked)
     if web_config().auth_enabled and not request.auth.may_manage_models:
@@ -74,6 +72,8 @@ class LoadModelView(OpenAIView):
             ready = await database_sync_to_async(_loaded, thread_sensitive=False)(request)
             if ready is not None:
                 return _event_stream(_frames(ready))
+            if request.auth is None:  # anything else needs a key (before the name is even looked up)
+                raise NotAuthenticated()
         name = await _resolved(request)
         config = web_config()
         messages = model_control.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
