@@ -1,7 +1,8 @@
 """`python -m bench.run --scenario quantized`: a model quantized on load (torchao int8 weight-only) vs unquantized.
 
 The same model served by a fresh server per run, once as it is and once with `INFERENCE_QUANTIZATION=torchao-int8`
-(`serve --quantization`), in interleaved rounds: the server's RSS once the model is loaded, the weights' bytes the
+(`serve --quantization`), in interleaved rounds: the server's RSS once the model is loaded and has answered (and
+its anonymous and file-backed parts: the checkpoint's memory map counts in the latter), the weights' bytes the
 worker reports (`/v1/models` `memory_bytes`), and tokens/s of `--streams` concurrent streams of `--max-tokens`
 (EOS ignored). Ratios (quantized / unquantized) are the medians of per-round ratios. On CPU int8 weight-only
 mostly saves memory; forgather measured its int4 recipe 6x slower than bf16 at batch 1 on a GPU: measure yours.
@@ -47,7 +48,7 @@ def one_run(cache: Path, work: Path, model: str, texts: list[str], max_tokens: i
     server = OurServer(cache, work, **env)
     try:
         asyncio.run(run_load(server.base_url, model, texts[:1], 1, 2, {"ignore_eos": True}))  # loads the model
-        loaded = rss_mb(server.pid)
+        loaded, anon, files = (rss_mb(server.pid, field) for field in ("VmRSS", "RssAnon", "RssFile"))
         listed = httpx.get(f"{server.base_url}/models", timeout=60).json()["data"]
         memory = next(m["memory_bytes"] for m in listed if m["id"] == model)
         result = asyncio.run(run_load(server.base_url, model, texts, len(texts), max_tokens, {"ignore_eos": True}))
@@ -55,7 +56,7 @@ def one_run(cache: Path, work: Path, model: str, texts: list[str], max_tokens: i
         server.stop()
     summary = result.summary()
     return {"tokens_per_s": summary["tokens_per_s"], "errors": summary["errors"], "rss_loaded_mb": loaded,
-            "weights_mb": round(memory / 2**20, 1)}
+            "rss_anon_mb": anon, "rss_file_mb": files, "weights_mb": round(memory / 2**20, 1)}
 
 
 def main(argv: list[str]) -> None:
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> None:
                      "quantized_over_unquantized": {
                          key: round(statistics.median(q[key] / u[key] for q, u in zip(runs["torchao-int8"],
                                                                                        runs["unquantized"]) if u[key]), 2)
-                         for key in ("tokens_per_s", "rss_loaded_mb", "weights_mb")}}
+                         for key in ("tokens_per_s", "rss_loaded_mb", "rss_anon_mb", "weights_mb")}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quantized.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results["quantized_over_unquantized"]))
