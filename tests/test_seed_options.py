@@ -366,3 +366,24 @@ def test_omni_models_take_images_video_and_audio():
         assert model_kind(config) == "omni"
         assert set(input_modalities(model_kind(config))) == {"text", "image", "video", "audio"}
     assert model_kind({"text_config": {}, "vision_config": {}}) == "image_text"
+
+
+def test_download_progress_reports_bytes_as_they_arrive():
+    """/load_model's `download` stage: the bytes huggingface_hub's snapshot_download writes, through its own
+    progress-bar factory (no hub here to download from)."""
+    from huggingface_hub.utils.tqdm import _create_progress_bar
+
+    from workers.engine import model_loader
+
+    events = []
+    bar_class = model_loader.bytes_progress(lambda stage, value=None: events.append((stage, value)))
+    files = _create_progress_bar(cls=bar_class, log_level=20, name="huggingface_hub.snapshot_download.transfer",
+                                 total=0, unit="B")
+    written = _create_progress_bar(cls=bar_class, log_level=20, name="huggingface_hub.snapshot_download",
+                                   total=0, unit="B")
+    written.total = 3000
+    for _ in range(3):
+        files.update(1000)  # the network side's bar says nothing: the bytes on disk are what counts
+        written.update(1000)
+        time.sleep(model_loader.DOWNLOAD_EVENT_SECONDS)
+    assert events == [("download", {"current": n, "total": 3000}) for n in (1000, 2000, 3000)]

@@ -276,9 +276,36 @@ def _local_first(loader, repo_id: str, **kwargs):
 
 def _download(repo_id: str, revision: str, progress: Progress) -> None:
     progress("download", {"current": 0, "total": None})
-    folder = Path(snapshot_download(repo_id, revision=revision))
+    folder = Path(snapshot_download(repo_id, revision=revision, tqdm_class=bytes_progress(progress)))
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     progress("download", {"current": size, "total": size})
+
+
+DOWNLOAD_EVENT_SECONDS = 0.25  # the least time between two `download` events while bytes arrive
+
+
+def bytes_progress(progress: Progress):
+    """A tqdm class for `snapshot_download` that reports the bytes written as `download` progress while they
+    arrive (its "snapshot_download" bar, fed by every file's download), at most every DOWNLOAD_EVENT_SECONDS;
+    its bars print nothing."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class BytesProgress(hub_tqdm):
+        def __init__(self, *args, name: str | None = None, **kwargs) -> None:
+            self.reports, self.written, self.said = name == "huggingface_hub.snapshot_download", 0, 0.0
+            kwargs["disable"] = True
+            super().__init__(*args, name=name, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.reports and n:
+                self.written += int(n)
+                now = time.monotonic()
+                if now - self.said >= DOWNLOAD_EVENT_SECONDS or (self.total and self.written >= self.total):
+                    self.said = now
+                    progress("download", {"current": self.written, "total": int(self.total) if self.total else None})
+            return super().update(n)
+
+    return BytesProgress
 
 
 def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None,
