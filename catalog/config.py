@@ -45,6 +45,7 @@ class WebConfig:
     default_seed: int | None
     stop_sequences: tuple[str, ...]
     ignore_eos: bool
+    pass_message_extras: bool  # unknown message fields and custom roles go to the template (vLLM's way)
     metrics_allow: str  # comma-separated networks that may scrape /metrics without a key
     # Teams.
     auth_enabled: bool
@@ -91,7 +92,7 @@ class WebConfig:
             max_schema_bytes=inference["MAX_SCHEMA_BYTES"], max_schema_depth=inference["MAX_SCHEMA_DEPTH"],
             metrics_allow=inference["METRICS_ALLOW"],
             default_seed=inference.get("DEFAULT_SEED"), stop_sequences=tuple(inference.get("STOP_SEQUENCES") or ()),
-            ignore_eos=bool(inference.get("IGNORE_EOS")),
+            ignore_eos=bool(inference.get("IGNORE_EOS")), pass_message_extras=bool(inference.get("PASS_MESSAGE_EXTRAS")),
             auth_enabled=inference["AUTH_ENABLED"], key_dir=Path(inference["KEY_DIR"]),
             limits_redis_url=inference["LIMITS_REDIS_URL"] or "",
             ledger_batch_size=inference["LEDGER_BATCH_SIZE"], ledger_flush_seconds=inference["LEDGER_FLUSH_SECONDS"],

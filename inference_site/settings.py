@@ -337,6 +337,9 @@ INFERENCE = {
     "DEFAULT_SEED": env_int("INFERENCE_DEFAULT_SEED", -1) if os.environ.get("INFERENCE_DEFAULT_SEED") else None,
     "STOP_SEQUENCES": env_json_list("INFERENCE_STOP_SEQUENCES"),
     "IGNORE_EOS": env_bool("INFERENCE_IGNORE_EOS", False),
+    # A chat message's unknown fields and a role outside OpenAI's go to the chat template as sent (vLLM's way);
+    # off: a 400, as OpenAI.
+    "PASS_MESSAGE_EXTRAS": env_bool("INFERENCE_PASS_MESSAGE_EXTRAS", False),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
     # A pinned model (`serve MODEL`): preloaded, never unloaded, the model of requests that name none (and what
     # the pages open on); TRUST_REMOTE_CODE lets its repo's own code run (other models: their catalog row).

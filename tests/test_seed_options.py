@@ -23,7 +23,7 @@ import torch
 from openai import OpenAI
 from transformers import AutoModelForCausalLM
 
-from workers.tiny.builders import build_tiny_model
+from workers.tiny.builders import CHAT_TEMPLATE_PATH, build_tiny_model
 from workers.tiny.variants import build_tiny_quantized_model, build_tiny_remote_code_model
 
 from .conftest import FROM_CACHE, TINY_MODEL, Reference, snapshot_of
@@ -72,9 +72,13 @@ def open_server(options_cache, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("open")
     folder = work_dir / "my-model"
     shutil.copytree(snapshot_of(options_cache, TINY_MODEL), folder)  # the snapshot's links, copied as files
+    template = work_dir / "moods.jinja"  # the tiny template, and first every message's `mood` (an extra field)
+    template.write_text("{%- for m in messages %}{%- if m.mood is defined %}{{ '[' + m.mood + ']' }}{%- endif %}"
+                        "{%- endfor %}" + CHAT_TEMPLATE_PATH.read_text())
     live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="open",
                       extra_args=(str(folder), "--no-auth", "--quantization", "torchao-int8", "--default-seed", "7",
-                                  "--stop-sequences", "a", "--ignore-eos", "--dtype", "fp32", "--log-level", "debug"))
+                                  "--stop-sequences", "a", "--ignore-eos", "--dtype", "fp32", "--log-level", "debug",
+                                  "--pass-message-extras", "--chat-template", str(template)))
     yield live
     live.stop()
 
@@ -227,6 +231,20 @@ def open_server_tokenizer_eos(server) -> int:
                                                               "add_special_tokens": False}, timeout=60).json()
     assert len(body["tokens"]) == 1, body  # /v1/tokenize: forgather's path for /tokenize
     return body["tokens"][0]
+
+
+def test_message_extras_and_custom_roles_reach_the_template_when_asked(open_server, keyed):
+    messages = [{"role": "my-custom-role", "content": "Be brief."},
+                {"role": "user", "content": "Hello", "mood": "cheerful"}]
+    body = httpx.post(f"{open_server.base_url}/v1/tokenize", timeout=60, json={
+        "model": "local/my-model", "messages": messages, "return_token_strs": True}).json()
+    rendered = "".join(body["token_strs"])
+    assert "[cheerful]" in rendered and "<|im_start|>my-custom-role" in rendered, rendered
+    chat = sdk(open_server).chat.completions.create(model="local/my-model", messages=messages, max_tokens=2)
+    assert chat.choices[0].message is not None
+    refused = httpx.post(f"{keyed.base_url}/v1/chat/completions", headers=keyed.headers, timeout=60,
+                         json={"messages": messages, "max_tokens": 2})  # OpenAI's way, the default
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].role"
 
 
 # --- generation_config, do_sample, max_new_tokens ----------------------------------------------------------

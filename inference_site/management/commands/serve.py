@@ -27,7 +27,8 @@ ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "
                    ("prefill_share", "PREFILL_SHARE"), ("quantization", "QUANTIZATION"),
                    ("attn_implementation", "ATTN_IMPLEMENTATION"), ("model", "MODEL"),
                    ("trust_remote_code", "TRUST_REMOTE_CODE"), ("default_seed", "DEFAULT_SEED"),
-                   ("ignore_eos", "IGNORE_EOS"), ("log_level", "LOG_LEVEL"))
+                   ("ignore_eos", "IGNORE_EOS"), ("log_level", "LOG_LEVEL"),
+                   ("pass_message_extras", "PASS_MESSAGE_EXTRAS"))
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class Command(BaseCommand):
         parser.add_argument("--stop-sequences", nargs="+", metavar="TEXT", help="stop strings added to every request's")
         parser.add_argument("--ignore-eos", action="store_true", default=None,
                             help="requests that do not say generate past EOS (to max_tokens or a stop)")
+        parser.add_argument("--pass-message-extras", action="store_true", default=None,
+                            help="chat messages' unknown fields and custom roles go to the template (vLLM's way; "
+                                 "default: a 400, as OpenAI)")
         parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
         parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
         parser.add_argument("--host", help="default 127.0.0.1")
