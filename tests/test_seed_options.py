@@ -34,6 +34,7 @@ UNTRUSTED = "local/tiny-remote-untrusted"  # the same repo, never trusted
 SAVED_INT8 = "local/tiny-llama-int8"  # saved quantized by torchao (quantization_config in config.json)
 ONLOAD_INT8 = "local/tiny-llama-onload-int8"  # quantized on load (its config-file entry)
 BNB = "local/tiny-llama-bnb"  # bitsandbytes asked on a CPU worker
+FIRST_RUN = "local/tiny-long"  # what `serve` builds on a first run (create_tiny_model --size tiny-long)
 PROMPT = "Once upon a time"
 
 
@@ -45,6 +46,7 @@ def options_cache(tmp_path_factory):
     build_tiny_remote_code_model(REMOTE, cache_dir=cache)
     build_tiny_remote_code_model(UNTRUSTED, cache_dir=cache)
     build_tiny_quantized_model(SAVED_INT8, cache_dir=cache)
+    build_tiny_model(FIRST_RUN, size="tiny-long", cache_dir=cache)
     return cache
 
 
@@ -360,6 +362,31 @@ def test_context_errors_say_what_fits_and_name_the_endpoints_fields(keyed):
     assert "set `max_completion_tokens` to at most" in error["message"] and "`prompt`" not in error["message"]
     error = post("/v1/responses", {"input": LONG, "max_output_tokens": 16})
     assert error["param"] == "input" and "shorten the `input` to at most 496 tokens" in error["message"]
+
+
+def open_webui_tools(count: int = 36) -> list[dict]:
+    """Tool definitions shaped as Open WebUI's, as many as it sends with every message."""
+    words = "search the notes of the user for a term and give back the matching lines with their dates".split()
+    return [{"type": "function", "function": {
+        "name": f"tool_{index}", "description": " ".join(words * 3),
+        "parameters": {"type": "object", "required": ["query"], "properties": {
+            name: {"type": "string", "description": " ".join(words)} for name in ("query", "folder", "since", "kind")}}}}
+        for index in range(count)]
+
+
+def test_the_first_run_model_holds_open_webuis_tool_list(keyed):
+    """A chat with a third of Open WebUI's 36 tool definitions (~5k tokens here: its whole list, ~15k, took 13 s
+    to prefill on 2 busy cores) fits the model serve builds on a first run, 10x the 512 tokens it had; without
+    max_tokens its generation_config.json's max_new_tokens (512) ends an answer."""
+    model = next(m for m in listed(keyed).values() if m["id"] == FIRST_RUN)
+    assert model["max_model_len"] == 32768
+    client = sdk(keyed)
+    result = client.chat.completions.create(model=FIRST_RUN, tools=open_webui_tools(12), max_tokens=2,
+                                            messages=[{"role": "user", "content": "Hello"}])
+    assert result.usage.prompt_tokens > 4000, result.usage
+    endless = client.chat.completions.create(model=FIRST_RUN, messages=[{"role": "user", "content": "Hello"}],
+                                             extra_body={"ignore_eos": True})
+    assert endless.usage.completion_tokens == 512 and endless.choices[0].finish_reason == "length"
 
 
 def test_one_reading_of_a_models_context():
