@@ -22,7 +22,8 @@ HONOURED: dict[str, str] = {
     "do_sample": "do_sample", "max_new_tokens": "max_new_tokens", "num_return_sequences": "n",
     "stop_strings": "stop", "eos_token_id": "stop_token_ids",
 }
-# Keys that leave the generated text as it is: bookkeeping, what generate() returns, caching.
+# Keys that leave the generated text as it is: bookkeeping, what generate() returns, caching; and max_length
+# (prompt + completion, which repos' generation_config.json carry: max_new_tokens and the context govern here).
 IGNORED = frozenset({
     "transformers_version", "_from_model_config", "pad_token_id", "bos_token_id", "decoder_start_token_id",
     "use_cache", "cache_implementation", "cache_config", "return_legacy_cache", "output_attentions",
