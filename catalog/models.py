@@ -20,6 +20,7 @@ GENERATION_DEFAULT_KEYS = (*MODEL_SAMPLING_KEYS, "stop")
 class CachedModel(models.Model):
     class DType(models.TextChoices):
         AUTO = "auto"
+        CHECKPOINT = "checkpoint"  # the dtype it was saved in
         FLOAT32 = "float32"
         FLOAT16 = "float16"
         BFLOAT16 = "bfloat16"

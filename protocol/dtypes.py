@@ -12,13 +12,15 @@ DTYPE_ALIASES: dict[str, str] = {
     "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float64": "float64", "fp64": "float64", "double": "float64",
 }
-DTYPE_NAMES: tuple[str, ...] = ("auto", *DTYPE_ALIASES)
+# `auto`: the device's (bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU: forgather's default);
+# `checkpoint`: the dtype the checkpoint was saved in (transformers serve's `auto`).
+DTYPE_NAMES: tuple[str, ...] = ("auto", "checkpoint", *DTYPE_ALIASES)
 
 
 def canonical_dtype(name: str) -> str:
-    """`auto` or the canonical name of a dtype alias; ValueError naming the choices for anything else."""
-    if not name or name == "auto":
-        return "auto"
+    """`auto`, `checkpoint`, or the canonical name of a dtype alias; ValueError naming the choices otherwise."""
+    if not name or name in ("auto", "checkpoint"):
+        return name or "auto"
     try:
         return DTYPE_ALIASES[name.lower()]
     except KeyError:

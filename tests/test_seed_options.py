@@ -24,7 +24,7 @@ from openai import OpenAI
 from transformers import AutoModelForCausalLM
 
 from workers.tiny.builders import CHAT_TEMPLATE_PATH, build_tiny_model
-from workers.tiny.variants import build_tiny_quantized_model, build_tiny_remote_code_model
+from workers.tiny.variants import build_tiny_bf16_model, build_tiny_quantized_model, build_tiny_remote_code_model
 
 from .conftest import FROM_CACHE, TINY_MODEL, Reference, snapshot_of
 from .live_server import ROOT, LiveServer, base_env
@@ -34,6 +34,7 @@ UNTRUSTED = "local/tiny-remote-untrusted"  # the same repo, never trusted
 SAVED_INT8 = "local/tiny-llama-int8"  # saved quantized by torchao (quantization_config in config.json)
 ONLOAD_INT8 = "local/tiny-llama-onload-int8"  # quantized on load (its config-file entry)
 BNB = "local/tiny-llama-bnb"  # bitsandbytes asked on a CPU worker
+BF16 = "local/tiny-llama-bf16"  # saved in bfloat16, loaded as saved (dtype: checkpoint)
 FIRST_RUN = "local/tiny-long"  # what `serve` builds on a first run (create_tiny_model --size tiny-long)
 PROMPT = "Once upon a time"
 
@@ -47,6 +48,7 @@ def options_cache(tmp_path_factory):
     build_tiny_remote_code_model(UNTRUSTED, cache_dir=cache)
     build_tiny_quantized_model(SAVED_INT8, cache_dir=cache)
     build_tiny_model(FIRST_RUN, size="tiny-long", cache_dir=cache)
+    build_tiny_bf16_model(BF16, cache_dir=cache)
     return cache
 
 
@@ -55,7 +57,8 @@ def keyed(options_cache, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("keyed")
     config = work_dir / "server.yaml"
     config.write_text(f"models:\n  - name: {ONLOAD_INT8}\n    quantization: torchao-int8\n"
-                      f"  - name: {BNB}\n    quantization: bnb-4bit\n")
+                      f"  - name: {BNB}\n    quantization: bnb-4bit\n"
+                      f"  - name: {BF16}\n    dtype: checkpoint\n")
     token = work_dir / "token"
     token.write_text("operator-chosen-key-0123456789\n")
     token.chmod(0o600)
@@ -165,6 +168,15 @@ def test_quantized_on_load_holds_less_memory_than_the_same_model_unquantized(key
         ONLOAD_INT8, cache_dir=options_cache, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()),
         **FROM_CACHE).eval()
     assert complete(keyed, model=ONLOAD_INT8).json()["choices"][0]["text"] == greedy_text(expected, reference, 8)
+
+
+def test_dtype_checkpoint_loads_a_model_as_it_was_saved(keyed):
+    """`auto` (the default) is the device's dtype, fp32 on CPU; `checkpoint` is the saved one (bf16 here)."""
+    for name in (TINY_MODEL, BF16):
+        assert complete(keyed, model=name).status_code == 200
+    half, full = wait_loaded(keyed, BF16)["memory_bytes"], wait_loaded(keyed, TINY_MODEL)["memory_bytes"]
+    assert abs(2 * half - full) < 0.01 * full, (half, full)
+    assert f"loaded {BF16}@main on cpu as torch.bfloat16" in keyed.log()
 
 
 def test_bitsandbytes_on_a_cpu_worker_is_refused_saying_why(keyed):

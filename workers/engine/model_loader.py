@@ -122,9 +122,12 @@ def set_attention_backends(device: torch.device, cudnn: bool) -> None:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
-def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU; else a name or alias (protocol.dtypes)."""
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype | str:
+    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU; `checkpoint`: transformers' "auto"
+    (the saved dtype); else a name or alias (protocol.dtypes)."""
     name = canonical_dtype(requested)
+    if name == "checkpoint":
+        return "auto"
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda":
@@ -384,7 +387,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
     quantized = options.quantization or (_quant_method(saved_quantized) if saved_quantized is not None else "")
-    logger.info("loaded %s on %s as %s%s%s in %.1fs", ref.key, torch_device, torch_dtype,
+    logger.info("loaded %s on %s as %s%s%s in %.1fs", ref.key, torch_device, getattr(model, "dtype", torch_dtype),
                 f", quantized {quantized}" if quantized else "",
                 f", attention {options.attn_implementation}" if options.attn_implementation else "",
                 time.monotonic() - started)

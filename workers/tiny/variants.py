@@ -63,3 +63,17 @@ def build_tiny_remote_code_model(repo_id: str, cache_dir: str | os.PathLike | No
         (out / "config.json").write_text(json.dumps(config, indent=2))
         (out / "modeling_tiny_remote.py").write_text(REMOTE_MODELING)
         return _install_into_cache(out, cache, repo_id)
+
+
+def build_tiny_bf16_model(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The tiny Llama saved in bfloat16 (config.json's dtype says so), for loads in the checkpoint's dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache = _resolve_cache(cache_dir)
+    with tempfile.TemporaryDirectory(prefix="tiny-bf16-") as tmp:
+        source = build_tiny_model("local/tiny-llama-bf16-source", cache_dir=Path(tmp) / "cache")
+        out = Path(tmp) / "out"
+        AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(out, safe_serialization=True)
+        AutoTokenizer.from_pretrained(source).save_pretrained(out)
+        return _install_into_cache(out, cache, repo_id)
