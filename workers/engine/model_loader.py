@@ -26,9 +26,10 @@ from workers.engine.errors import ModelLoadError
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
 from protocol.dtypes import canonical_dtype
-from protocol.load_options import CUDA_ONLY_QUANTIZATIONS, check_attn_implementation, check_quantization
+from protocol.load_options import check_attn_implementation
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
+from workers.engine.quantization import quant_method, quantization_config, release_checkpoint_map, tensor_bytes
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -168,17 +169,6 @@ def model_bytes(model: torch.nn.Module) -> int:
     return sum(tensor_bytes(t) for t in tensors)
 
 
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    """A tensor's storage: a torchao weight is a tensor subclass whose numel() counts the logical (full-size)
-    elements, so its inner tensors (int8 data, scales…) are summed instead."""
-    inner = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
-    flatten = getattr(inner, "__tensor_flatten__", None)
-    if flatten is not None and type(inner) is not torch.Tensor:
-        names, _ = flatten()
-        return sum(tensor_bytes(getattr(inner, name)) for name in names)
-    return inner.numel() * inner.element_size()
-
-
 def estimate_bytes(ref: ModelRef) -> int | None:
     """Weight bytes on disk for a cached model (what loading it will roughly take); None if not cached."""
     repo_id, revision = ref.repo_id, ref.branch
@@ -231,28 +221,6 @@ def _count(iterable, progress: Progress) -> Iterator:
         yield item
         if index == 1 or index == total or index % every == 0:
             progress("weights", {"current": index, "total": total})
-
-
-def quantization_config(name: str, device: torch.device):
-    """transformers' config for quantizing on load, or ModelLoadError saying why this worker cannot."""
-    check_quantization(name)
-    if name in CUDA_ONLY_QUANTIZATIONS:
-        if device.type != "cuda":
-            raise ModelLoadError(f"Quantization {name} (bitsandbytes) needs a CUDA GPU; this worker runs on "
-                                 f"{device.type}. On CPU use torchao-int8.")
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            raise ModelLoadError(f"Quantization {name} needs the bitsandbytes package on the worker "
-                                 "(pip install bitsandbytes).") from None
-        from transformers import BitsAndBytesConfig
-
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4") if name == "bnb-4bit" \
-            else BitsAndBytesConfig(load_in_8bit=True)
-    from torchao.quantization import Int8WeightOnlyConfig
-    from transformers import TorchAoConfig
-
-    return TorchAoConfig(Int8WeightOnlyConfig())
 
 
 def _remote_code_refused(repo_id: str, exc: Exception) -> ModelLoadError | None:
@@ -356,7 +324,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         saved_quantized = getattr(config, "quantization_config", None)
         if quantize is not None and saved_quantized is not None:
             raise ModelLoadError(f"The model `{ref.key}` is saved quantized already "
-                                 f"({_quant_method(saved_quantized)}); serve it without a quantization setting.")
+                                 f"({quant_method(saved_quantized)}); serve it without a quantization setting.")
         if quantize is not None:
             kwargs["quantization_config"] = quantize
         if quantize is not None or saved_quantized is not None:
@@ -381,12 +349,12 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
     if "device_map" not in kwargs:
         model.to(torch_device)
     elif torch_device.type == "cpu":
-        _release_checkpoint_map(model)
+        release_checkpoint_map(model)
     model.eval()
     defaults, eos_ids = _generation_defaults(repo_id, revision)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
-    quantized = options.quantization or (_quant_method(saved_quantized) if saved_quantized is not None else "")
+    quantized = options.quantization or (quant_method(saved_quantized) if saved_quantized is not None else "")
     logger.info("loaded %s on %s as %s%s%s in %.1fs", ref.key, torch_device, getattr(model, "dtype", torch_dtype),
                 f", quantized {quantized}" if quantized else "",
                 f", attention {options.attn_implementation}" if options.attn_implementation else "",
@@ -407,30 +375,3 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         classifier=classifier,
         quantization=quantized,
     )
-
-
-def _release_checkpoint_map(model: torch.nn.Module) -> None:
-    """A model quantized on the CPU: its unquantized tensors (embeddings, norms, the LM head) still point into the
-    checkpoint's memory map, which keeps the whole file mapped and every page quantizing read resident (a 313 MB
-    checkpoint stayed in RSS beside its 97 MB of int8 weights). Copied out, the map and those pages go; so does
-    the heap the full-precision weights were quantized from, which glibc keeps unless asked to give it back."""
-    with torch.no_grad():
-        for module in model.modules():
-            for name, param in list(module.named_parameters(recurse=False)):
-                if type(param.data) is torch.Tensor:
-                    param.data = param.data.clone()
-            for name, buffer in list(module.named_buffers(recurse=False)):
-                if type(buffer) is torch.Tensor:
-                    module._buffers[name] = buffer.clone()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the allocator keeps what it keeps
-        pass
-
-
-def _quant_method(config) -> str:
-    """A saved quantization_config's method (torchao, bitsandbytes, gptq…), as a dict or an object."""
-    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
-    return str(getattr(method, "value", method) or "quantized")
