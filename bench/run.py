@@ -167,6 +167,7 @@ SCENARIOS = {
     "engine": "the engine in-process vs raw padded generate vs the forward floor, 64 x 128 on tiny; --families: "
               "a row per kind of cache at 16 streams (bench/engine.py)",
     "parsing": "tool-call and reasoning parsing per streamed token, per family, vs the server's CPU per token (bench/parsing.py)",
+    "quantized": "a model quantized on load (torchao int8) vs unquantized: RSS, weight bytes, tok/s (bench/quantized.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }

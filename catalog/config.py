@@ -41,6 +41,11 @@ class WebConfig:
     max_logprobs: int  # top alternatives a request may ask for per token (vLLM's max_logprobs)
     max_schema_bytes: int
     max_schema_depth: int
+    # Server-wide request defaults (`serve --default-seed/--stop-sequences/--ignore-eos`).
+    default_seed: int | None
+    stop_sequences: tuple[str, ...]
+    ignore_eos: bool
+    pass_message_extras: bool  # unknown message fields and custom roles go to the template (vLLM's way)
     metrics_allow: str  # comma-separated networks that may scrape /metrics without a key
     # Teams.
     auth_enabled: bool
@@ -59,7 +64,10 @@ class WebConfig:
     responses_max_bytes: int
     responses_retention_days: float
     # The browser pages.
-    default_model: str  # what they open on when the user chose nothing yet
+    default_model: str  # what they open on when the user chose nothing yet (the pinned model, if any)
+    # The pinned model (`serve MODEL`): preloaded, never unloaded, the model of a request that names none.
+    pinned_model: str
+    pinned_trust_remote_code: bool
     ui_storage_bytes_per_user: int
     # The Batch API (openai_api.batches).
     batch_files_dir: Path
@@ -83,6 +91,8 @@ class WebConfig:
             max_n=inference["MAX_N"], max_prompts=inference["MAX_PROMPTS"], max_beams=inference["MAX_BEAMS"], max_logprobs=inference["MAX_LOGPROBS"],
             max_schema_bytes=inference["MAX_SCHEMA_BYTES"], max_schema_depth=inference["MAX_SCHEMA_DEPTH"],
             metrics_allow=inference["METRICS_ALLOW"],
+            default_seed=inference.get("DEFAULT_SEED"), stop_sequences=tuple(inference.get("STOP_SEQUENCES") or ()),
+            ignore_eos=bool(inference.get("IGNORE_EOS")), pass_message_extras=bool(inference.get("PASS_MESSAGE_EXTRAS")),
             auth_enabled=inference["AUTH_ENABLED"], key_dir=Path(inference["KEY_DIR"]),
             limits_redis_url=inference["LIMITS_REDIS_URL"] or "",
             ledger_batch_size=inference["LEDGER_BATCH_SIZE"], ledger_flush_seconds=inference["LEDGER_FLUSH_SECONDS"],
@@ -92,7 +102,9 @@ class WebConfig:
             bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
             responses_max_bytes=inference["RESPONSES_MAX_BYTES"],
             responses_retention_days=inference["RESPONSES_RETENTION_DAYS"],
-            default_model=inference["DEFAULT_MODEL"], ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
+            default_model=inference.get("MODEL") or inference["DEFAULT_MODEL"],
+            pinned_model=inference.get("MODEL") or "", pinned_trust_remote_code=bool(inference.get("TRUST_REMOTE_CODE")),
+            ui_storage_bytes_per_user=inference["UI_STORAGE_BYTES_PER_USER"],
             batch_files_dir=Path(inference["BATCH_FILES_DIR"]), batch_file_max_bytes=inference["BATCH_FILE_MAX_BYTES"],
             batch_max_lines=inference["BATCH_MAX_LINES"], batch_concurrency=inference["BATCH_CONCURRENCY"],
             batch_poll_seconds=inference["BATCH_POLL_SECONDS"], batch_lost_after=inference["BATCH_LOST_AFTER"],

@@ -11,6 +11,7 @@ from django.db import models
 
 from protocol import MODEL_SAMPLING_KEYS
 from protocol.output_formats import canonical
+from protocol.load_options import ATTN_IMPLEMENTATIONS, QUANTIZATIONS, check_attn_implementation
 
 # What an admin may set in a model's `generation_defaults`: the sampling knobs a worker also takes
 # from generation_config.json, and stop strings.
@@ -20,9 +21,11 @@ GENERATION_DEFAULT_KEYS = (*MODEL_SAMPLING_KEYS, "stop")
 class CachedModel(models.Model):
     class DType(models.TextChoices):
         AUTO = "auto"
+        CHECKPOINT = "checkpoint"  # the dtype it was saved in
         FLOAT32 = "float32"
         FLOAT16 = "float16"
         BFLOAT16 = "bfloat16"
+        FLOAT64 = "float64"
 
     # What the cache scan found.
     repo_id = models.CharField(max_length=300, unique=True)
@@ -58,6 +61,16 @@ class CachedModel(models.Model):
         help_text="vLLM's --reasoning-parser name (qwen3, deepseek_r1, mistral, …, none); empty: what its files say")
     detected_parsers = models.JSONField(
         default=dict, blank=True, help_text="what the cache scan found: {tool_parser, reasoning_parser, source}")
+    quantization = models.CharField(
+        max_length=32, blank=True, choices=[(q, q) for q in QUANTIZATIONS],
+        help_text="quantize on load (bnb-*: CUDA only); empty: the server default (a checkpoint saved "
+                  "quantized loads as it is)")
+    trust_remote_code = models.BooleanField(
+        default=False, help_text="let the repo's own Python files (auto_map in config.json) run on the workers: "
+                                 "only for repos you trust")
+    attn_implementation = models.CharField(
+        max_length=100, blank=True,
+        help_text=f"transformers' attention kernel: {', '.join(ATTN_IMPLEMENTATIONS)}; empty: the server default")
 
     class Meta:
         ordering = ["repo_id"]
@@ -75,6 +88,10 @@ class CachedModel(models.Model):
                 raise ValidationError({field: str(exc)}) from None
         if not isinstance(self.aliases, list) or not all(isinstance(a, str) and a.strip() for a in self.aliases):
             raise ValidationError({"aliases": 'A JSON list of names, e.g. ["tiny"].'})
+        try:
+            check_attn_implementation(self.attn_implementation)
+        except ValueError as exc:
+            raise ValidationError({"attn_implementation": str(exc)}) from None
         defaults = self.generation_defaults
         if not isinstance(defaults, dict):
             raise ValidationError({"generation_defaults": 'A JSON object, e.g. {"temperature": 0.7}.'})

@@ -61,15 +61,26 @@ def canonical_repo_id(name: str, aliases: dict[str, str] | None = None) -> str:
 
 
 def model_settings_map() -> dict[str, dict]:
-    """Per-model settings as workers take them (protocol ModelSettings)."""
+    """Per-model settings as workers take them (protocol ModelSettings); the pinned model's say preloaded and
+    never unloaded (and whether its code may run), whatever its row says."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
-              "tool_parser", "reasoning_parser")
-    return {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
-            for row in CachedModel.objects.filter(gone=False).values(*fields)}
+              "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser")
+    settings = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
+                for row in CachedModel.objects.filter(gone=False).values(*fields)}
+    config = web_config()
+    if config.pinned_model:
+        repo_id = ModelRef.parse(config.pinned_model).repo_id
+        own = settings.setdefault(repo_id, {"enabled": True})
+        own.update(preload=True, idle_timeout=-1,
+                   trust_remote_code=bool(own.get("trust_remote_code")) or config.pinned_trust_remote_code)
+    return settings
 
 
 def preload_models() -> list[str]:
-    return list(CachedModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True))
+    """The models a worker loads when it starts: the pinned one first, then the catalog's preloaded ones."""
+    pinned = web_config().pinned_model
+    rows = CachedModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True)
+    return [pinned] * bool(pinned) + [repo_id for repo_id in rows if repo_id != pinned]
 
 
 # --- where models run -----------------------------------------------------------
@@ -89,18 +100,20 @@ STATUS_ORDER = {ModelLoad.Status.LOADED: 3, ModelLoad.Status.LOADING: 2, ModelLo
 
 
 def load_states(loads=None) -> dict[str, dict]:
-    """{repo_id: {"status": loaded|loading|error, "loaded_on": [worker], "last_used"}} on live workers."""
+    """{repo_id: {"status": loaded|loading|error, "loaded_on": [worker], "last_used", "memory_mb"}} on live workers
+    (`memory_mb`: what one loaded copy holds, quantized weights as packed; None while loaded nowhere)."""
     states: dict[str, dict] = {}
     alive = [w.pk for w in live_workers()]
     rows = ((loads if loads is not None else ModelLoad.objects).filter(worker_id__in=alive).exclude(status=ModelLoad.Status.UNLOADED)
             .select_related("model", "worker"))
     for row in rows:
         state = states.setdefault(row.model.repo_id, {"status": row.status, "loaded_on": [], "last_used": None,
-                                                      "error": ""})
+                                                      "error": "", "memory_mb": None})
         if STATUS_ORDER.get(row.status, 0) > STATUS_ORDER.get(state["status"], 0):
             state["status"] = row.status
         if row.status == ModelLoad.Status.LOADED:
             state["loaded_on"].append(row.worker.name)
+            state["memory_mb"] = max(state["memory_mb"] or 0.0, row.memory_mb)
         if row.status == ModelLoad.Status.ERROR:
             state["error"] = row.error
         if row.last_used and (state["last_used"] is None or row.last_used > state["last_used"]):

@@ -33,6 +33,16 @@ def env_float(name: str, default: float) -> float:
     return float(value) if value not in (None, "") else default
 
 
+def env_json_list(name: str) -> list[str]:
+    """A JSON list of strings (stop strings may hold commas); unset or empty: []."""
+    import json
+
+    value = json.loads(os.environ.get(name) or "[]")
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f"{name} must be a JSON list of non-empty strings")
+    return value
+
+
 def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -75,6 +85,7 @@ INSTALLED_APPS = [
     "webui",
     "inference_site",  # the composition root's commands: serve, client
     "axes",  # login throttling (docs/reliability.md)
+    "corsheaders",  # CORS on the API, for browser front ends on other origins (off until origins are named)
 ]
 
 MIDDLEWARE = [
@@ -102,7 +113,26 @@ AXES_VERBOSE = False
 
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
 # and every sync middleware costs a thread hop on each request.
-API_MIDDLEWARE: list[str] = []
+# CorsMiddleware answers a CORS preflight (OPTIONS) itself, before any authentication.
+API_MIDDLEWARE: list[str] = ["corsheaders.middleware.CorsMiddleware"]
+
+# CORS (django-cors-headers), on the API's paths only (the pages and the admin never get it): the origins a
+# browser front end may call the API from (INFERENCE_CORS_ORIGINS, comma-separated; "*": any, as
+# `serve --enable-cors`). Requests carry a bearer key, never cookies: no credentials mode.
+_cors_origins = env_list("INFERENCE_CORS_ORIGINS", "")
+CORS_ALLOW_ALL_ORIGINS = "*" in _cors_origins
+CORS_ALLOWED_ORIGINS = [origin for origin in _cors_origins if origin != "*"]
+CORS_ALLOW_CREDENTIALS = False
+CORS_ALLOW_HEADERS = (
+    "accept", "authorization", "content-type", "user-agent", "x-requested-with", "x-request-id",
+    "openai-beta", "openai-organization", "openai-project", "x-stainless-arch", "x-stainless-lang",
+    "x-stainless-os", "x-stainless-package-version", "x-stainless-retry-count", "x-stainless-runtime",
+    "x-stainless-runtime-version", "x-stainless-timeout", "x-stainless-helper-method", "x-stainless-async",
+)
+CORS_EXPOSE_HEADERS = ("x-request-id", "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                       "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens",
+                       "x-ratelimit-reset-tokens", "retry-after")
+CORS_PREFLIGHT_MAX_AGE = 3600
 
 # Paths served with the full MIDDLEWARE stack (sessions, CSRF, auth, messages): the admin, static
 # files and the browser pages; every other path is the API's (see asgi.py).
@@ -267,6 +297,10 @@ INFERENCE = {
     "CUDNN_ATTENTION": env_bool("INFERENCE_CUDNN_ATTENTION", False),
     "STATIC_DECODE": os.environ.get("INFERENCE_STATIC_DECODE", "auto"),
     "CUDA_GRAPHS": env_bool("INFERENCE_CUDA_GRAPHS", True),
+    # Every model's quantization on load and attention kernel where its catalog row sets none
+    # (protocol/load_options.py lists both; "": none / the model's default).
+    "QUANTIZATION": os.environ.get("INFERENCE_QUANTIZATION", ""),
+    "ATTN_IMPLEMENTATION": os.environ.get("INFERENCE_ATTN_IMPLEMENTATION", ""),
     # Continuous batching: sequences decoded together, requests that may wait beyond them
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
     # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/prefill_pacing.py).
@@ -299,7 +333,20 @@ INFERENCE = {
     # /v1/embeddings inputs pooled in one forward per engine step (workers/engine/embedding.py).
     "EMBEDDING_BATCH": env_int("INFERENCE_EMBEDDING_BATCH", 32),
     "STREAM_INTERVAL": env_int("INFERENCE_STREAM_INTERVAL", 1),
+    # Server-wide request defaults (forgather's): the seed of a request that sends none (""/unset: none,
+    # as OpenAI), stop strings added to every request's own (a JSON list), and ignore_eos for requests
+    # that do not say (off, as OpenAI).
+    "DEFAULT_SEED": env_int("INFERENCE_DEFAULT_SEED", -1) if os.environ.get("INFERENCE_DEFAULT_SEED") else None,
+    "STOP_SEQUENCES": env_json_list("INFERENCE_STOP_SEQUENCES"),
+    "IGNORE_EOS": env_bool("INFERENCE_IGNORE_EOS", False),
+    # A chat message's unknown fields and a role outside OpenAI's go to the chat template as sent (vLLM's way);
+    # off: a 400, as OpenAI.
+    "PASS_MESSAGE_EXTRAS": env_bool("INFERENCE_PASS_MESSAGE_EXTRAS", False),
     "DEFAULT_MODEL": os.environ.get("INFERENCE_DEFAULT_MODEL", "local/tiny-llama"),
+    # A pinned model (`serve MODEL`): preloaded, never unloaded, the model of requests that name none (and what
+    # the pages open on); TRUST_REMOTE_CODE lets its repo's own code run (other models: their catalog row).
+    "MODEL": os.environ.get("INFERENCE_MODEL", ""),
+    "TRUST_REMOTE_CODE": env_bool("INFERENCE_TRUST_REMOTE_CODE", False),
     # Chat templates (worker side): a Jinja file that overrides every model's own template,
     # default template kwargs (JSON object), and reasoning auto|on|off (on/off set enable_thinking).
     "CHAT_TEMPLATE": os.environ.get("INFERENCE_CHAT_TEMPLATE", ""),

@@ -20,7 +20,7 @@ from teams.metering import RequestMeter
 from teams.authentication import LookupOnLongLivedThread
 from teams.response_headers import RateLimitHeadersMixin
 
-from .errors import APIError, error_body, unavailable
+from .errors import APIError, error_body, in_request_terms, unavailable
 from .generation import GenerationStream, new_request_id, open_generation
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,9 @@ def serializer_context() -> dict:
     config = web_config()
     return {"max_n": config.max_n, "max_prompts": config.max_prompts, "max_beams": config.max_beams,
             "max_logprobs": config.max_logprobs,
-            "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth}
+            "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth,
+            "request_defaults": {"seed": config.default_seed, "stop": config.stop_sequences,
+                                 "ignore_eos": config.ignore_eos}}
 
 
 def sse_frame(payload: dict | str) -> bytes:
@@ -186,7 +188,11 @@ class GenerationView(OpenAIView):
         params = serializer.job_params()
         if priority_class == "batch":  # a request may ask for batch itself (service_tier "flex"), never the reverse
             params = replace(params, priority_class="batch")
-        stream = await open_generation(request_id, resolved, serializer.job_prompts(), params, meter)
+        try:
+            stream = await open_generation(request_id, resolved, serializer.job_prompts(), params, meter)
+        except APIError as exc:  # the worker's `prompt` / `max_tokens`, as this endpoint calls them
+            raise in_request_terms(exc, serializer.job_field_names() if hasattr(serializer, "job_field_names")
+                                   else {}) from None
         return Job(serializer, request_id, model, stream)
 
     def new_request_id(self) -> str:

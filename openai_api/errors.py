@@ -33,6 +33,17 @@ ERROR_TYPES = {
 }
 
 
+def in_request_terms(error: "APIError", names: dict[str, str]) -> "APIError":
+    """A worker's error about a job's `prompt` or `max_tokens`, with the fields as this endpoint names them
+    (`param`, and the backticked names in the message)."""
+    if not names or error.param not in names and not any(f"`{name}`" in error.message for name in names):
+        return error
+    for name, field in names.items():
+        error.message = error.message.replace(f"`{name}`", f"`{field}`")
+    error.param = names.get(error.param, error.param)
+    return error
+
+
 class APIError(Exception):
     """An error a client caused or should know about; carries its HTTP status."""
 

@@ -1,7 +1,8 @@
 """`GET /v1/models` and `GET /v1/models/{id}`: the enabled models the server can serve.
 
 OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
-error), `loaded_on` (worker names), `size_bytes` on disk and the input `modalities` it takes
+error), `loaded_on` (worker names), `size_bytes` on disk, `memory_bytes` a loaded copy holds (quantized weights
+as packed; null while loaded nowhere) and the input `modalities` it takes
 (text, image, audio, video), `parent` (a LoRA adapter's base), the `tasks` it serves (generate, transcribe, embed: `embed` ones answer
 `/v1/embeddings`), the `parsers` its chat answers get ({tool_parser, reasoning_parser, source}), and vLLM's
 `root`, `parent` and `max_model_len`.
@@ -33,6 +34,7 @@ def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> 
         "status": state["status"],
         "loaded_on": state["loaded_on"],
         "size_bytes": model.size_on_disk,
+        "memory_bytes": None if state.get("memory_mb") is None else int(state["memory_mb"] * 1024 * 1024),  # loaded
         "modalities": list(model.modalities),
         "tasks": list(model.tasks),
         "parsers": state.get("parsers") or None,  # how chat answers are split (protocol.output_formats)

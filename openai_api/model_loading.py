@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.response import Response
 
 from catalog.services import model_control
 from catalog.config import web_config
 from catalog.errors import NoWorker
-from catalog.selectors import live_workers
+from catalog.selectors import canonical_repo_id, live_workers, load_state
 from teams.errors import ModelNotAllowed
 import protocol
 
@@ -46,8 +47,33 @@ def _no_worker() -> APIError:
                     code="no_worker", headers={"Retry-After": "5"})
 
 
+def _loaded(request) -> dict | None:
+    """`ready` for a model some live worker holds now, asked by anyone: it changes nothing and tells only that.
+    `transformers chat` posts here before every session without the key it sends to the API (and most
+    keys may not load models), so with the model loaded (pinned, preloaded, or in use) it works with auth on."""
+    data = request.data if isinstance(request.data, dict) else {}
+    name = data.get("model") or web_config().pinned_model
+    if not isinstance(name, str) or not name or set(data) - {"model"}:
+        return None
+    try:
+        state = load_state(canonical_repo_id(name))
+    except ValueError:
+        return None
+    if state is None or state["status"] != "loaded":
+        return None
+    return {"status": "ready", "model": name, "cached": True}
+
+
 class LoadModelView(OpenAIView):
+    permission_classes: list = []  # a caller without a key (or without manage_models) may learn a model is loaded
+
     async def post(self, request):
+        if request.auth is None or (web_config().auth_enabled and not request.auth.may_manage_models):
+            ready = await database_sync_to_async(_loaded, thread_sensitive=False)(request)
+            if ready is not None:
+                return _event_stream(_frames(ready))
+            if request.auth is None:  # anything else needs a key (before the name is even looked up)
+                raise NotAuthenticated()
         name = await _resolved(request)
         config = web_config()
         messages = model_control.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
@@ -58,14 +84,22 @@ class LoadModelView(OpenAIView):
             raise _no_worker() from None
         if accepted.get("type") != protocol.MODEL_ACCEPTED:
             raise APIError(503, "The worker sent an unexpected message.", code="worker_protocol")
-        response = StreamingHttpResponse(self._events(messages), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return _event_stream(_frames(messages=messages))
 
-    async def _events(self, messages: AsyncIterator[protocol.ProgressMessage]) -> AsyncIterator[bytes]:
+
+async def _frames(*events: dict, messages: AsyncIterator[protocol.ProgressMessage] | None = None) -> AsyncIterator[bytes]:
+    for event in events:
+        yield sse_frame(event)
+    if messages is not None:
         async for message in messages:
             yield sse_frame(message.get("event") or {})
+
+
+def _event_stream(frames: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(frames, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 class UnloadModelView(OpenAIView):

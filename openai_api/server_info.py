@@ -14,11 +14,11 @@ from rest_framework.response import Response
 from catalog.errors import ModelNotFound
 from catalog.hf_cache import CacheEntry
 from catalog.selectors import canonical_repo_id, listed_models
+from protocol.context_length import context_length
 
 from .base import OpenAIView
 
 VERSION = "0.28.0"  # this server's API version, as /version reports it (vLLM's shape)
-DEFAULT_CONTEXT = 2048  # the worker's own fallback when a config names no length
 
 
 def _json_file(path: Path) -> dict:
@@ -30,15 +30,9 @@ def _json_file(path: Path) -> dict:
 
 
 def config_max_model_len(snapshot: Path) -> int:
-    """The context length the worker will use (workers.model_loader's rule, read from config.json)."""
-    config = _json_file(snapshot / "config.json")
-    for section in (config, config.get("text_config") or {}):
-        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-            value = section.get(attr)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    limit = _json_file(snapshot / "tokenizer_config.json").get("model_max_length")
-    return limit if isinstance(limit, int) and 0 < limit < 10**7 else DEFAULT_CONTEXT
+    """The context length the worker will use (protocol.context_length, read from the snapshot's files)."""
+    return context_length(_json_file(snapshot / "config.json"),
+                          _json_file(snapshot / "tokenizer_config.json").get("model_max_length"))
 
 
 def tokenizer_info(model: CacheEntry) -> dict:

@@ -41,3 +41,11 @@ class DetokenizeView(GenerationView):
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         answer = await stream.collect()
         return Response({"prompt": "".join(choice["text"] for choice in answer.choices)})
+
+
+class TokenizeV1View(TokenizeView):
+    """`POST /v1/tokenize` (forgather's path), the same as `/tokenize`."""
+
+
+class DetokenizeV1View(DetokenizeView):
+    """`POST /v1/detokenize`, the same as `/detokenize`."""

@@ -14,7 +14,7 @@ from .score import RerankAliasView, RerankV2View, RerankView, ScoreAliasView, Sc
 from .response_views import CancelResponseView, InputItemsView, ResponsesView, StoredResponseView
 from .server_info import TokenizerInfoView, VersionView
 from .tgi import TGIGenerateView, TGIInfoView, TGIStreamView
-from .tokenization import DetokenizeView, TokenizeView
+from .tokenization import DetokenizeV1View, DetokenizeView, TokenizeV1View, TokenizeView
 
 urlpatterns = [
     path("health", health),
@@ -24,6 +24,8 @@ urlpatterns = [
     path("tokenizer_info", TokenizerInfoView.as_view()),
     path("tokenize", TokenizeView.as_view()),
     path("detokenize", DetokenizeView.as_view()),
+    path("v1/tokenize", TokenizeV1View.as_view()),  # forgather's (and some clients') place for the same
+    path("v1/detokenize", DetokenizeV1View.as_view()),
     path("v1/completions", CompletionsView.as_view()),
     path("v1/chat/completions", ChatCompletionsView.as_view()),
     path("v1/embeddings", EmbeddingsView.as_view()),

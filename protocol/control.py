@@ -32,6 +32,9 @@ class ModelSettings(TypedDict):
     generation_defaults: dict[str, Any]
     tool_parser: NotRequired[str]  # "": what the model's files say (protocol.output_formats)
     reasoning_parser: NotRequired[str]
+    quantization: str  # protocol.load_options; "": the worker's default
+    trust_remote_code: bool
+    attn_implementation: str
 
 
 class ControlMessage(TypedDict):

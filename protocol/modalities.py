@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Kind = Literal["causal", "image_text", "audio_text", "speech", "embedding", "cross_encoder"]
+Kind = Literal["causal", "image_text", "audio_text", "omni", "speech", "embedding", "cross_encoder"]
 TEXT, IMAGE, AUDIO, VIDEO = "text", "image", "audio", "video"
 CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 CROSS_ENCODER_SUFFIX = "ForSequenceClassification"
@@ -16,6 +16,7 @@ CROSS_ENCODER_SUFFIX = "ForSequenceClassification"
 def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None:
     """`causal` (text generation), `image_text` (a vision-language model whose processor takes images),
     `audio_text` (an audio-language chat model such as Qwen2-Audio: an audio encoder beside a text model),
+    `omni` (vision and audio encoders beside a text model: Gemma 3n/4, Qwen2.5-Omni's thinker),
     `speech` (a speech-to-text encoder-decoder such as Whisper), `embedding` (a sentence-transformers repo:
     its `modules.json` says how to pool, encoder or causal LM alike), `cross_encoder` (a sequence-classification
     model: one score per text pair, as sentence-transformers' CrossEncoder), or None (nothing this server serves)."""
@@ -23,9 +24,13 @@ def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None
         return "embedding"
     if config.get("is_encoder_decoder") and "num_mel_bins" in config:
         return "speech"
-    if isinstance(config.get("vision_config"), dict) and isinstance(config.get("text_config"), dict):
+    parts = config.get("thinker_config") if isinstance(config.get("thinker_config"), dict) else config  # Qwen2.5-Omni's
+    vision, audio = isinstance(parts.get("vision_config"), dict), isinstance(parts.get("audio_config"), dict)
+    if isinstance(parts.get("text_config"), dict) and vision and audio:
+        return "omni"
+    if vision and isinstance(parts.get("text_config"), dict):
         return "image_text"
-    if isinstance(config.get("audio_config"), dict) and isinstance(config.get("text_config"), dict):
+    if audio and isinstance(parts.get("text_config"), dict):
         return "audio_text"
     architectures = [a for a in config.get("architectures") or () if isinstance(a, str)]
     if any(arch.endswith(CROSS_ENCODER_SUFFIX) for arch in architectures):
@@ -38,6 +43,7 @@ def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None
 def input_modalities(kind: Kind | None) -> tuple[str, ...]:
     """A vision-language model takes video as frames sampled into images (see workers.media.decoding)."""
     return {"causal": (TEXT,), "image_text": (TEXT, IMAGE, VIDEO), "audio_text": (TEXT, AUDIO),
+            "omni": (TEXT, IMAGE, VIDEO, AUDIO),
             "speech": (AUDIO,), "embedding": (TEXT,), "cross_encoder": (TEXT,)}.get(kind, ())
 
 

@@ -33,6 +33,8 @@ class JobParams:
 
     max_tokens: int | None = None  # None: the rest of the context after the prompt
     temperature: float | None = None
+    do_sample: bool | None = None  # False: greedy; None: sample, unless the request sets no temperature and the
+    # model's generation_config.json says do_sample false (then greedy, as transformers' generate)
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
@@ -102,7 +104,7 @@ NEUTRAL_SAMPLING: dict[str, float | int] = {
 MODEL_SAMPLING_KEYS: tuple[str, ...] = tuple(NEUTRAL_SAMPLING)
 # Request fields every generation endpoint shares, named as in JobParams.
 SHARED_REQUEST_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "temperature", "do_sample", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "no_repeat_ngram_size", "logit_bias", "seed", "n", "stop", "ignore_eos", "min_tokens",
     "typical_p", "bad_words", "bad_words_ids", "min_length", "num_beams", "length_penalty", "early_stopping",
     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",

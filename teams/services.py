@@ -141,6 +141,23 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+MIN_GIVEN_KEY_LENGTH = 16
+
+
+def adopt_key(raw_key: str, name: str) -> APIKey:
+    """A key the operator chose (`serve --auth-token/--auth-token-file`, forgather's) as a default-team key that
+    may manage models: the existing row with this secret if it is still usable, else a new one."""
+    from .selectors import usable_key
+
+    if len(raw_key) < MIN_GIVEN_KEY_LENGTH or any(c.isspace() for c in raw_key):
+        raise ValidationError(f"A given API key needs at least {MIN_GIVEN_KEY_LENGTH} characters and no spaces.")
+    existing = usable_key(raw_key)
+    if existing is not None:
+        return existing
+    return APIKey.objects.create(team=default_team(), name=name, prefix=raw_key[:VISIBLE_PREFIX_LENGTH],
+                                 hashed_key=hash_key(raw_key), manage_models=True)
+
+
 @transaction.atomic
 def ensure_local_key(port: int) -> tuple[str, Path, bool]:
     """The key in this port's key file if it is still usable, else a new default-team key written there.

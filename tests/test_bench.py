@@ -59,6 +59,15 @@ def test_embeddings_scenario_reports_both_rates_and_equal_vectors(hf_cache, tmp_
     assert report["server_texts_per_s"] > 0 and report["in_process_texts_per_s"] > 0 and report["ratio_median"] > 0
 
 
+def test_quantized_scenario_reports_memory_and_speed_of_both(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "quantized")
+    for name in ("unquantized", "torchao-int8"):
+        (run,) = report["runs"][name]
+        assert run["errors"] == 0 and run["tokens_per_s"] > 0 and run["rss_loaded_mb"] > 0, run
+    assert report["runs"]["torchao-int8"][0]["weights_mb"] < report["runs"]["unquantized"][0]["weights_mb"]
+    assert set(report["quantized_over_unquantized"]) == {"tokens_per_s", "rss_loaded_mb", "rss_anon_mb", "weights_mb"}
+
+
 def test_gpu_scenario_runs_every_phase_on_the_cpu(hf_cache, tmp_path):
     report = run_scenario(hf_cache, tmp_path, "--scenario", "gpu")
     assert report["device"] == "cpu" and report["gpu"] is None and report["busy_source"] is None

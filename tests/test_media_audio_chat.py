@@ -118,6 +118,24 @@ def test_responses_input_audio_and_input_file(media_client, audio_lm):
         assert response.output_text == expected
 
 
+def test_audio_url_and_responses_items_outside_a_message(media_client, audio_lm):
+    """transformers serve's shapes: an `audio_url` part (here a data: URL), and Responses content items sent
+    bare in `input` (one user message together), each answered as the same audio in OpenAI's shapes."""
+    wav = media_files.wav_bytes(media_files.tone(1, 610))
+    expected = audio_lm.decode(audio_lm.greedy("What is shown?", [wav_samples(wav)]))
+    chat = media_client.chat.completions.create(
+        model=TINY_AUDIO_LM, max_tokens=MAX_TOKENS, temperature=0,
+        messages=[{"role": "user", "content": [
+            {"type": "audio_url", "audio_url": {"url": media_files.data_url("audio/wav", wav)}},
+            {"type": "text", "text": "What is shown?"}]}])
+    assert chat.choices[0].message.content == expected
+    bare = media_client.responses.create(
+        model=TINY_AUDIO_LM, max_output_tokens=MAX_TOKENS, temperature=0,
+        input=[{"type": "input_audio", "input_audio": {"data": b64(wav), "format": "wav"}},
+               {"type": "input_text", "text": "What is shown?"}])
+    assert bare.output_text == expected
+
+
 def post_chat(server, messages, model: str = TINY_AUDIO_LM) -> httpx.Response:
     return httpx.post(f"{server.base_url}/v1/chat/completions", headers=server.headers, timeout=60,
                       json={"model": model, "messages": messages, "max_tokens": 4})

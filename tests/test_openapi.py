@@ -11,7 +11,7 @@ import httpx
 
 OPERATIONS = {
     ("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
-    ("/tokenize", "post"), ("/detokenize", "post"), ("/load_model", "post"), ("/unload_model", "post"),
+    ("/tokenize", "post"), ("/detokenize", "post"), ("/v1/tokenize", "post"), ("/v1/detokenize", "post"), ("/load_model", "post"), ("/unload_model", "post"),
     ("/v1/models", "get"), ("/v1/models/{model_id}", "get"), ("/metrics", "get"), ("/v1/key", "get"),
     ("/v1/audio/transcriptions", "post"), ("/v1/embeddings", "post"), ("/v1/rerank", "post"), ("/rerank", "post"),
     ("/v2/rerank", "post"), ("/v1/score", "post"), ("/score", "post"),

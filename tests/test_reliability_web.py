@@ -48,7 +48,7 @@ def test_the_context_length_error_names_the_numbers(warm_server):
         r"maximum context length is (\d+) tokens. However, you requested (\d+) tokens \((\d+) in your prompt and "
         r"(\d+) for the completion\)", error["message"]).groups())
     assert asked == prompt + completion and completion == 100000
-    assert f"set max_tokens to at most {limit - prompt}" in error["message"]
+    assert f"set `max_tokens` to at most {limit - prompt}" in error["message"]
     assert "; or" not in error["message"]
 
 

@@ -26,8 +26,8 @@ def configure_models(entries: list[dict]) -> list[str]:
     """A server config file's per-model settings onto the catalog (they replace the admin's for those keys).
 
     Each entry: {"name", "preload"?, "dtype"?, "device"?, "chat_template"? (template text),
-    "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?, "tool_parser"?, "reasoning_parser"?};
-    a model not in the cache is ModelNotFound.
+    "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?, "tool_parser"?, "reasoning_parser"?,
+    "quantization"?, "trust_remote_code"?, "attn_implementation"?}; a model not in the cache is ModelNotFound.
     """
     configured = []
     for entry in entries:
@@ -36,7 +36,7 @@ def configure_models(entries: list[dict]) -> list[str]:
         if row is None:
             raise ModelNotFound(entry["name"])
         for key in ("preload", "dtype", "device", "chat_template", "idle_timeout", "aliases", "tool_parser",
-                    "reasoning_parser"):
+                    "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation"):
             if key in entry:
                 setattr(row, key, entry[key])
         if "generation_defaults" in entry or "stop" in entry:

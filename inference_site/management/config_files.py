@@ -25,15 +25,19 @@ MODEL_KEYS: dict[str, Any] = {
     "name": str, "preload": bool, "dtype": str, "device": str, "chat_template": str,
     "stop": list, "generation_defaults": GENERATION_KEYS, "idle_timeout": int, "aliases": list,
     "tool_parser": str, "reasoning_parser": str,
+    "quantization": str, "trust_remote_code": bool, "attn_implementation": str,
 }
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
     "chat_template_kwargs": dict, "reasoning": str, "model_timeout": NUMBER, "log_level": str,
+    "model": str, "trust_remote_code": bool, "quantization": str, "attn_implementation": str,
+    "enable_cors": bool, "cors_allow_origins": list, "auth_token_file": str, "default_seed": int, "stop_sequences": list, "ignore_eos": bool,
+    "pass_message_extras": bool,
     "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int, "prefill_share": NUMBER},
     "models": [MODEL_KEYS],
 }
 CLIENT_KEYS: dict[str, Any] = {
-    "url": str, "model": str, "api_key": str, "system": str, "stream": bool, "echo": bool, "show_usage": bool,
+    "url": str, "model": str, "api_key": str, "auth_token_file": str, "system": str, "stream": bool, "echo": bool, "show_usage": bool,
     "max_tokens": int, "seed": int, "stop": list, "no_repeat_ngram_size": int, "min_length": int, "num_beams": int,
     "ignore_eos": bool, **GENERATION_KEYS,
 }

@@ -13,14 +13,14 @@ from .content import invalid
 from .conversation import ConversationSerializer, MessagesField
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ChatOpenAIParamsSerializer, legacy_functions, thinking_kwargs, usage_tags
-from .sampling import SamplingParamsSerializer
+from .sampling import SamplingParamsSerializer, first_given
 from .structured import ResponseFormatField, StructuredOutputsField, output_grammar, parsed_answer
 
 
 def requested_max_tokens(data: dict) -> int | None:
-    """`max_completion_tokens` when given, else the older `max_tokens` (None: the rest of the context)."""
-    max_tokens = data.get("max_completion_tokens")
-    return data.get("max_tokens") if max_tokens is None else max_tokens
+    """`max_completion_tokens` when given, else the older `max_tokens`, else Hugging Face's `max_new_tokens`
+    (None: the model's default, else the rest of the context)."""
+    return first_given(data, "max_completion_tokens", "max_tokens", "max_new_tokens")
 
 
 class ToolChoiceField(serializers.Field):
@@ -114,6 +114,13 @@ class ChatRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer, Ch
 
     def usage_tags(self) -> dict:
         return usage_tags(self.validated_data)
+
+    def job_field_names(self) -> dict[str, str]:
+        """The job's `prompt` and `max_tokens` as this request calls them (in the worker's errors)."""
+        data = self.validated_data
+        limit = next((name for name in ("max_completion_tokens", "max_tokens", "max_new_tokens")
+                      if data.get(name) is not None), "max_completion_tokens")
+        return {"prompt": "prompt" if "prompt" in data else "messages", "max_tokens": limit}
 
     def job_params(self) -> JobParams:
         data = self.validated_data

@@ -7,7 +7,7 @@ from protocol import JobParams, Prompt, to_job_params
 
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import usage_tags
-from .sampling import SamplingParamsSerializer
+from .sampling import SamplingParamsSerializer, first_given
 from .structured import StructuredOutputsField, constrain, output_grammar
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat and responses default to the rest of the context
@@ -83,7 +83,7 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
             raise serializers.ValidationError({"best_of": ["best_of cannot be used with stream."]})
         if attrs.get("stream_options") and not attrs.get("stream"):
             raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is true."]})
-        max_tokens = attrs.get("max_tokens")
+        max_tokens = first_given(attrs, "max_tokens", "max_new_tokens")
         self.check_min_tokens(attrs, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
         self.common(attrs, attrs.pop("n_beams_from", None))
         self.validate_beams(attrs)
@@ -92,7 +92,7 @@ class CompletionRequestSerializer(RejectUnknownFieldsMixin, SamplingParamsSerial
 
     def job_params(self) -> JobParams:
         data = self.validated_data
-        max_tokens = data.get("max_tokens")
+        max_tokens = first_given(data, "max_tokens", "max_new_tokens")
         params = to_job_params(data, max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                logprobs=data.get("logprobs"), echo=data["echo"], suffix=data.get("suffix") or None)
         return constrain(params, data)

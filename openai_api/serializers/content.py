@@ -13,6 +13,10 @@ import mimetypes
 from rest_framework import serializers
 
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
+# Content parts a Responses `input` may also hold bare, outside a message (transformers serve's examples):
+# consecutive ones are one user message.
+BARE_INPUT_PART_TYPES = ("input_text", "input_image", "input_audio", "input_file", "image_url", "video_url",
+                         "audio_url")
 AUDIO_FORMATS = ("wav", "mp3")
 AUDIO_MEDIA_TYPES = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/vnd.wave": "wav",
                      "audio/mpeg": "mp3", "audio/mp3": "mp3"}
@@ -96,6 +100,8 @@ def content_part(part, path: str) -> dict:
         return {"type": "image", "url": _url_object(part, "image_url", path)}
     if kind == "video_url":
         return {"type": "video", "url": _url_object(part, "video_url", path)}
+    if kind == "audio_url":  # transformers serve's extension: audio by URL (FFmpeg tells its format)
+        return {"type": "audio", "url": _url_object(part, "audio_url", path)}
     if kind == "input_image":  # Responses: {"type", "image_url": "<url>", "detail"?}
         _keys(part, {"type", "image_url", "detail", "file_id"}, path)
         if part.get("file_id") is not None:

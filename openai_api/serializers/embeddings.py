@@ -7,7 +7,7 @@ from protocol import EmbeddingPrompt, JobParams
 
 from .completions import PromptField
 from .openai_params import usage_tags
-from .fields import RejectUnknownFieldsMixin, StrictCharField, StrictIntegerField
+from .fields import ModelNameField, RejectUnknownFieldsMixin, StrictCharField, StrictIntegerField
 
 MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
 
@@ -24,7 +24,7 @@ class EmbeddingInputField(PromptField):
 
 
 class EmbeddingRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    model = StrictCharField(max_length=512)
+    model = ModelNameField()
     input = EmbeddingInputField()
     encoding_format = serializers.ChoiceField(choices=["float", "base64"], required=False, default="float")
     dimensions = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=65536,

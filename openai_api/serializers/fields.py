@@ -50,6 +50,24 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+def pinned_model_or_required() -> str:
+    """A request without `model` gets the pinned model (`serve MODEL`); without one, `model` is required."""
+    from catalog.config import web_config
+
+    pinned = web_config().pinned_model
+    if not pinned:
+        raise serializers.ValidationError("This field is required (this server pins no model).", code="required")
+    return pinned
+
+
+class ModelNameField(StrictCharField):
+    """`model`: a catalog name or alias (optionally @revision); may be left out when the server pins a model."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("max_length", 512)
+        super().__init__(required=False, default=pinned_model_or_required, **kwargs)
+
+
 class StopField(serializers.Field):
     """`stop`: a string or a list of up to `max_items` non-empty strings; always a list inside."""
 

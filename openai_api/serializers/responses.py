@@ -9,11 +9,11 @@ from rest_framework import serializers
 
 from protocol import Conversation, JobParams, to_job_params
 
-from .content import invalid
+from .content import BARE_INPUT_PART_TYPES, invalid
 from .conversation import TemplateKwargsField, clean_message, clean_tool
 from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import ResponsesOpenAIParamsSerializer, thinking_kwargs, usage_tags
-from .sampling import SamplingParamsSerializer
+from .sampling import SamplingParamsSerializer, first_given
 from .structured import ResponseFormatField, output_grammar, parsed_answer
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
@@ -43,7 +43,13 @@ def input_messages(items, instructions: str | None) -> list[dict]:
         if not isinstance(item, dict):
             raise invalid(path, "each input item must be an object.")
         kind = item.get("type", "message")
-        if kind == "message":
+        if kind in BARE_INPUT_PART_TYPES:  # a content part outside a message: the user's, with its neighbours
+            previous = messages[-1] if messages else None
+            if previous is not None and previous.get("bare_parts"):
+                previous["content"].append(item)
+            else:
+                messages.append({"role": "user", "content": [item], "bare_parts": True})
+        elif kind == "message":
             if item.get("role") not in INPUT_ROLES:
                 raise invalid(f"{path}.role", f"role must be one of {', '.join(INPUT_ROLES)}.")
             message = {"role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
@@ -71,6 +77,8 @@ def input_messages(items, instructions: str | None) -> list[dict]:
             reasoning = _reasoning_text(item)
         else:
             raise invalid(f"{path}.type", f"input item type {kind!r} is not supported.")
+    for message in messages:
+        message.pop("bare_parts", None)
     return [clean_message(message, index) for index, message in enumerate(messages)]
 
 
@@ -114,7 +122,7 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
             raise invalid("conversation", "Send conversation or previous_response_id, not both.")
         if attrs.get("n", 1) != 1:
             raise invalid("n", "The Responses API returns one output; n must be 1.")
-        self.check_min_tokens(attrs, attrs.get("max_output_tokens"))
+        self.check_min_tokens(attrs, first_given(attrs, "max_output_tokens", "max_new_tokens"))
         self.common(attrs)
         attrs["messages"] = input_messages(attrs["input"], attrs.get("instructions"))
         attrs["input_items"] = input_items(attrs["input"])
@@ -182,9 +190,14 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
             conversation["truncate_to_fit"] = True
         return [conversation]
 
+    def job_field_names(self) -> dict[str, str]:
+        """The job's `prompt` and `max_tokens` as Responses calls them (in the worker's errors)."""
+        return {"prompt": "input", "max_tokens": "max_output_tokens"}
+
     def job_params(self) -> JobParams:
         data = self.validated_data
-        params = to_job_params(data, max_tokens=data.get("max_output_tokens"), logprobs=self.logprobs)
+        params = to_job_params(data, max_tokens=first_given(data, "max_output_tokens", "max_new_tokens"),
+                               logprobs=self.logprobs)
         return parsed_answer(params, data, data["chat_tools"])
 
     def usage_tags(self) -> dict:

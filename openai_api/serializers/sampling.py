@@ -6,6 +6,7 @@ from rest_framework import serializers
 from .fields import (
     EarlyStoppingField,
     LogitBiasField,
+    ModelNameField,
     StopField,
     StreamOptionsSerializer,
     StrictBooleanField,
@@ -16,14 +17,20 @@ from .fields import (
     TokenIdsField,
     TokenSequencesField,
 )
+from .generation_config import expand_generation_config
 from .openai_params import priority_class
+
+def first_given(data: dict, *names: str):
+    """The first of these fields the request set (not null), else None."""
+    return next((data[name] for name in names if data.get(name) is not None), None)
+
 
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1  # token counts and ids beyond this fit no model; the worker checks the model's own limits
 
 
 class SamplingParamsSerializer(serializers.Serializer):
-    model = StrictCharField(max_length=512)
+    model = ModelNameField()
     temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
     top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     n = StrictIntegerField(required=False, default=1, min_value=1)
@@ -63,6 +70,18 @@ class SamplingParamsSerializer(serializers.Serializer):
     prompt_logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0)
     priority = StrictIntegerField(required=False, allow_null=True, min_value=-INT32_MAX, max_value=INT32_MAX,
                                   help_text="vLLM's (lower: sooner); above 0 is the batch priority class")
+    # transformers serve's: a GenerationConfig (JSON string or object) whose keys set the fields they mean
+    # (openai_api/serializers/generation_config.py), and two of its keys as fields of their own.
+    generation_config = serializers.JSONField(required=False, allow_null=True,
+                                              help_text="a GenerationConfig as JSON; the request's own fields win")
+    do_sample = StrictBooleanField(required=False, allow_null=True,
+                                   help_text="false: greedy (whatever the temperature); default: sample unless the "
+                                             "model's generation_config.json says do_sample false")
+    max_new_tokens = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=INT32_MAX,
+                                        help_text="the endpoint's max_tokens field, Hugging Face's name")
+
+    def run_validation(self, data=serializers.empty):
+        return super().run_validation(expand_generation_config(data))
 
     def validate_truncate_prompt_tokens(self, value: int | None) -> int | None:
         if value == 0:
@@ -82,12 +101,25 @@ class SamplingParamsSerializer(serializers.Serializer):
     def common(self, attrs: dict, n_beams_from: int | None = None) -> None:
         """What every generation endpoint settles alike: the priority class, vLLM's use_beam_search."""
         attrs["priority_class"] = priority_class(attrs)
+        self.server_defaults(attrs)
         if attrs.get("use_beam_search") and not attrs.get("num_beams"):
             width = max(attrs.get("n", 1), n_beams_from or 1)
             if width > 1:
                 attrs["num_beams"] = width
             else:  # a one-wide beam search is greedy decoding
                 attrs["temperature"] = 0.0
+
+    def server_defaults(self, attrs: dict) -> None:
+        """`serve --default-seed/--ignore-eos` where the request is silent; `--stop-sequences` beside its own stops."""
+        defaults = self.context.get("request_defaults") or {}
+        if attrs.get("seed") is None and defaults.get("seed") is not None:
+            attrs["seed"] = defaults["seed"]
+        sent = self.initial_data if isinstance(getattr(self, "initial_data", None), dict) else {}
+        if defaults.get("ignore_eos") and sent.get("ignore_eos") is None:
+            attrs["ignore_eos"] = True
+        if defaults.get("stop"):
+            own = list(attrs.get("stop") or [])
+            attrs["stop"] = own + [stop for stop in defaults["stop"] if stop not in own]
 
     def validate_typical_p(self, value: float | None) -> float | None:
         if value is not None and value <= 0.0:

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from protocol import JobParams, PairPrompt
 
 from .embeddings import MAX_INPUTS
-from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .fields import ModelNameField, RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from .openai_params import usage_tags
 
 SIDES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
@@ -48,7 +48,7 @@ def pair_prompts(pairs: list[tuple[str, str]], use_activation: bool | None) -> l
 
 
 class ScoreRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    model = StrictCharField(max_length=512)
+    model = ModelNameField()
     text_1 = ScoreInputField(required=False, help_text="the first texts (or `queries`, or `data_1`)")
     text_2 = ScoreInputField(required=False, help_text="the second texts (or `documents`, `items`, or `data_2`)")
     queries = ScoreInputField(required=False)
@@ -91,7 +91,7 @@ class ScoreRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 class RerankRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     """vLLM's, Cohere's and Jina's rerank request: the query scored against every document."""
 
-    model = StrictCharField(max_length=512)
+    model = ModelNameField()
     query = StrictCharField()
     documents = serializers.ListField(child=StrictCharField(), min_length=1, max_length=MAX_INPUTS)
     top_n = StrictIntegerField(required=False, allow_null=True, min_value=0,

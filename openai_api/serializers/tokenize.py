@@ -7,13 +7,13 @@ from protocol import Conversation, JobParams, TextPrompt, TokenIdsPrompt
 
 from .content import invalid
 from .conversation import ConversationSerializer, MessagesField
-from .fields import RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from .fields import ModelNameField, RejectUnknownFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 
 
 class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer):
     """`prompt` (raw text) or `messages` (rendered as chat renders them)."""
 
-    model = StrictCharField(max_length=512)
+    model = ModelNameField()
     prompt = StrictCharField(required=False, allow_blank=True)
     messages = MessagesField(required=False)
     add_special_tokens = StrictBooleanField(required=False, default=True)
@@ -39,7 +39,7 @@ class TokenizeRequestSerializer(RejectUnknownFieldsMixin, ConversationSerializer
 
 
 class DetokenizeRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    model = StrictCharField(max_length=512)
+    model = ModelNameField()
     tokens = serializers.ListField(child=StrictIntegerField(min_value=0), max_length=1_000_000)
 
     def job_prompts(self) -> list[TokenIdsPrompt]:

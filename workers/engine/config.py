@@ -37,6 +37,8 @@ class EngineConfig:
     dtype: str = "auto"
     torch_threads: int = 0  # 0: follow the cores other processes leave free (workers/engine/cpu_share.py)
     cudnn_attention: bool = False  # SDPA's cuDNN backend on CUDA (model_loader.set_attention_backends)
+    quantization: str = ""  # every model's quantization on load where its catalog row sets none (protocol.load_options)
+    attn_implementation: str = ""  # every model's attention kernel where its catalog row sets none; "": the model's
     max_num_seqs: int = 32  # 0: fit the device (`fitted`)
     batch_rows_beside_interactive: int = -1  # rows batch work may hold while interactive work is here; -1: fit
     max_queue: int = 256
@@ -80,6 +82,7 @@ class EngineConfig:
         return cls(
             device=inference["DEVICE"], dtype=inference["DTYPE"], torch_threads=inference["TORCH_THREADS"],
             cudnn_attention=inference.get("CUDNN_ATTENTION", False),
+            quantization=inference.get("QUANTIZATION") or "", attn_implementation=inference.get("ATTN_IMPLEMENTATION") or "",
             max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
             batch_rows_beside_interactive=inference.get("BATCH_ROWS_BESIDE_INTERACTIVE", -1),
             prefill_chunk=inference["PREFILL_CHUNK"], prefill_share=inference["PREFILL_SHARE"],

@@ -34,7 +34,7 @@ from workers.engine.grammars import GrammarCompiler, PendingGrammars
 from workers.engine.loading import LOAD_FINISHED, Loader
 from workers.engine.model_control import ModelControl
 from workers.engine.metrics import EngineMetrics
-from workers.engine.model_loader import resolve_device, set_attention_backends
+from workers.engine.model_loader import LoadOptions, resolve_device, set_attention_backends
 from workers.engine.model_manager import ModelManager
 from workers.engine.runner import RunnerSettings
 from protocol import ModelRef
@@ -70,7 +70,8 @@ class Engine:
         self.manager = ModelManager(config.device, config.dtype, config.model_timeout, config.memory_budget_bytes,
                                     _both_callbacks(EngineMetrics.model_loaded, on_model_event),
                                     RunnerSettings(config.prefill_chunk, config.prefix_cache_bytes, config.max_num_seqs,
-                                                   config.static_decode == "on", config.cuda_graphs))
+                                                   config.static_decode == "on", config.cuda_graphs),
+                                    load_defaults=LoadOptions(config.quantization, False, config.attn_implementation))
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self.loader = Loader(self.manager, self._wake)

@@ -83,6 +83,10 @@ def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
                 frames = decode_video(part["data"], path, part.get("frames", MediaSettings.video_frames))
                 media[IMAGE].extend(frames)
                 parts.extend({"type": IMAGE} for _ in frames)
+                track = _audio_track(loaded, part["data"], path)
+                if track is not None:  # a model that hears (Gemma 3n/4, Qwen2.5-Omni) gets the video's sound too
+                    media[AUDIO].append(track)
+                    parts.append({"type": AUDIO})
             elif kind == AUDIO:
                 rate = processor.feature_extractor.sampling_rate
                 samples = decode_audio(part["data"], path, rate, part.get("format"))
@@ -95,6 +99,18 @@ def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
                 parts.append(part)
         messages.append({**message, "content": parts})
     return messages, media
+
+
+def _audio_track(loaded, data: bytes, path: str):
+    """A video's sound for a model that takes audio as well (None: it takes none, or the video is silent)."""
+    if AUDIO not in loaded.modalities:
+        return None
+    rate = loaded.processor.feature_extractor.sampling_rate
+    try:
+        samples = decode_audio(data, path, rate)
+    except MediaError:  # no audio stream (or none decodable): the frames alone
+        return None
+    return samples if len(samples) >= MIN_AUDIO_SECONDS * rate else None
 
 
 def render_media_conversation(loaded, prompt: dict, templates: TemplateSettings) -> RenderedPrompt:

@@ -2,7 +2,7 @@
 
 The class follows `protocol.modalities.model_kind`: a causal LM, a vision-language model
 (`AutoModelForImageTextToText` + its `AutoProcessor`), an audio-language model
-(`AutoModelForMultimodalLM` + its `AutoProcessor`), or a speech-to-text model
+or an omni model taking images and audio (`AutoModelForMultimodalLM` + its `AutoProcessor`), or a speech-to-text model
 (`AutoModelForSpeechSeq2Seq` + its processor, for /v1/audio).
 """
 from __future__ import annotations
@@ -24,8 +24,12 @@ from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
 from protocol.hub import hub_reachable
+from protocol.context_length import context_length
+from protocol.dtypes import canonical_dtype
+from protocol.load_options import check_attn_implementation
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
+from workers.engine.quantization import quant_method, quantization_config, release_checkpoint_map, tensor_bytes
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -41,7 +45,7 @@ def _model_class(kind: Kind):
         from transformers import AutoModelForImageTextToText
 
         return AutoModelForImageTextToText
-    if kind == "audio_text":
+    if kind in ("audio_text", "omni"):
         from transformers import AutoModelForMultimodalLM
 
         return AutoModelForMultimodalLM
@@ -58,6 +62,15 @@ def _model_class(kind: Kind):
 
         return AutoModelForSequenceClassification
     return AutoModelForCausalLM
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a load asks of transformers beyond device and dtype (protocol.load_options names the choices)."""
+
+    quantization: str = ""  # "": none asked (a checkpoint saved quantized still loads quantized)
+    trust_remote_code: bool = False  # run the repo's own modeling code (its config's auto_map)
+    attn_implementation: str = ""  # "": the model's default
 
 
 @dataclass
@@ -81,6 +94,8 @@ class LoadedModel:
     base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
     output_format: Any = None  # workers.engine.parsing.OutputFormat: how its answers are parsed (set by the manager)
+    quantization: str = ""  # how its weights are held: "" (not quantized), a protocol.load_options name, or the
+    # checkpoint's own quant_method (e.g. "torchao")
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -109,17 +124,14 @@ def set_attention_backends(device: torch.device, cudnn: bool) -> None:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
-def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU."""
-    names = {
-        "float32": torch.float32, "fp32": torch.float32,
-        "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    }
-    if requested and requested != "auto":
-        if requested not in names:
-            raise ValueError(f"unknown dtype {requested!r}; one of auto, {', '.join(names)}")
-        return names[requested]
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype | str:
+    """`auto`: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU; `checkpoint`: transformers' "auto"
+    (the saved dtype); else a name or alias (protocol.dtypes)."""
+    name = canonical_dtype(requested)
+    if name == "checkpoint":
+        return "auto"
+    if name != "auto":
+        return getattr(torch, name)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
@@ -140,20 +152,22 @@ def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
     return {key: raw[key] for key in MODEL_DEFAULT_KEYS if raw.get(key) is not None}, eos_ids
 
 
-def _max_model_len(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> int:
-    config = model.config
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+def _max_model_len(repo_id: str, revision: str, tokenizer: PreTrainedTokenizerBase) -> int:
+    """protocol.context_length over the repo's config.json as saved (not the loaded config, whose classes fill
+    in defaults the file lacks): what /v1/models reads from the same files."""
+    path = cached_file(repo_id, "config.json", revision=revision, local_files_only=True,
+                       _raise_exceptions_for_missing_entries=False)
+    try:
+        raw = json.loads(Path(path).read_text()) if path else {}
+    except (OSError, ValueError):
+        raw = {}
+    return context_length(raw if isinstance(raw, dict) else {}, getattr(tokenizer, "model_max_length", None))
 
 
 def model_bytes(model: torch.nn.Module) -> int:
-    """Bytes the model's parameters and buffers hold, wherever they live."""
+    """Bytes the model's parameters and buffers hold, wherever they live (a quantized weight: its packed data)."""
     tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(tensor_bytes(t) for t in tensors)
 
 
 def estimate_bytes(ref: ModelRef) -> int | None:
@@ -210,6 +224,17 @@ def _count(iterable, progress: Progress) -> Iterator:
             progress("weights", {"current": index, "total": total})
 
 
+def _remote_code_refused(repo_id: str, exc: Exception) -> ModelLoadError | None:
+    """transformers' refusal of a repo that carries its own code, said as what an admin can do about it."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    return ModelLoadError(
+        f"The model `{repo_id}` carries its own Python code (auto_map in its config.json), which this server does "
+        "not run unless told to: an admin enables trust_remote_code on the model (catalog admin or a config file's "
+        "models: entry), or serve it pinned with `serve MODEL --trust-remote-code`. That runs the repo's code on "
+        "the workers: only for repos you trust.")
+
+
 def _local_first(loader, repo_id: str, **kwargs):
     try:  # what the cache holds loads without touching the network
         return loader(repo_id, local_files_only=True, **kwargs)
@@ -223,21 +248,55 @@ def _local_first(loader, repo_id: str, **kwargs):
 
 def _download(repo_id: str, revision: str, progress: Progress) -> None:
     progress("download", {"current": 0, "total": None})
-    folder = Path(snapshot_download(repo_id, revision=revision))
+    folder = Path(snapshot_download(repo_id, revision=revision, tqdm_class=bytes_progress(progress)))
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     progress("download", {"current": size, "total": size})
 
 
-def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None) -> LoadedModel:
+DOWNLOAD_EVENT_SECONDS = 0.25  # the least time between two `download` events while bytes arrive
+
+
+def bytes_progress(progress: Progress):
+    """A tqdm class for `snapshot_download` that reports the bytes written as `download` progress while they
+    arrive (its "snapshot_download" bar, fed by every file's download), at most every DOWNLOAD_EVENT_SECONDS;
+    its bars print nothing."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class BytesProgress(hub_tqdm):
+        def __init__(self, *args, name: str | None = None, **kwargs) -> None:
+            self.reports, self.written, self.said = name == "huggingface_hub.snapshot_download", 0, 0.0
+            kwargs["disable"] = True
+            super().__init__(*args, name=name, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.reports and n:
+                self.written += int(n)
+                now = time.monotonic()
+                if now - self.said >= DOWNLOAD_EVENT_SECONDS or (self.total and self.written >= self.total):
+                    self.said = now
+                    progress("download", {"current": self.written, "total": int(self.total) if self.total else None})
+            return super().update(n)
+
+    return BytesProgress
+
+
+def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None,
+               options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
     report: Progress = progress or (lambda stage, value=None: None)
     repo_id, revision = ref.repo_id, ref.branch
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     started = time.monotonic()
+    # always said: left out, transformers asks on stdin whether to run a repo's code
+    remote = {"trust_remote_code": options.trust_remote_code}
+    if options.trust_remote_code:
+        logger.warning("loading %s with trust_remote_code: the repo's own Python code runs in this worker", ref.key)
     try:
+        check_attn_implementation(options.attn_implementation)
+        quantize = quantization_config(options.quantization, torch_device) if options.quantization else None
         report("processor", None)
-        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision)  # says which processor
+        config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision, **remote)  # says which processor
         modules = cached_file(repo_id, "modules.json", revision=revision, local_files_only=True,
                               _raise_exceptions_for_missing_entries=False)
         kind = model_kind(config.to_dict(), sentence_transformers=bool(modules)) or "causal"
@@ -253,14 +312,25 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             classifier = read_classifier(config.to_dict())
         processor = None
         if kind in ("causal", "embedding", "cross_encoder"):
-            tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision)
+            tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision, **remote)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
             from transformers import AutoProcessor
 
-            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil")
+            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil", **remote)
             tokenizer = processor.tokenizer
         report("config", None)
-        kwargs = dict(revision=revision, config=config, dtype=torch_dtype)
+        kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
+        if options.attn_implementation:
+            kwargs["attn_implementation"] = options.attn_implementation
+        saved_quantized = getattr(config, "quantization_config", None)
+        if quantize is not None and saved_quantized is not None:
+            raise ModelLoadError(f"The model `{ref.key}` is saved quantized already "
+                                 f"({quant_method(saved_quantized)}); serve it without a quantization setting.")
+        if quantize is not None:
+            kwargs["quantization_config"] = quantize
+        if quantize is not None or saved_quantized is not None:
+            # quantized weights are placed as they load: a bitsandbytes model cannot be moved afterwards
+            kwargs["device_map"] = {"": torch_device}
         model_class = _model_class(kind)
         try:
             with _weights_progress(report):
@@ -274,21 +344,29 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
                 model = model_class.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"The model `{ref.key}` does not exist or could not be read: {exc}", not_found=True) from exc
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"The model `{ref.key}` could not be loaded: {exc}") from exc
-    model.to(torch_device)
+    except (ValueError, KeyError, RuntimeError, ImportError) as exc:
+        raise _remote_code_refused(ref.key, exc) or ModelLoadError(
+            f"The model `{ref.key}` could not be loaded: {exc}") from exc
+    if "device_map" not in kwargs:
+        model.to(torch_device)
+    elif torch_device.type == "cpu":
+        release_checkpoint_map(model)
     model.eval()
     defaults, eos_ids = _generation_defaults(repo_id, revision)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
-    logger.info("loaded %s on %s as %s in %.1fs", ref.key, torch_device, torch_dtype, time.monotonic() - started)
+    quantized = options.quantization or (quant_method(saved_quantized) if saved_quantized is not None else "")
+    logger.info("loaded %s on %s as %s%s%s in %.1fs", ref.key, torch_device, getattr(model, "dtype", torch_dtype),
+                f", quantized {quantized}" if quantized else "",
+                f", attention {options.attn_implementation}" if options.attn_implementation else "",
+                time.monotonic() - started)
     return LoadedModel(
         model_id=repo_id,
         revision=revision,
         model=model,
         tokenizer=tokenizer,
         device=torch_device,
-        max_model_len=min(_max_model_len(model, tokenizer), (pooling and pooling.max_seq_length) or 10**9),
+        max_model_len=min(_max_model_len(repo_id, revision, tokenizer), (pooling and pooling.max_seq_length) or 10**9),
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         memory_bytes=model_bytes(model),
@@ -296,4 +374,5 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         processor=processor,
         pooling=pooling,
         classifier=classifier,
+        quantization=quantized,
     )

@@ -18,7 +18,7 @@ import torch
 import protocol
 from workers.engine.errors import MemoryBudgetError, ModelBusyError, ModelLoadError
 from workers.engine import adapters
-from workers.engine.model_loader import LoadedModel, Progress, estimate_bytes, load_model
+from workers.engine.model_loader import LoadedModel, LoadOptions, Progress, estimate_bytes, load_model
 from workers.engine.parsing import OutputFormat, output_format
 from workers.engine.parsing.factory import model_type_of
 from protocol import ModelRef
@@ -42,16 +42,17 @@ class LoadPlan:
     started: float = field(default_factory=time.monotonic)
 
     held: Callable[[str], bool] | None = None  # whether the worker holds a model (an adapter's base)
+    options: Callable[[ModelRef], LoadOptions] = lambda ref: LoadOptions()  # a model's (and an adapter's base's)
 
     def load(self, progress: Progress | None = None) -> LoadedModel | adapters.AdapterFiles:
         """A model, or a LoRA adapter's files (with its base, loaded here only if the worker lacks it)."""
         found = adapters.adapter_base(self.ref)
         if found is None:
-            return load_model(self.ref, self.device, self.dtype, progress)
+            return load_model(self.ref, self.device, self.dtype, progress, self.options(self.ref))
         folder, base = found
         files = adapters.AdapterFiles(self.ref, folder, base)
         if self.held is None or not self.held(base.key):
-            files.base_loaded = load_model(base, self.device, self.dtype, progress)
+            files.base_loaded = load_model(base, self.device, self.dtype, progress, self.options(base))
         return files
 
     @property
@@ -62,8 +63,10 @@ class LoadPlan:
 
 class ModelManager:
     def __init__(self, device: str, dtype: str, default_timeout: float, budget_bytes: int | None,
-                 on_event: OnEvent | None = None, runner_settings: RunnerSettings = RunnerSettings()) -> None:
+                 on_event: OnEvent | None = None, runner_settings: RunnerSettings = RunnerSettings(),
+                 load_defaults: LoadOptions = LoadOptions()) -> None:
         self.device = device
+        self.load_defaults = load_defaults  # the server's quantization and attention, where a model sets none
         self.dtype = dtype
         self.runner_settings = runner_settings
         self.default_timeout = default_timeout
@@ -121,6 +124,13 @@ class ModelManager:
         value = self._settings(self.models[name].model_id).get("idle_timeout")
         return self.default_timeout if value is None else float(value)
 
+    def load_options(self, ref: ModelRef) -> LoadOptions:
+        """A model's catalog settings over the server's defaults (trust_remote_code only ever per model)."""
+        own = self._settings(ref.repo_id)
+        return LoadOptions(quantization=own.get("quantization") or self.load_defaults.quantization,
+                           trust_remote_code=bool(own.get("trust_remote_code")),
+                           attn_implementation=own.get("attn_implementation") or self.load_defaults.attn_implementation)
+
     def pinned(self, name: str) -> bool:
         return bool(self._settings(self.models[name].model_id).get("preload"))
 
@@ -140,6 +150,7 @@ class ModelManager:
         dtype = own.get("dtype") if own.get("dtype") not in (None, "", "auto") else self.dtype
         plan = LoadPlan(ref, own.get("device") or self.device, dtype, requested_by)
         plan.held = lambda key: key in self.models
+        plan.options = self.load_options
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         try:
             self._make_room(ref, busy)

@@ -22,8 +22,9 @@ from transformers.generation.logits_process import (
 
 from protocol import NEUTRAL_SAMPLING, JobParams
 
-# Keys of generation_config.json that supply defaults where a request is silent.
-MODEL_DEFAULT_KEYS = tuple(NEUTRAL_SAMPLING)
+# Keys of generation_config.json that supply defaults where a request is silent: the sampling knobs, whether
+# to sample at all, and the completion's length (a request without max_tokens).
+MODEL_DEFAULT_KEYS = (*NEUTRAL_SAMPLING, "do_sample", "max_new_tokens")
 
 
 @dataclass
@@ -55,6 +56,11 @@ class SamplingParams:
             value = getattr(params, key)
             value = model_defaults.get(key) if value is None else value
             chosen[key] = neutral if value is None else value
+        do_sample = params.do_sample
+        if do_sample is None and params.temperature is None:  # a request that asks nothing of sampling
+            do_sample = model_defaults.get("do_sample")
+        if do_sample is False:
+            chosen["temperature"] = 0.0
         return cls(
             temperature=float(chosen["temperature"]),
             top_p=float(chosen["top_p"]),

@@ -364,24 +364,20 @@ class GenerationJob:
         return self.model.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _max_tokens(self, requested: int | None) -> int:
-        """None (chat's default, as vLLM): whatever the context leaves after the longest prompt."""
+        """None (chat's default, as vLLM): the model's generation_config.json max_new_tokens, else whatever the
+        context leaves after the longest prompt (never more than that)."""
         if requested is not None:
             return int(requested)
-        return rest_of_context([len(ids) for ids in self.prompt_ids], self.model.max_model_len)
+        rest = rest_of_context([len(ids) for ids in self.prompt_ids], self.model.max_model_len)
+        default = self.model.generation_defaults.get("max_new_tokens")
+        return min(int(default), rest) if isinstance(default, int) and default > 0 else rest
 
     def _check_limits(self, max_tokens: int, params: JobParams) -> None:
         limit = self.model.max_model_len
         for ids in self.prompt_ids:
             if len(ids) + max_tokens > limit:
-                raise JobError(
-                    400,
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt and {max_tokens} for the "
-                    f"completion). Shorten the prompt to at most {max(limit - max_tokens, 0)} tokens or set "
-                    f"max_tokens to at most {max(limit - len(ids), 0)}.",
-                    "prompt" if len(ids) >= limit else "max_tokens",
-                    "context_length_exceeded",
-                )
+                raise JobError(400, context_error(limit, len(ids), max_tokens),
+                               "prompt" if len(ids) >= limit else "max_tokens", "context_length_exceeded")
         vocab = self.model.vocab_size
         bad = [k for k in (params.logit_bias or {}) if not 0 <= int(k) < vocab]
         if bad:
@@ -423,3 +419,20 @@ class GenerationJob:
 
     def take_deltas(self) -> list[ChoiceDelta]:
         return [delta for seq in self.sequences if (delta := seq.take_delta()) is not None]
+
+
+def context_error(limit: int, prompt: int, max_tokens: int) -> str:
+    """What fits, said in the request's terms: the worker names the fields `prompt` and `max_tokens` in
+    backticks, and the web side says them as the endpoint calls them (messages, max_completion_tokens…)."""
+    said = f"This model's maximum context length is {limit} tokens"
+    if prompt >= limit:
+        fits = f"shorten the `prompt` to at most {limit - max(max_tokens, 1)} tokens"
+        if max_tokens > 1:
+            fits += f" (or to {limit - 1} with a smaller `max_tokens`)"
+        return (f"{said}, and the `prompt` alone is {prompt} tokens: {fits}. A chat's tools and system prompt count "
+                "as prompt tokens; send fewer, or use a model with a longer context.")
+    fits = f"set `max_tokens` to at most {limit - prompt}"
+    if limit - max_tokens > 0:
+        fits += f", or shorten the `prompt` to at most {limit - max_tokens} tokens"
+    return (f"{said}. However, you requested {prompt + max_tokens} tokens ({prompt} in your prompt and "
+            f"{max_tokens} for the completion): {fits}.")

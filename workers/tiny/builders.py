@@ -68,6 +68,10 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 # The benchmark's long-prompt model (scoring a 4k-token prompt): `small` with a longer context.
 SIZES["small-4k"] = {**SIZES["small"], "max_position_embeddings": 4096}
+# The model `serve` builds on a first run: `tiny` (the same weights: RoPE positions cost no parameters) with a
+# context that holds the tool lists Open WebUI and agent frameworks send (~13k tokens for Open WebUI's 36), and
+# a generation_config.json max_new_tokens so a chat without max_tokens ends (a random model rarely says EOS).
+SIZES["tiny-long"] = {**SIZES["tiny"], "max_position_embeddings": 32768, "max_new_tokens": 512}
 
 
 def _default_cache_dir() -> Path:
@@ -254,6 +258,7 @@ def build_tiny_model(
 
     spec = dict(SIZES[size])
     lm_head_scale = spec.pop("lm_head_scale")
+    max_new_tokens = spec.pop("max_new_tokens", None)
     tokenizer = train_tokenizer(spec.pop("vocab_target"), spec["max_position_embeddings"])
     bos, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))
     config = LlamaConfig(
@@ -270,7 +275,8 @@ def build_tiny_model(
         model = LlamaForCausalLM(config).to(torch.float32).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(lm_head_scale)
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+                                               **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}))
     return _save_and_install(model, tokenizer, cache_dir, repo_id)
 
 

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -25,7 +26,7 @@ DEFAULTS = {"url": "http://127.0.0.1:8000/v1", "echo": True, "stream": False, "s
 # Request fields the client sends when set (flag or config file).
 SAMPLING_FIELDS = ("max_tokens", *MODEL_SAMPLING_KEYS,
                    "no_repeat_ngram_size", "min_length", "num_beams", "ignore_eos", "seed", "stop")
-HELP = "Commands: /clear (forget the conversation), /system TEXT (set the system prompt), /help, quit"
+HELP = "Commands: /clear (forget the conversation), /system TEXT (set the system prompt), /help, quit (or q)"
 REPLY_TOKENS = 256  # an interactive reply's default length, when the context has room for it
 MIN_REPLY_TOKENS = 32  # below this much room, the oldest turns are dropped
 
@@ -50,6 +51,15 @@ def find_api_key(url: str, explicit: str | None) -> str | None:
     port = urlsplit(url).port or (443 if url.startswith("https") else 80)
     path = key_file_path(port)
     return path.read_text().strip() if path.exists() else None
+
+
+def key_from_file(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise CommandError(f"--auth-token-file: cannot read {path}: {exc.strerror}") from None
 
 
 class Client:
@@ -130,7 +140,10 @@ class Command(BaseCommand):
         parser.add_argument("--config", metavar="FILE", help="a YAML client config (see the README); flags override it")
         parser.add_argument("--url", help="the server's /v1 URL (default http://127.0.0.1:8000/v1)")
         parser.add_argument("--model", help="default: the first of /v1/models")
-        parser.add_argument("--api-key", help="default: $OPENAI_API_KEY, $INFERENCE_API_KEY, or the local key file")
+        parser.add_argument("--api-key", "--auth-token", dest="api_key",
+                            help="default: $OPENAI_API_KEY, $INFERENCE_API_KEY, or the local key file")
+        parser.add_argument("--auth-token-file", metavar="FILE", help="read the key from this file (forgather's)")
+        parser.add_argument("--interactive", action="store_true", help="chat interactively (even with stdin piped)")
         parser.add_argument("--message", help="send one chat message and print the answer")
         parser.add_argument("--system", help="system prompt for chat")
         parser.add_argument("--completion", help="complete this text (a piped stdin does the same)")
@@ -158,7 +171,8 @@ class Command(BaseCommand):
         config = load_config(options["config"], CLIENT_KEYS) if options.get("config") else {}
         options = merged_options(options, config, DEFAULTS)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no request log lines in the output
-        client = Client(options["url"], find_api_key(options["url"], options["api_key"]))
+        client = Client(options["url"], find_api_key(options["url"], options["api_key"] or key_from_file(
+            options.get("auth_token_file"))))
         if options["health"]:
             return self.stdout.write(json.dumps(client.health()))
         if options["list_models"]:
@@ -172,7 +186,7 @@ class Command(BaseCommand):
         if options["message"] is not None:
             self.chat_turn(self._start_messages() + [{"role": "user", "content": options["message"]}])
             return  # (a returned string would be printed again by BaseCommand)
-        if not sys.stdin.isatty():
+        if not sys.stdin.isatty() and not options.get("interactive"):
             return self.complete(sys.stdin.read().removesuffix("\n"))  # `echo "…" |` adds a newline
         self.interactive()
 
@@ -272,7 +286,7 @@ class Command(BaseCommand):
             except (EOFError, KeyboardInterrupt):
                 self._write("\n")
                 return
-            if line in ("quit", "exit", "/quit", "/exit"):
+            if line in ("q", "quit", "exit", "/quit", "/exit"):
                 return
             if not line:
                 continue

@@ -14,29 +14,77 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from catalog.config import set_inference
-from catalog.hf_cache import cached_served_models
+from catalog.hf_cache import cached_served_models, link_local_model
 from inference_site import http_limits
+from protocol.dtypes import DTYPE_NAMES
+from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
 
 # Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
                    ("max_num_seqs", "MAX_NUM_SEQS"), ("max_queue", "MAX_QUEUE"), ("prefill_chunk", "PREFILL_CHUNK"),
-                   ("prefill_share", "PREFILL_SHARE"))
+                   ("prefill_share", "PREFILL_SHARE"), ("quantization", "QUANTIZATION"),
+                   ("attn_implementation", "ATTN_IMPLEMENTATION"), ("model", "MODEL"),
+                   ("trust_remote_code", "TRUST_REMOTE_CODE"), ("default_seed", "DEFAULT_SEED"),
+                   ("ignore_eos", "IGNORE_EOS"), ("log_level", "LOG_LEVEL"),
+                   ("pass_message_extras", "PASS_MESSAGE_EXTRAS"))
 
 logger = logging.getLogger(__name__)
+
+
+def given_key(token: str | None, token_file: str | None) -> str | None:
+    """forgather's --auth-token / --auth-token-file: the key, read from a file no one else may read."""
+    if token and token_file:
+        raise CommandError("Give --auth-token or --auth-token-file, not both.")
+    if not token_file:
+        return token or None
+    path = Path(token_file).expanduser()
+    try:
+        if path.stat().st_mode & 0o077:
+            raise CommandError(f"--auth-token-file: {path} is readable by others; chmod 600 it.")
+        return path.read_text().strip()
+    except OSError as exc:
+        raise CommandError(f"--auth-token-file: cannot read {path}: {exc.strerror}") from None
 
 
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
 
     def add_arguments(self, parser):
+        parser.add_argument("pinned_model", nargs="?", metavar="MODEL",
+                            help="pin a model (a repo id or a local model folder): loaded at start, never unloaded, "
+                                 "and the model of requests that name none")
+        parser.add_argument("-m", "--model", help="the same as MODEL")
+        parser.add_argument("--trust-remote-code", action="store_true", default=None,
+                            help="let the pinned model's repo run its own Python code (other models: the catalog admin)")
+        parser.add_argument("--quantization", choices=QUANTIZATIONS,
+                            help="quantize every model on load unless its catalog row says otherwise (bnb-*: CUDA only)")
+        parser.add_argument("--attn-implementation", metavar="NAME",
+                            help="transformers' attention kernel for every model: eager, sdpa, flash_attention_2, "
+                                 "flex_attention… (default: each model's own)")
+        parser.add_argument("--enable-cors", action="store_true", default=None,
+                            help="let browser pages on any origin call the API (CORS; requests still need the key)")
+        parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN",
+                            help="let browser pages on these origins call the API (e.g. http://localhost:3000)")
+        parser.add_argument("--default-seed", type=int, metavar="N", help="the seed of requests that send none")
+        parser.add_argument("--stop-sequences", nargs="+", metavar="TEXT", help="stop strings added to every request's")
+        parser.add_argument("--ignore-eos", action="store_true", default=None,
+                            help="requests that do not say generate past EOS (to max_tokens or a stop)")
+        parser.add_argument("--pass-message-extras", action="store_true", default=None,
+                            help="chat messages' unknown fields and custom roles go to the template (vLLM's way; "
+                                 "default: a 400, as OpenAI)")
+        parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
         parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
         parser.add_argument("--host", help="default 127.0.0.1")
         parser.add_argument("--port", type=int, help="default 8000")
         parser.add_argument("--device", help="auto, cpu, cuda, cuda:1…")
-        parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"))
+        parser.add_argument("--dtype", choices=DTYPE_NAMES, help="auto (the device's: bf16 on GPUs that have it, "
+                                                                "fp16 on older ones, fp32 on CPU) or a name")
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
+        parser.add_argument("--auth-token", metavar="KEY", help="accept this key (instead of a key file written for "
+                                                                "the port); visible to `ps`: prefer --auth-token-file")
+        parser.add_argument("--auth-token-file", metavar="FILE", help="accept the key in this file (mode 0600)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
         parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
         parser.add_argument("--chat-template-kwargs", metavar="JSON", help='default template kwargs, e.g. \'{"enable_thinking": false}\'')
@@ -48,6 +96,15 @@ class Command(BaseCommand):
         config = load_config(options["config"], SERVER_KEYS) if options.get("config") else {}
         options = merged_options(options, {**config, **config.get("batching", {})}, {"host": "127.0.0.1", "port": 8000})
         host, port = options["host"], options["port"]
+        options["model"] = self._pinned_model(options.get("pinned_model") or options.get("model"))
+        if options.get("trust_remote_code") and not options["model"]:
+            raise CommandError("--trust-remote-code applies to the pinned model (serve MODEL --trust-remote-code); "
+                               "other models take it from their catalog row (admin, or a config file's models:).")
+        try:
+            check_attn_implementation(options.get("attn_implementation") or "")
+            check_quantization(options.get("quantization") or "")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         no_auth = options["no_auth"] or config.get("auth") is False
         kwargs = options.get("chat_template_kwargs")
         self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
@@ -56,15 +113,25 @@ class Command(BaseCommand):
             if options.get(key) is not None:
                 set_inference(setting, options[key])
                 os.environ[f"INFERENCE_{setting}"] = str(options[key])
+        self._configure_cors(options.get("cors_allow_origins") or [], bool(options.get("enable_cors")))
+        if options.get("stop_sequences"):
+            set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
+            os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
+        if options.get("log_level"):
+            logging.getLogger().setLevel(str(options["log_level"]).upper())
+        logger.debug("serve's options after the config file: %s",
+                     {key: value for key, value in options.items() if value not in (None, False, "", [])
+                      and key not in ("verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color",
+                                      "skip_checks")})
         call_command("migrate", interactive=False, verbosity=0)
-        if not no_worker:
+        if not no_worker and not options["model"]:
             self._ensure_a_model()
         from catalog.services.cached_models import scan_cache
 
         self.stdout.write(f"Model catalog: {scan_cache()}")
         if config.get("models"):
             self._configure_models(config["models"])
-        self._announce_auth(port, no_auth)
+        self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)
         http_limits.install()
         from inference_site.asgi import application
@@ -139,6 +206,19 @@ class Command(BaseCommand):
             set_inference(key, value)
             os.environ[f"INFERENCE_{key}"] = value
 
+    def _configure_cors(self, origins: list[str], any_origin: bool) -> None:
+        """--enable-cors / --cors-allow-origins: CORS headers on the API for these origins (settings.py's CORS_*)."""
+        if not origins and not any_origin:
+            return
+        bad = [origin for origin in origins if origin != "*" and not origin.startswith(("http://", "https://"))]
+        if bad:
+            raise CommandError(f"--cors-allow-origins: {bad[0]!r} is not an origin (scheme://host[:port]).")
+        settings.CORS_ALLOW_ALL_ORIGINS = any_origin or "*" in origins
+        settings.CORS_ALLOWED_ORIGINS = [origin.rstrip("/") for origin in origins if origin != "*"]
+        os.environ["INFERENCE_CORS_ORIGINS"] = "*" if settings.CORS_ALLOW_ALL_ORIGINS else ",".join(origins)
+        self.stdout.write("CORS: the API answers browser pages from "
+                          f"{'any origin' if settings.CORS_ALLOW_ALL_ORIGINS else ', '.join(settings.CORS_ALLOWED_ORIGINS)}")
+
     def _allow_host(self, host: str) -> None:
         """The address served on is a valid Host (unless DJANGO_ALLOWED_HOSTS says exactly which are)."""
         if os.environ.get("DJANGO_ALLOWED_HOSTS"):
@@ -175,20 +255,54 @@ class Command(BaseCommand):
             raise CommandError(f"--config: models: {'; '.join(exc.messages)}") from exc
         self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
 
+    def _pinned_model(self, name: str | None) -> str:
+        """The pinned model's name: a local model folder is linked into the cache as `local/<folder>`; a repo that
+        is neither cached nor downloadable stops the start (the worker downloads one that is not cached)."""
+        if not name:
+            return ""
+        if Path(name).expanduser().is_dir():
+            try:
+                linked = link_local_model(Path(name))
+            except ValueError as exc:
+                raise CommandError(f"MODEL: {exc}") from None
+            self.stdout.write(f"Serving the folder {name} as {linked}")
+            return linked
+        from protocol import ModelRef
+        from protocol.hub import hub_reachable
+
+        repo_id = ModelRef.parse(name).repo_id
+        if not any(m.repo_id == repo_id for m in cached_served_models(fresh=True)) and not hub_reachable():
+            raise CommandError(f"MODEL: {name} is not in the Hugging Face cache, and the hub is not reachable "
+                               "to download it.")
+        return name
+
     def _ensure_a_model(self) -> None:
         if cached_served_models():
             return
         name = settings.INFERENCE["DEFAULT_MODEL"]
         self.stdout.write(f"No model to serve in the Hugging Face cache: building {name} offline (random weights)…")
-        call_command("create_tiny_model", name)
+        call_command("create_tiny_model", name, size="tiny-long")
 
-    def _announce_auth(self, port: int, no_auth: bool) -> None:
+    def _announce_auth(self, port: int, no_auth: bool, given: str | None) -> None:
         if no_auth:
             set_inference("AUTH_ENABLED", False)
         if not settings.INFERENCE["AUTH_ENABLED"]:
             self.stderr.write(self.style.WARNING(
                 "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
             ))
+            return
+        if given is not None:  # the operator's own key: accepted, never written to the port's key file
+            from django.core.exceptions import ValidationError
+
+            from teams.services import adopt_key
+
+            try:
+                adopt_key(given, f"serve --auth-token :{port}")
+            except ValidationError as exc:
+                raise CommandError(f"--auth-token: {'; '.join(exc.messages)}") from None
+            self.stdout.write("Using the API key given by --auth-token / --auth-token-file "
+                              '(send it as "Authorization: Bearer <key>")')
+            sys.stdout.flush()
             return
         from teams.services import ensure_local_key
 

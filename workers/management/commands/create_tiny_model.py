@@ -17,7 +17,8 @@ class Command(BaseCommand):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
         parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper", "encoder", "cross-encoder",
                                                        "lora"], default="llama")
-        parser.add_argument("--size", choices=["tiny", "small"], default="tiny", help="llama only")
+        parser.add_argument("--size", choices=["tiny", "tiny-long", "small"], default="tiny",
+                            help="llama only (tiny-long: tiny with a 32k context, what serve builds on a first run)")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--base", default="local/tiny-llama", help="lora only: the base model's repo id")
 
