@@ -12,24 +12,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
 from .conftest import TINY_MODEL, engine_running
-
-
-class Outbox:
-    """Collects what the engine emits, per reply channel, and lets a test wait for it."""
-
-    def __init__(self) -> None:
-        self.messages: dict[str, list[dict]] = {}
-        self.changed = threading.Condition()
-
-    def emit(self, channel: str, message: dict) -> None:
-        with self.changed:
-            self.messages.setdefault(channel, []).append(message)
-            self.changed.notify_all()
-
-    def wait_for(self, channel: str, done, timeout: float = 60.0) -> list[dict]:
-        with self.changed:
-            assert self.changed.wait_for(lambda: done(self.messages.get(channel, [])), timeout), self.messages.get(channel)
-            return list(self.messages[channel])
+from .outbox import Outbox
 
 
 @pytest.fixture(scope="module")

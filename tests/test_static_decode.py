@@ -6,7 +6,6 @@ skipped without CUDA.
 """
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from workers.engine.config import EngineConfig
 from workers.tiny.families import build_tiny_families
 
 from .conftest import Reference, engine_running
+from .outbox import Outbox
 
 # Full attention, MLA, every layer sliding, sliding beside full, eager attention with sinks, linear attention, Mamba.
 FAMILIES = ["llama", "deepseek-v3", "mistral", "gemma3", "gpt-oss", "qwen3.5", "mamba"]
@@ -29,41 +29,6 @@ def families_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("static-families")
     build_tiny_families([*FAMILIES, "bloom"], cache_dir=cache)
     return cache
-
-
-class Outbox:
-    def __init__(self) -> None:
-        self.messages: dict[str, list[dict]] = {}
-        self.changed = threading.Condition()
-
-    def emit(self, channel: str, message: dict) -> None:
-        with self.changed:
-            self.messages.setdefault(channel, []).append(message)
-            self.changed.notify_all()
-
-    def done(self, channel: str) -> bool:
-        return any(m["type"] in (protocol.DONE, protocol.ERROR) for m in self.messages.get(channel, []))
-
-    def wait(self, channels: list[str], timeout: float = 120.0) -> None:
-        with self.changed:
-            assert self.changed.wait_for(lambda: all(self.done(c) for c in channels), timeout)
-
-    def wait_tokens(self, channel: str, timeout: float = 60.0) -> None:
-        with self.changed:
-            assert self.changed.wait_for(lambda: any(m["type"] in (protocol.DELTA, protocol.DONE)
-                                                     for m in self.messages.get(channel, [])), timeout)
-
-    def choices(self, channel: str) -> dict[int, dict]:
-        """Per choice index: its token ids and its logprobs."""
-        found: dict[int, dict] = {}
-        for message in self.messages[channel]:
-            assert message["type"] != protocol.ERROR, message
-            for choice in message.get("choices", []):
-                entry = found.setdefault(choice["index"], {"ids": [], "logprobs": []})
-                entry["ids"] += choice["token_ids"]
-                if choice.get("logprobs"):
-                    entry["logprobs"] += choice["logprobs"]["token_logprobs"]
-        return found
 
 
 def submit(engine, outbox: Outbox, model: str, prompt, **params) -> str:
