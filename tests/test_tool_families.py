@@ -182,6 +182,43 @@ def test_family_responses_function_call_items(family, sdk):
     jsonschema.validate(json.loads(done.arguments), PARAMETERS)
 
 
+LONG_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                   "note": {"type": "string", "minLength": 40, "maxLength": 60}},
+                   "required": ["city", "note"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "mistral", "gemma4", "llama4_pythonic", "kimi_k2"])
+def test_a_long_calls_arguments_stream_in_fragments_that_join_to_the_whole_answer(family, sdk):
+    """A call with a long argument (tool_choice naming it, greedy): chat's `tool_calls[].function.arguments`
+    deltas and Responses' `response.function_call_arguments.delta` events come in many fragments after the
+    call's name, and join to exactly the non-streamed answer's arguments."""
+    def fragments_of(chunks) -> list[str]:
+        return [call.function.arguments for chunk in chunks if chunk.choices
+                for call in chunk.choices[0].delta.tool_calls or [] if not call.id]
+
+    body = dict(model=model_of(family), messages=USER, temperature=0, max_tokens=200,
+                tools=[{"type": "function", "function": {"name": "get_weather", "parameters": LONG_PARAMETERS}}],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [call] = sdk.chat.completions.create(**body).choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), LONG_PARAMETERS)
+    chunks = list(sdk.chat.completions.create(**body, stream=True))
+    assert reassembled(chunks)[2] == [{"id": reassembled(chunks)[2][0]["id"], "name": "get_weather",
+                                       "arguments": call.function.arguments}]
+    assert len(fragments_of(chunks)) > 4
+
+    tool = {"type": "function", "name": "get_weather", "parameters": LONG_PARAMETERS}
+    request = dict(model=model_of(family), input="Weather in Paris?", tools=[tool], temperature=0,
+                   max_output_tokens=200, tool_choice={"type": "function", "name": "get_weather"})
+    [item] = [i for i in sdk.responses.create(**request).output if i.type == "function_call"]
+    events = list(sdk.responses.create(**request, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    [added] = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    assert added.item.name == "get_weather" and events.index(added) < events.index(
+        next(e for e in events if e.type == "response.function_call_arguments.delta"))
+    assert len(deltas) > 4 and "".join(deltas) == item.arguments
+    jsonschema.validate(json.loads(item.arguments), LONG_PARAMETERS)
+
+
 def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, family_cache):
     """A Llama 3 model told `tool_parser: hermes`, `reasoning_parser: none` in `serve --config`: the catalog
     shows the override, and its answer is read that way (a Hermes call parsed, `<think>` left as text)."""
