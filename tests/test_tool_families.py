@@ -60,6 +60,7 @@ ANSWERS = {
 
 
 OVERRIDDEN = "local/tiny-overridden"
+RETEMPLATED = "local/tiny-retemplated"  # the tiny Hermes model given Qwen3-Coder's template by the config file
 
 
 def model_of(family: str) -> str:
@@ -74,6 +75,7 @@ def family_cache(tmp_path_factory):
     for family in FORMATS:
         build_chat_format_model(model_of(family), family, cache, base)
     build_chat_format_model(OVERRIDDEN, "llama3_json", cache, base)  # Llama 3's format, parsed as the config says
+    build_tiny_family("qwen3", RETEMPLATED, cache, tokenizer=base)
     return cache
 
 
@@ -81,7 +83,10 @@ def family_cache(tmp_path_factory):
 def family_server(family_cache, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("family-server")
     config = work_dir / "server.yaml"
-    config.write_text(json.dumps({"models": [{"name": OVERRIDDEN, "tool-parser": "hermes", "reasoning-parser": "none"}]}))
+    template = work_dir / "qwen3_coder.jinja"
+    template.write_text(FORMATS["qwen3_coder"].template)
+    config.write_text(json.dumps({"models": [{"name": OVERRIDDEN, "tool-parser": "hermes", "reasoning-parser": "none"},
+                                             {"name": RETEMPLATED, "chat-template": str(template)}]}))
     live = LiveServer(base_env(family_cache, work_dir), work_dir, ("--config", str(config)), name="families")
     yield live
     live.stop()
@@ -229,6 +234,19 @@ def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, f
     message = sdk.chat.completions.create(model=OVERRIDDEN, messages=USER, tools=[WEATHER], max_tokens=80,
                                           extra_body=forced(answer, tokenizer)).choices[0].message
     assert message.content == "<think>x</think>" and message.model_extra.get("reasoning_content") is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [CALL]
+
+
+def test_a_chat_template_set_for_a_model_chooses_its_parsers_in_the_catalog_as_on_the_worker(sdk, family_cache):
+    """The config file gives the tiny Hermes model Qwen3-Coder's template: the catalog reads the parsers from
+    that template (not the model's own files), as the worker does, and its answer is read that way."""
+    models = {m.id: m.model_extra.get("parsers") for m in sdk.models.list().data}
+    assert models[RETEMPLATED] == {"tool_parser": "qwen3_coder", "reasoning_parser": "qwen3", "source": "chat_template"}
+    assert models[model_of("hermes")]["tool_parser"] == "hermes"  # the same files without the template
+    tokenizer = AutoTokenizer.from_pretrained(RETEMPLATED, cache_dir=family_cache, local_files_only=True)
+    answer = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+    message = sdk.chat.completions.create(model=RETEMPLATED, messages=USER, tools=[WEATHER], max_tokens=80,
+                                          extra_body=forced(answer, tokenizer)).choices[0].message
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [CALL]
 
 
