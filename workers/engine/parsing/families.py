@@ -103,7 +103,7 @@ def _parameter(r: CallReader, key: str, stops: tuple[str, ...]):
     return marker
 
 
-def _end_or_fail(r: CallReader) -> None:
+def _end_or_fail(r: CallReader):
     """Where the syntax expects more of a call but the text ended: the call ends (closed if the region was)."""
     if not (yield from r.at_end()):
         raise NotCalls(r.text[r.pos:r.pos + 20])
@@ -189,16 +189,8 @@ ARGUMENT_KEYS = ("arguments", "parameters")
 def qwen3_coder(r: CallReader):
     """`<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>` per parameter, `</function>`."""
     stops = ("\n</parameter>", "</parameter>", "\n<parameter=", "<parameter=", "\n</function>", "</function>")
-    while True:
-        yield from r.skip()
-        if not (yield from r.accept("<function=")):
-            if (yield from r.at_end()):
-                return
-            raise NotCalls(r.text[r.pos:r.pos + 20])
-        name, marker = yield from r.until((">",), allowed=NAME_TEXT, limit=NAME_LIMIT)
-        if marker is None:
-            raise NotCalls(name)
-        r.open(name, translated=True)
+    while (yield from r.next_call("<function=")):
+        yield from r.open_named((">",), translated=True)
         while True:
             yield from r.skip()
             if (yield from r.accept("</function>")):
@@ -255,10 +247,7 @@ def pythonic(r: CallReader):
             return
         if (yield from r.at_end()):
             return
-        name, marker = yield from r.until(("(",), allowed=PY_NAME_TEXT, limit=NAME_LIMIT)
-        if marker is None:
-            raise NotCalls(name)
-        r.open(name, translated=True)
+        yield from r.open_named(("(",), PY_NAME_TEXT, translated=True)
         while True:
             yield from r.skip(WHITESPACE + ",")
             if (yield from r.accept(")")):
@@ -288,16 +277,8 @@ GEMMA_KEY_TEXT = re.compile(r"\s*[A-Za-z_][\w\-]*\s*|\s*")
 
 def gemma4(r: CallReader):
     """`call:NAME{key:<|"|>text<|"|>,n:1}`: strings stream, other values are read whole."""
-    while True:
-        yield from r.skip()
-        if not (yield from r.accept("call:")):
-            if (yield from r.at_end()):
-                return
-            raise NotCalls(r.text[r.pos:r.pos + 20])
-        name, marker = yield from r.until(("{",), allowed=NAME_TEXT, limit=NAME_LIMIT)
-        if marker is None:
-            raise NotCalls(name)
-        r.open(name, translated=True)
+    while (yield from r.next_call("call:")):
+        yield from r.open_named(("{",), translated=True)
         while True:
             yield from r.skip(WHITESPACE + ",")
             if (yield from r.accept("}")):
@@ -336,11 +317,7 @@ def mistral(r: CallReader):
         if char == "{":
             yield from _json_call(r)
             continue
-        name, marker = yield from r.until(("[ARGS]", "[CALL_ID]"), allowed=NAME_TEXT, limit=NAME_LIMIT)
-        if marker is None:
-            raise NotCalls(name)
-        r.open(name)
-        if marker == "[CALL_ID]":
+        if (yield from r.open_named(("[ARGS]", "[CALL_ID]"))) == "[CALL_ID]":
             _, marker = yield from r.until(("[ARGS]",), limit=NAME_LIMIT)
             if marker is None:
                 return
@@ -353,20 +330,12 @@ def marked_calls(begin: str, separator: str, end: str, name_of=str.strip, fenced
     `name_of` reads the name from the header; `fenced` (DeepSeek V3): a header `function` is followed by
     the name on its own line and the arguments in a ```json fence."""
     def syntax(r: CallReader):
-        while True:
-            yield from r.skip()
-            if not (yield from r.accept(begin)):
-                if (yield from r.at_end()):
-                    return
-                raise NotCalls(r.text[r.pos:r.pos + 20])
+        while (yield from r.next_call(begin)):
             header, marker = yield from r.until((separator,), allowed=HEADER_TEXT, limit=NAME_LIMIT)
             if marker is None:
                 raise NotCalls(header)
             if fenced and header.strip() == "function":
-                header, marker = yield from r.until(("\n", "```"), allowed=NAME_TEXT, limit=NAME_LIMIT)
-                if marker is None:
-                    raise NotCalls(header)
-                r.open(header)
+                yield from r.open_named(("\n", "```"))
                 yield from r.skip(WHITESPACE + "`")
                 yield from r.accept("json")
             else:

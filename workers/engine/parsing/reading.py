@@ -54,8 +54,9 @@ class CallReader:
         self.run = syntax(self)
 
     def feed(self, text: str, out: list[Part], final: bool = False, closed: bool = False) -> str | None:
-        """Read `text` (`final`: the region ended, `closed`: by its closing marker, not the answer's end);
-        returns the text that is not calls (then the reader is done), else None."""
+        """Read `text` (`final`: the region ended; `closed`: where it should, at its closing marker or, for a
+        region that has none, the answer's end; not cut); returns the text that is not calls (then the
+        reader is done), else None."""
         if self.dead:
             return text
         self.text += text
@@ -93,6 +94,8 @@ class CallReader:
 
     def key(self, key: str) -> None:
         """A translated call's next parameter: its key (its value follows)."""
+        if not key.strip():
+            raise NotCalls("a parameter without a name")
         self.arguments((", " if self.keys else "") + json.dumps(key.strip(), ensure_ascii=False) + ": ")
         self.keys += 1
 
@@ -115,6 +118,23 @@ class CallReader:
         self.pos -= len(marker)
 
     # --- reading (generators: `yield from`) ------------------------------------------------
+    def next_call(self, opening: str) -> Waits:
+        """Whether another call follows (its `opening` read); False at the end, NotCalls for other text."""
+        yield from self.skip()
+        if (yield from self.accept(opening)):
+            return True
+        if (yield from self.at_end()):
+            return False
+        raise NotCalls(self.text[self.pos:self.pos + 20])
+
+    def open_named(self, stops: tuple[str, ...], allowed: re.Pattern = NAME_TEXT, translated: bool = False) -> Waits:
+        """Read a call's name up to one of `stops` and open the call; the stop that ended the name."""
+        name, marker = yield from self.until(stops, allowed=allowed, limit=NAME_LIMIT)
+        if marker is None:
+            raise NotCalls(name)
+        self.open(name, translated)
+        return marker
+
     def _held(self, text: str, markers: tuple[str, ...]) -> int:
         """How much of the text's end may be the start of a marker, held back until more text settles it;
         at a cut (the answer ended inside the region) it is never written."""
