@@ -180,6 +180,22 @@ def test_a_long_calls_arguments_stream_as_they_are_generated(family):
     assert sum(i < note_end for i in fragments) > len(NOTE) // 2
 
 
+@pytest.mark.parametrize("tool,text,expected", [
+    ("hermes", '<tool_call>{"arguments": {"a": [1, "}"]}, "name": "f"}</tool_call>', {"a": [1, "}"]}),  # name last
+    ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', {"a": 1}),  # a JSON string
+    ("hermes", '<tool_call>{"name": "f"}</tool_call>', {}),
+    ("pythonic", "[f(s='it\\'s \\u00e9 \\N{EM DASH} \\x41\\\\', n=[1, {'k': (2)}], b=true)]",
+     {"s": "it's é — A\\", "n": [1, {"k": 2}], "b": True}),
+    ("gemma4", '<|tool_call>call:f{o:{k:<|"|>a,b<|"|>},n:-1.5,s:<|"|>x<|"|>}<tool_call|>', {"o": {"k": "a,b"}, "n": -1.5, "s": "x"}),
+    ("qwen3_coder", "<tool_call><function=f><parameter=n>\n[1, 2]\n</parameter><parameter=s>two\nlines\n"
+     "</function></tool_call>", {"n": [1, 2], "s": "two\nlines"}),
+])
+def test_unusual_but_valid_calls_read_alike_whole_and_char_by_char(tool, text, expected):
+    whole, streamed = both_ways(lambda: RegionParser(None, TOOL_FORMATS[tool], True, {"f": {"properties": {
+        "s": {"type": "string"}}}}), text)
+    assert whole == streamed == ("", "", [("f", expected)])
+
+
 def test_after_a_call_text_that_is_no_call_is_content():
     parser = region_parser("hermes", None)
     parts = parser.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1} oops}\n</tool_call>Done.') + parser.finish()
