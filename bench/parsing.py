@@ -4,8 +4,9 @@ The worker parses every chat and Responses answer as its family writes it (worke
 each step's new text goes through the choice's parser. Two figures, from one run:
 
 - the parser's cost per token, per family: a realistic answer (reasoning, content and a tool call,
-  ~`--tokens` tokens of the model's tokenizer) fed to that family's parser one token's text at a
-  time, as the worker feeds it, the median of `--repeats` passes;
+  ~`--tokens` tokens of the model's tokenizer; `*_long_call`: one call whose streamed arguments are
+  the whole answer) fed to that family's parser one token's text at a time, as the worker feeds it,
+  the median of `--repeats` passes;
 - the CPU our server spends per streamed token: one greedy streamed chat of `--tokens` tokens (tools
   given, so the parse path runs) against `manage.py serve`, the server process's CPU time (user +
   system, its threads and children) over the tokens it streamed.
@@ -48,6 +49,11 @@ ANSWERS = {  # family -> (tool parser, reasoning parser, answer with REASONING a
                "<|constrain|>json<|message|>" + CALL_ARGS),
     "response_template": ("response_template", "response_template", '<think>REASONING</think>CONTENT<tool_call>'
                           '{"name": "get_weather", "arguments": ' + CALL_ARGS + '}</tool_call>'),
+    # a call whose arguments are most of the answer, streamed as written (JSON) or translated (XML)
+    "hermes_long_call": ("hermes", "qwen3", '<tool_call>\n{"name": "get_weather", "arguments": {"note": "REASONING '
+                         'CONTENT"}}\n</tool_call>'),
+    "qwen3_coder_long_call": ("qwen3_coder", "qwen3", "<tool_call>\n<function=get_weather>\n<parameter=note>\nREASONING "
+                              "CONTENT\n</parameter>\n</function>\n</tool_call>"),
 }
 
 

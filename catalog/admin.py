@@ -105,8 +105,11 @@ class CachedModelAdmin(admin.ModelAdmin):
 
     @admin.display(description="tool / reasoning parser")
     def parsers(self, obj: CachedModel) -> str:
-        """What its chat answers are parsed with: the override set here, else what its files say."""
-        chosen = selectors.effective_parsers(obj.detected_parsers or {}, obj.tool_parser, obj.reasoning_parser)
+        """What its chat answers are parsed with: the override set here, else what its files (and the chat
+        template set here) say."""
+        snapshot = selectors.snapshot_path(obj.repo_id) if obj.chat_template else None
+        chosen = selectors.effective_parsers(obj.detected_parsers or {}, obj.tool_parser, obj.reasoning_parser,
+                                             obj.chat_template, snapshot)
         if not chosen:
             return ""
         return f"{chosen['tool_parser']} / {chosen['reasoning_parser'] or 'none'} ({chosen['source']})"

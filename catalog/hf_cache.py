@@ -96,9 +96,10 @@ def _added_tokens(snapshot: Path) -> list[str]:
 
 
 @lru_cache(maxsize=512)
-def detected_parsers(snapshot: Path) -> dict:
-    """What a snapshot's config.json, tokenizer_config.json and chat_template.jinja say of its output
-    format (read once per snapshot: a commit's files never change)."""
+def _format_facts(snapshot: Path) -> tuple[str, str, tuple[str, ...], bool]:
+    """What a snapshot's config.json, tokenizer_config.json and chat_template.jinja say of its output format:
+    (model_type, chat template, added tokens, has a response_template); read once per snapshot (a commit's
+    files never change)."""
     config = _read_config(snapshot)
     try:
         tokenizer_config = json.loads((snapshot / "tokenizer_config.json").read_text())
@@ -116,8 +117,15 @@ def detected_parsers(snapshot: Path) -> dict:
     tokens = [str(t.get("content", "")) for t in (tokenizer_config.get("added_tokens_decoder") or {}).values()
               if isinstance(t, dict)] + _added_tokens(snapshot)
     model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type") or ""
-    return detect_parsers(str(model_type), str(template), tokens,
-                          isinstance(tokenizer_config.get("response_template"), dict)).as_dict()
+    return str(model_type), str(template), tuple(tokens), isinstance(tokenizer_config.get("response_template"), dict)
+
+
+@lru_cache(maxsize=512)
+def detected_parsers(snapshot: Path, chat_template: str = "") -> dict:
+    """The parsers a snapshot's files point to; `chat_template`: the catalog's template for the model, read in
+    place of the files' (the worker renders with it and reads its markers the same way)."""
+    model_type, template, tokens, has_response_template = _format_facts(snapshot)
+    return detect_parsers(model_type, chat_template or template, tokens, has_response_template).as_dict()
 
 
 def _newest_revision(repo):

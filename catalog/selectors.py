@@ -2,6 +2,8 @@
 served and where it is loaded (what the cache on disk holds is `catalog.hf_cache`)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db import connections
 from django.utils import timezone
 
@@ -11,7 +13,7 @@ from protocol import ModelRef
 
 from .config import web_config
 from .errors import ModelDisabled, ModelNotFound
-from .hf_cache import CacheEntry, cached_served_models, cached_served_models_now
+from .hf_cache import CacheEntry, cached_served_models, cached_served_models_now, detected_parsers
 from .models import CachedModel, ModelLoad, Worker
 from .snapshots import Snapshot
 
@@ -151,17 +153,27 @@ def listed_models() -> list[tuple[CacheEntry, dict]]:
     parsers its answers get (`parsers`: the catalog's overrides over what its files say)."""
     states = load_states()
     disabled = catalog_rules()[1]
-    overrides = {repo_id: (tool, reasoning) for repo_id, tool, reasoning in CachedModel.objects.filter(
-        gone=False).exclude(tool_parser="", reasoning_parser="").values_list("repo_id", "tool_parser", "reasoning_parser")}
+    overrides = {row[0]: row[1:] for row in CachedModel.objects.filter(gone=False).exclude(
+        tool_parser="", reasoning_parser="", chat_template="").values_list(
+        "repo_id", "tool_parser", "reasoning_parser", "chat_template")}
     return [(m, {**states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}),
-                 "parsers": effective_parsers(m.parsers, *overrides.get(m.repo_id, ("", "")))})
+                 "parsers": effective_parsers(m.parsers, *overrides.get(m.repo_id, ()), snapshot=m.snapshot_path)})
             for m in cached_served_models() if m.repo_id not in disabled]
 
 
-def effective_parsers(detected: dict, tool_override: str = "", reasoning_override: str = "") -> dict:
-    """{tool_parser, reasoning_parser, source}: the override where the catalog has one, else what was detected."""
+def snapshot_path(repo_id: str) -> Path | None:
+    """The served snapshot of a cached model (None: not one the server serves)."""
+    return next((m.snapshot_path for m in cached_served_models() if m.repo_id == repo_id), None)
+
+
+def effective_parsers(detected: dict, tool_override: str = "", reasoning_override: str = "", chat_template: str = "",
+                      snapshot: Path | None = None) -> dict:
+    """{tool_parser, reasoning_parser, source}: the override where the catalog has one, else what was detected
+    (from the catalog's `chat_template` for the model where it has one: the `snapshot`'s other files with it)."""
     if not detected:
         return {}
+    if chat_template and snapshot is not None:
+        detected = detected_parsers(snapshot, chat_template)
     choice = ParserChoice(detected["tool_parser"], detected["reasoning_parser"], detected["source"])
     try:
         return choose_parsers(choice, tool_override, reasoning_override).as_dict()

@@ -1,6 +1,7 @@
 """The worker's output parsers (workers/engine/parsing) on hand-written answers of every family: whole and
-fed one character at a time, malformed and cut ones too (their text stays content, nothing raises); the
-forced-call grammars accept the very text their family's parser reads; which parser a model's files choose."""
+fed one character at a time (a long call's arguments streaming in fragments), malformed and cut ones too
+(nothing raises, a cut call ends as far as it was written); the forced-call grammars accept the very
+text their family's parser reads; which parser a model's files choose."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import pytest
 
 from protocol.output_formats import ParserChoice, choose_parsers, detect_parsers
 from workers.engine.parsing.families import REASONING_FORMATS, TOOL_FORMATS
+from workers.engine.parsing.reading import NAME
 from workers.engine.parsing.harmony import HarmonyTextParser, harmony_encoding, write_vocabulary
 from workers.engine.parsing.regions import RegionParser
 from workers.engine.parsing.template import TemplateParser
@@ -20,8 +22,8 @@ from workers.tiny.chat_formats import QWEN_RESPONSE_TEMPLATE
 
 from .parse_whole import joined, parse_text
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-           "required": ["city", "days"]}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                           "note": {"type": "string"}}, "required": ["city", "days"]}
 SCHEMAS = {"get_weather": WEATHER}
 CALL = ("get_weather", {"city": "Paris", "days": 3})
 
@@ -87,24 +89,59 @@ def test_each_family_whole_and_char_by_char(family):
     assert whole == streamed == expected
 
 
+def assert_well_formed(parts: list[dict]) -> None:
+    """Parts a client can follow: calls open in index order (a valid name, a unique id), each argument
+    fragment belongs to the call opened last, no empty text."""
+    ids = []
+    for part in parts:
+        assert part["type"] in ("content", "reasoning", "tool_call", "arguments"), part
+        if part["type"] == "tool_call":
+            assert part["index"] == len(ids) and NAME.fullmatch(part["name"]), part
+            ids.append(part["id"])
+        else:
+            assert part["text"], part
+            assert part["type"] != "arguments" or part["index"] == len(ids) - 1, part
+    assert len(set(ids)) == len(ids)
+
+
 @pytest.mark.parametrize("family", sorted(ANSWERS))
-def test_cut_and_malformed_calls_stay_text_and_never_raise(family):
-    """Every prefix of the answer (a cut at any token) and a corrupted call parse without raising; a cut
-    call's text is content, and never a call with arguments that are not JSON."""
+def test_cut_calls_end_as_far_as_written_and_malformed_ones_never_raise(family):
+    """Every prefix of the answer (a cut at any token) parses without raising into parts a client can
+    follow; a call cut after its name was read ends as far as it was written (its arguments a prefix of
+    the whole answer's); a corrupted call never raises either."""
     tool, reasoning, text, _ = ANSWERS[family]
-    for end in range(0, len(text), 3):
+    whole = region_parser(tool, reasoning)
+    full = joined(whole.feed(text) + whole.finish())[2]
+    for end in range(0, len(text)):
         parser = region_parser(tool, reasoning)
-        for _, _, calls in [joined(parser.feed(text[:end]) + parser.finish())]:
-            for _, arguments in calls:
-                assert isinstance(json.loads(arguments), dict)
+        parts = parser.feed(text[:end]) + parser.finish()
+        assert_well_formed(parts)
+        calls = joined(parts)[2]
+        assert len(calls) <= len(full)
+        for (name, arguments), (full_name, full_arguments) in zip(calls, full):
+            # (a region that runs to the answer's end and stops right after a name has no arguments: `{}`)
+            assert name == full_name and (full_arguments.startswith(arguments) or arguments == "{}"), (text[:end], calls)
     corrupted = text.replace('"Paris"', '"Paris').replace("Paris", "Par{is(")
     parser = region_parser(tool, reasoning)
-    reasoning_text, content, calls = joined(parser.feed(corrupted) + parser.finish())
-    assert all(isinstance(json.loads(arguments), dict) for _, arguments in calls)
+    assert_well_formed(parser.feed(corrupted) + parser.finish())
 
 
-def test_a_cut_hermes_call_is_content_verbatim_and_tags_are_held_back():
-    assert parse_text('<tool_call>\n{"name": "f", "argu', parse_tools=True) == ("", '<tool_call>\n{"name": "f", "argu', [])
+def test_after_a_call_text_that_is_no_call_is_content():
+    parser = region_parser("hermes", None)
+    parts = parser.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1} oops}\n</tool_call>Done.') + parser.finish()
+    assert joined(parts) == ("", "oops}\n</tool_call>Done.", [("f", '{"a": 1}')])  # the rest, as written
+    parser = region_parser("hermes", None)
+    parts = parser.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1}} oops\n</tool_call>Done.') + parser.finish()
+    assert joined(parts) == ("", " oops\n</tool_call>Done.", [("f", '{"a": 1}')])
+    parser = region_parser("hermes", None)
+    parts = parser.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call> Done.') + parser.finish()
+    assert joined(parts) == ("", "Done.", [("f", '{"a": 1}')])
+
+
+def test_a_cut_hermes_call_is_content_verbatim_until_its_name_is_read_and_tags_are_held_back():
+    assert parse_text('<tool_call>\n{"name": "f', parse_tools=True) == ("", '<tool_call>\n{"name": "f', [])
+    assert parse_text('<tool_call>\n{"name": "f", "argu', parse_tools=True) == ("", "", [("f", "")])
+    assert parse_text('<tool_call>\n{"name": "f", "arguments": {"a": "b', parse_tools=True)[2] == [("f", '{"a": "b')]
     assert parse_text("<tool_call>not json</tool_call> tail", parse_tools=True)[1] == "<tool_call>not json</tool_call> tail"
     parser = region_parser("hermes", "qwen3")
     assert [p["text"] for p in parser.feed("Hi <tool")] == ["Hi"]
@@ -229,7 +266,7 @@ def test_the_forced_call_grammar_writes_what_the_parser_reads(syntax, ll_tokeniz
     assert matcher.consume_tokens(tokenizer(text, add_special_tokens=False)["input_ids"]), matcher.get_error()
     assert matcher.is_accepting()
     parser = region_parser("mistral" if syntax == "mistral_named" else syntax, None)
-    assert joined(parser.feed(text) + parser.finish())[2] == [("get_weather", '{"city": "Paris", "days": 3}')]
+    assert [(name, json.loads(arguments)) for name, arguments in joined(parser.feed(text) + parser.finish())[2]] == [CALL]
 
 
 @pytest.mark.parametrize("syntax,text", [
@@ -329,6 +366,4 @@ def test_random_marker_soup_never_raises():
                 out += parser.feed(text[position:position + step])
                 position += step
             out += parser.finish()
-            assert all(part["type"] in ("content", "reasoning", "tool_call", "arguments") for part in out)
-            if not isinstance(parser, HarmonyTextParser):  # Harmony's arguments stream as written
-                assert all(isinstance(json.loads(arguments), dict) for _, arguments in joined(out)[2])
+            assert_well_formed(out)

@@ -60,6 +60,7 @@ ANSWERS = {
 
 
 OVERRIDDEN = "local/tiny-overridden"
+RETEMPLATED = "local/tiny-retemplated"  # the tiny Hermes model given Qwen3-Coder's template by the config file
 
 
 def model_of(family: str) -> str:
@@ -74,6 +75,7 @@ def family_cache(tmp_path_factory):
     for family in FORMATS:
         build_chat_format_model(model_of(family), family, cache, base)
     build_chat_format_model(OVERRIDDEN, "llama3_json", cache, base)  # Llama 3's format, parsed as the config says
+    build_tiny_family("qwen3", RETEMPLATED, cache, tokenizer=base)
     return cache
 
 
@@ -81,7 +83,10 @@ def family_cache(tmp_path_factory):
 def family_server(family_cache, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("family-server")
     config = work_dir / "server.yaml"
-    config.write_text(json.dumps({"models": [{"name": OVERRIDDEN, "tool-parser": "hermes", "reasoning-parser": "none"}]}))
+    template = work_dir / "qwen3_coder.jinja"
+    template.write_text(FORMATS["qwen3_coder"].template)
+    config.write_text(json.dumps({"models": [{"name": OVERRIDDEN, "tool-parser": "hermes", "reasoning-parser": "none"},
+                                             {"name": RETEMPLATED, "chat-template": str(template)}]}))
     live = LiveServer(base_env(family_cache, work_dir), work_dir, ("--config", str(config)), name="families")
     yield live
     live.stop()
@@ -182,6 +187,43 @@ def test_family_responses_function_call_items(family, sdk):
     jsonschema.validate(json.loads(done.arguments), PARAMETERS)
 
 
+LONG_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                   "note": {"type": "string", "minLength": 40, "maxLength": 60}},
+                   "required": ["city", "note"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "mistral", "gemma4", "llama4_pythonic", "kimi_k2"])
+def test_a_long_calls_arguments_stream_in_fragments_that_join_to_the_whole_answer(family, sdk):
+    """A call with a long argument (tool_choice naming it, greedy): chat's `tool_calls[].function.arguments`
+    deltas and Responses' `response.function_call_arguments.delta` events come in many fragments after the
+    call's name, and join to exactly the non-streamed answer's arguments."""
+    def fragments_of(chunks) -> list[str]:
+        return [call.function.arguments for chunk in chunks if chunk.choices
+                for call in chunk.choices[0].delta.tool_calls or [] if not call.id]
+
+    body = dict(model=model_of(family), messages=USER, temperature=0, max_tokens=200,
+                tools=[{"type": "function", "function": {"name": "get_weather", "parameters": LONG_PARAMETERS}}],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [call] = sdk.chat.completions.create(**body).choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), LONG_PARAMETERS)
+    chunks = list(sdk.chat.completions.create(**body, stream=True))
+    assert reassembled(chunks)[2] == [{"id": reassembled(chunks)[2][0]["id"], "name": "get_weather",
+                                       "arguments": call.function.arguments}]
+    assert len(fragments_of(chunks)) > 4
+
+    tool = {"type": "function", "name": "get_weather", "parameters": LONG_PARAMETERS}
+    request = dict(model=model_of(family), input="Weather in Paris?", tools=[tool], temperature=0,
+                   max_output_tokens=200, tool_choice={"type": "function", "name": "get_weather"})
+    [item] = [i for i in sdk.responses.create(**request).output if i.type == "function_call"]
+    events = list(sdk.responses.create(**request, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    [added] = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    assert added.item.name == "get_weather" and events.index(added) < events.index(
+        next(e for e in events if e.type == "response.function_call_arguments.delta"))
+    assert len(deltas) > 4 and "".join(deltas) == item.arguments
+    jsonschema.validate(json.loads(item.arguments), LONG_PARAMETERS)
+
+
 def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, family_cache):
     """A Llama 3 model told `tool_parser: hermes`, `reasoning_parser: none` in `serve --config`: the catalog
     shows the override, and its answer is read that way (a Hermes call parsed, `<think>` left as text)."""
@@ -192,6 +234,19 @@ def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, f
     message = sdk.chat.completions.create(model=OVERRIDDEN, messages=USER, tools=[WEATHER], max_tokens=80,
                                           extra_body=forced(answer, tokenizer)).choices[0].message
     assert message.content == "<think>x</think>" and message.model_extra.get("reasoning_content") is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [CALL]
+
+
+def test_a_chat_template_set_for_a_model_chooses_its_parsers_in_the_catalog_as_on_the_worker(sdk, family_cache):
+    """The config file gives the tiny Hermes model Qwen3-Coder's template: the catalog reads the parsers from
+    that template (not the model's own files), as the worker does, and its answer is read that way."""
+    models = {m.id: m.model_extra.get("parsers") for m in sdk.models.list().data}
+    assert models[RETEMPLATED] == {"tool_parser": "qwen3_coder", "reasoning_parser": "qwen3", "source": "chat_template"}
+    assert models[model_of("hermes")]["tool_parser"] == "hermes"  # the same files without the template
+    tokenizer = AutoTokenizer.from_pretrained(RETEMPLATED, cache_dir=family_cache, local_files_only=True)
+    answer = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+    message = sdk.chat.completions.create(model=RETEMPLATED, messages=USER, tools=[WEATHER], max_tokens=80,
+                                          extra_body=forced(answer, tokenizer)).choices[0].message
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [CALL]
 
 

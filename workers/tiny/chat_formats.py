@@ -206,7 +206,7 @@ type {{ tool.function.name }} = (_: {{ tool.function.parameters | tojson }}) => 
 {%- for m in messages %}
 {%- if m.role == 'assistant' %}
 {%- if m.reasoning_content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.reasoning_content }}<|end|>{% endif %}
-{%- for call in m.tool_calls or [] %}""" + CALL + """<|start|>assistant<|channel|>commentary to=functions.{{ call.name }} <|constrain|>json<|message|>""" + ARGS + """<|call|>{% endfor %}
+{%- for call in m.tool_calls or [] %}""" + CALL + """<|start|>assistant to=functions.{{ call.name }}<|channel|>commentary <|constrain|>json<|message|>""" + ARGS + """<|call|>{% endfor %}
 {%- if m.content %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{% endif %}
 {%- elif m.role == 'tool' %}{%- set ns = namespace(name='') %}
 {%- for prior in messages %}{%- for call in prior.tool_calls or [] %}{%- if call.id == m.tool_call_id %}{%- set ns.name = call.function.name %}{%- endif %}{%- endfor %}{%- endfor %}

@@ -1,8 +1,10 @@
 """Each family's markers and call syntax, written from its documented format (and named as vLLM names it).
 
-A call syntax reads one tool-call region's body into [(name, arguments JSON)], or None when the body
-is not calls (then the region stays in the content as text). Arguments the format writes as text
-(XML-ish parameters) take the type the tool's JSON schema gives the parameter.
+A call syntax reads a tool-call region's body as it arrives (a generator over reading.CallReader): a
+call opens once its name is read, then its arguments stream. Formats that write arguments as JSON pass
+them on as written; the others (XML-ish parameters, Python calls, Gemma 4's) are translated into a JSON
+object as they come: string values stream, a value of another type (by the tool's JSON schema) goes
+out once it is whole.
 """
 from __future__ import annotations
 
@@ -10,59 +12,34 @@ import ast
 import json
 import re
 
+from .reading import NAME_LIMIT, NAME_TEXT, WHITESPACE, CallReader, NotCalls
 from .regions import Region, TextFormat
 
 THINK = Region("reasoning", "<think>", "</think>")
 
 
 def _dumps(arguments) -> str | None:
-    """Arguments as OpenAI's JSON-object text; None when they are not an object."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return None
+    """Arguments as OpenAI's JSON-object text (from JSON text, or a JSON string holding it); None when they
+    are not an object."""
+    for _ in range(2):
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                return None
     return json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else None
 
 
-def _call(payload) -> tuple[str, str] | None:
-    """{"name", "arguments" | "parameters"} as (name, arguments JSON)."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not payload["name"]:
-        return None
-    arguments = _dumps(payload.get("arguments", payload.get("parameters", {})))
-    return None if arguments is None else (payload["name"], arguments)
-
-
-def _calls(payloads) -> list[tuple[str, str]] | None:
-    payloads = payloads if isinstance(payloads, list) else [payloads]
-    calls = [_call(payload) for payload in payloads]
-    return calls if calls and all(calls) else None
-
-
-def _json_values(body: str) -> list:
-    """Every JSON value in `body`, one after another (separated by whitespace, `;` or `,`); ValueError if any is not."""
-    decoder, values, position = json.JSONDecoder(), [], 0
-    while True:
-        while position < len(body) and body[position] in " \t\r\n;,":
-            position += 1
-        if position >= len(body):
-            return values
-        value, position = decoder.raw_decode(body, position)
-        values.append(value)
-
-
-def json_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    """One JSON call object, a list of them, or several in a row (Hermes, Llama 3, Granite, Mistral's v3)."""
-    values = _json_values(body)
-    flat = [item for value in values for item in (value if isinstance(value, list) else [value])]
-    return _calls(flat) if flat else None
-
-
-def _typed(value: str, name: str, key: str, schemas: dict):
-    """A parameter written as text, as the type the tool's schema gives it (a string stays text)."""
-    schema = ((schemas.get(name) or {}).get("properties") or {}).get(key) or {}
+def _is_text(name: str | None, key: str, schemas: dict) -> bool:
+    """Whether the tool's schema gives the parameter only the string type (written as text, streamed)."""
+    schema = ((schemas.get(name or "") or {}).get("properties") or {}).get(key.strip()) or {}
     types = schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]
-    if "string" in types and len(types) == 1:
+    return types == ["string"]
+
+
+def _typed(value: str, name: str | None, key: str, schemas: dict):
+    """A parameter written as text, as the type the tool's schema gives it (a string stays text)."""
+    if _is_text(name, key, schemas):
         return value
     try:
         return json.loads(value)
@@ -72,32 +49,6 @@ def _typed(value: str, name: str, key: str, schemas: dict):
         return ast.literal_eval(value)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return value
-
-
-FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
-PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
-
-
-def qwen3_coder_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    calls = []
-    for match in FUNCTION.finditer(body):
-        name = match.group(1).strip()
-        arguments = {key.strip(): _typed(value, name, key.strip(), schemas)
-                     for key, value in PARAMETER.findall(match.group(2))}
-        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
-    return calls or None
-
-
-ARG_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.DOTALL)
-
-
-def glm45_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    name, _, rest = body.partition("<arg_key>")
-    name = name.strip()
-    if not name or "\n" in name or " " in name:
-        return None
-    arguments = {key.strip(): _typed(value, name, key.strip(), schemas) for key, value in ARG_PAIR.findall("<arg_key>" + rest)}
-    return [(name, json.dumps(arguments, ensure_ascii=False))]
 
 
 def _literal(node: ast.AST):
@@ -111,83 +62,13 @@ def _literal(node: ast.AST):
     return ast.literal_eval(node)
 
 
-def pythonic_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    """`[f(a=1), g(b="x")]` (or one call without brackets): keyword arguments only."""
-    if len(body) > 100_000:
-        return None
-    tree = ast.parse(body.strip(), mode="eval").body
-    nodes = tree.elts if isinstance(tree, ast.List) else [tree]
-    calls = []
-    for node in nodes:
-        if not isinstance(node, ast.Call) or node.args or not isinstance(node.func, (ast.Name, ast.Attribute)):
-            return None
-        name = ast.unparse(node.func)
-        arguments = {keyword.arg: _literal(keyword.value) for keyword in node.keywords if keyword.arg}
-        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
-    return calls or None
-
-
-MISTRAL_NAMED = re.compile(r"^\s*([\w.\-]+)\s*(?:\[CALL_ID\]\s*\w+\s*)?\[ARGS\]", re.DOTALL)
-
-
-def mistral_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    """After [TOOL_CALLS]: a JSON list (v3 tokenizers), or name[ARGS]{…} per call (v11+), more [TOOL_CALLS] between."""
-    calls = []
-    for segment in filter(str.strip, body.split("[TOOL_CALLS]")):
-        named = MISTRAL_NAMED.match(segment)
-        if named:
-            arguments = _dumps(segment[named.end():].strip())
-            if arguments is None:
-                return None
-            calls.append((named.group(1), arguments))
-            continue
-        found = json_calls(segment, schemas)
-        if found is None:
-            return None
-        calls.extend(found)
-    return calls or None
-
-
-DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)(?:<｜tool▁call▁end｜>|$)", re.DOTALL)
-DS_FENCED = re.compile(r"^\s*([^\n]+?)\s*\n```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
-
-
-def deepseek_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    """V3's `function<｜tool▁sep｜>NAME` + a fenced JSON block, or V3.1's `NAME<｜tool▁sep｜>{…}`."""
-    calls = []
-    for raw in DS_CALL.findall(body):
-        head, sep, rest = raw.partition("<｜tool▁sep｜>")
-        if not sep:
-            return None
-        fenced = DS_FENCED.match(rest) if head.strip() == "function" else None
-        name, arguments = (fenced.group(1), fenced.group(2)) if fenced else (head.strip(), rest)
-        arguments = _dumps(arguments.strip())
-        if arguments is None or not name:
-            return None
-        calls.append((name.strip(), arguments))
-    return calls or None
-
-
-KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([\w.\-]+?)(?::\d+)?\s*<\|tool_call_argument_begin\|>"
-                       r"(.*?)(?:<\|tool_call_end\|>|$)", re.DOTALL)
-
-
-def kimi_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    calls = []
-    for name, raw in KIMI_CALL.findall(body):
-        arguments = _dumps(raw.strip())
-        if arguments is None:
-            return None
-        calls.append((name, arguments))
-    return calls or None
-
-
+GEMMA_QUOTE = '<|"|>'
 GEMMA_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.DOTALL)
 GEMMA_KEY = re.compile(r'(?<=[{,])\s*([A-Za-z_][\w\-]*)\s*:')
 
 
 def gemma_value(text: str):
-    """Gemma 4's argument object: keys unquoted, strings between <|"|> marks; JSON otherwise."""
+    """Gemma 4's argument values: keys unquoted, strings between <|"|> marks; JSON otherwise."""
     strings: list[str] = []
 
     def hold(match: re.Match) -> str:
@@ -199,36 +80,301 @@ def gemma_value(text: str):
     return json.loads(restored)
 
 
-GEMMA_CALL = re.compile(r"^\s*call:([\w.\-]+)\s*(\{.*\})\s*$", re.DOTALL)
+# --- reading calls as they arrive (workers/engine/parsing/reading.py) ------------------------------
+def _text_value(r: CallReader, key: str, stops: tuple[str, ...]):
+    """A translated string parameter, streamed as it comes; the marker that ended it (None: the text's end)."""
+    r.key(key)
+    r.arguments('"')
+    _, marker = yield from r.until(stops, emit=r.string_piece)
+    if marker is not None or r.closed:
+        r.arguments('"')
+    return marker
 
 
-def gemma4_calls(body: str, schemas: dict) -> list[tuple[str, str]] | None:
-    match = GEMMA_CALL.match(body)
-    if not match:
-        return None
-    arguments = _dumps(gemma_value(match.group(2)))
-    return None if arguments is None else [(match.group(1), arguments)]
+def _parameter(r: CallReader, key: str, stops: tuple[str, ...]):
+    """A parameter written as text up to one of `stops`: streamed where the schema says string, else read
+    whole and given its type; the marker that ended it (None: the text's end)."""
+    if _is_text(r.name, key, r.schemas):
+        return (yield from _text_value(r, key, stops))
+    value, marker = yield from r.until(stops)
+    if marker is not None or r.closed:
+        r.key(key)
+        r.arguments(json.dumps(_typed(value, r.name, key, r.schemas), ensure_ascii=False))
+    return marker
+
+
+def _end_or_fail(r: CallReader):
+    """Where the syntax expects more of a call but the text ended: the call ends (closed if the region was)."""
+    if not (yield from r.at_end()):
+        raise NotCalls(r.text[r.pos:r.pos + 20])
+    r.end_call(complete=r.closed)
+
+
+def _json_arguments(r: CallReader, stops: tuple[str, ...]):
+    """A call's arguments written as JSON (the call is open): an object streams as written; anything else
+    is read whole up to a stop (a JSON string holding the object is unwrapped; nothing is `{}`)."""
+    yield from r.skip()
+    if (yield from r.peek()) == "{":
+        yield from r.nested(stops=stops, emit=r.arguments)
+        return
+    value, marker = yield from r.until(stops)
+    if marker is not None:
+        r.unread(marker)
+    elif not r.closed:
+        return  # cut: the value may not be whole
+    r.arguments(_dumps(value.strip()) or value.strip())
+
+
+def json_objects(r: CallReader):
+    """`{"name": …, "arguments" | "parameters": {…}}` objects, alone, in a list or several in a row
+    (Hermes, Llama 3, Granite, Mistral's v3): the call opens at its name, its arguments stream as written."""
+    while True:
+        yield from r.skip(WHITESPACE + ";,[")
+        if (yield from r.accept("]")):
+            r.settle()
+            continue
+        if (yield from r.at_end()):
+            return
+        yield from _json_call(r)
+
+
+def _json_call(r: CallReader):
+    if not (yield from r.accept("{")):
+        raise NotCalls(r.text[r.pos:r.pos + 20])
+    name, arguments = None, None  # arguments: their text once read (or streamed)
+    while True:
+        yield from r.skip()
+        if (yield from r.accept("}")):
+            break
+        if (yield from r.peek()) != '"':
+            if (yield from r.at_end()) and name is not None:
+                return  # cut inside the call
+            raise NotCalls(r.text[r.pos:r.pos + 20])
+        key = json.loads((yield from r.nested()))
+        yield from r.skip()
+        if not (yield from r.accept(":")):
+            raise NotCalls(key)
+        yield from r.skip()
+        if key in ARGUMENT_KEYS and arguments is None and name is not None and (yield from r.peek()) == "{":
+            arguments = yield from r.nested(emit=r.arguments)
+        else:
+            value = json.loads((yield from r.nested(ends=",}")))
+            if key == "name" and name is None:
+                if not isinstance(value, str):
+                    raise NotCalls(key)
+                name = value
+                r.open(name)
+                if arguments is not None:
+                    r.arguments(arguments)
+            elif key in ARGUMENT_KEYS and arguments is None:
+                arguments = _dumps(value) or json.dumps(value, ensure_ascii=False)
+                r.arguments(arguments)
+        yield from r.skip()
+        if not (yield from r.accept(",")):
+            if (yield from r.accept("}")):
+                break
+            if (yield from r.at_end()) and name is not None:
+                return  # cut inside the call
+            raise NotCalls(r.text[r.pos:r.pos + 20])
+    if name is None:
+        raise NotCalls("no name")
+    if arguments is None:
+        r.arguments("{}")
+    r.end_call()
+
+
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def qwen3_coder(r: CallReader):
+    """`<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>` per parameter, `</function>`."""
+    stops = ("\n</parameter>", "</parameter>", "\n<parameter=", "<parameter=", "\n</function>", "</function>")
+    while (yield from r.next_call("<function=")):
+        yield from r.open_named((">",), translated=True)
+        while True:
+            yield from r.skip()
+            if (yield from r.accept("</function>")):
+                r.end_call()
+                break
+            if not (yield from r.accept("<parameter=")):
+                return (yield from _end_or_fail(r))
+            key, marker = yield from r.until((">",), allowed=NAME_TEXT, limit=NAME_LIMIT)
+            if marker is None:
+                return
+            yield from r.accept("\n")
+            marker = yield from _parameter(r, key, stops)
+            if marker is not None and "</parameter>" not in marker:
+                r.unread(marker.lstrip("\n"))  # the next parameter, or the function's end
+
+
+def glm45(r: CallReader):
+    """`NAME` then `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` per parameter (one call per region)."""
+    yield from r.skip()
+    name, marker = yield from r.until(("\n", "<arg_key>"), allowed=NAME_TEXT, limit=NAME_LIMIT)
+    if marker is None and not r.closed:
+        raise NotCalls(name)
+    r.open(name, translated=True)
+    if marker == "<arg_key>":
+        r.unread(marker)
+    while True:
+        yield from r.skip()
+        if not (yield from r.accept("<arg_key>")):
+            return (yield from _end_or_fail(r))
+        key, marker = yield from r.until(("</arg_key>",), allowed=NAME_TEXT, limit=NAME_LIMIT)
+        if marker is None:
+            return
+        yield from r.skip()
+        if not (yield from r.accept("<arg_value>")):
+            return (yield from _end_or_fail(r))
+        yield from _parameter(r, key, ("</arg_value>",))
+
+
+PY_QUOTES = (("\"", "\"", True), ("'", "'", True))
+PY_NAME_TEXT = re.compile(r"\s*[\w.]*\s*")
+
+
+def pythonic(r: CallReader):
+    """`[f(a=1), g(b="x")]` (or one call bare): keyword arguments only, as JSON; string values stream."""
+    yield from r.skip()
+    listed = yield from r.accept("[")
+    while True:
+        yield from r.skip(WHITESPACE + ",")
+        if listed and (yield from r.accept("]")):
+            r.settle()
+            yield from r.skip()
+            if not (yield from r.at_end()):
+                raise NotCalls("text after the calls")
+            return
+        if (yield from r.at_end()):
+            return
+        yield from r.open_named(("(",), PY_NAME_TEXT, translated=True)
+        while True:
+            yield from r.skip(WHITESPACE + ",")
+            if (yield from r.accept(")")):
+                r.end_call()
+                break
+            key, marker = yield from r.until(("=",), allowed=PY_NAME_TEXT, limit=NAME_LIMIT)
+            if marker is None:
+                return
+            yield from r.skip()
+            start = yield from r.peek(3)
+            if start[:1] in ("'", '"') and start not in ("\'\'\'", '"""'):
+                r.key(key)
+                r.arguments('"')
+                if (yield from r.python_string(r.string_piece)):
+                    r.arguments('"')
+                continue
+            value = yield from r.nested(PY_QUOTES, ends=",)")
+            if (yield from r.at_end()):
+                return  # cut: the value may not be whole
+            r.key(key)
+            r.arguments(json.dumps(_literal(ast.parse(value.strip(), mode="eval").body), ensure_ascii=False))
+
+
+GEMMA_QUOTES = ((GEMMA_QUOTE, GEMMA_QUOTE, False), ('"', '"', True))
+GEMMA_KEY_TEXT = re.compile(r"\s*[A-Za-z_][\w\-]*\s*|\s*")
+
+
+def gemma4(r: CallReader):
+    """`call:NAME{key:<|"|>text<|"|>,n:1}`: strings stream, other values are read whole."""
+    while (yield from r.next_call("call:")):
+        yield from r.open_named(("{",), translated=True)
+        while True:
+            yield from r.skip(WHITESPACE + ",")
+            if (yield from r.accept("}")):
+                r.end_call()
+                break
+            if (yield from r.at_end()):
+                return r.end_call(complete=r.closed)
+            key, marker = yield from r.until((":",), allowed=GEMMA_KEY_TEXT, limit=NAME_LIMIT)
+            if marker is None:
+                return
+            yield from r.skip()
+            if (yield from r.accept(GEMMA_QUOTE)):
+                yield from _text_value(r, key, (GEMMA_QUOTE,))
+                continue
+            value = yield from r.nested(GEMMA_QUOTES, ends=",}")
+            if (yield from r.at_end()) and not r.closed:
+                return  # cut: the value may not be whole
+            r.key(key)
+            r.arguments(json.dumps(gemma_value("{" + f"v:{value}" + "}")["v"], ensure_ascii=False))
+
+
+def mistral(r: CallReader):
+    """After [TOOL_CALLS]: a JSON list (v3 tokenizers), or `NAME[ARGS]{…}` per call (v11+), more
+    [TOOL_CALLS] between."""
+    while True:
+        yield from r.skip(WHITESPACE + ",;")
+        if (yield from r.accept("[TOOL_CALLS]")):
+            continue
+        char = yield from r.peek()
+        if not char:
+            return
+        if char in "[]":
+            r.pos += 1
+            r.settle()
+            continue
+        if char == "{":
+            yield from _json_call(r)
+            continue
+        if (yield from r.open_named(("[ARGS]", "[CALL_ID]"))) == "[CALL_ID]":
+            _, marker = yield from r.until(("[ARGS]",), limit=NAME_LIMIT)
+            if marker is None:
+                return
+        yield from _json_arguments(r, ("[TOOL_CALLS]",))
+        r.end_call()
+
+
+def marked_calls(begin: str, separator: str, end: str, name_of=str.strip, fenced: bool = False):
+    """Calls each between `begin` and `end`: a header, `separator`, JSON arguments (DeepSeek's, Kimi's).
+    `name_of` reads the name from the header; `fenced` (DeepSeek V3): a header `function` is followed by
+    the name on its own line and the arguments in a ```json fence."""
+    def syntax(r: CallReader):
+        while (yield from r.next_call(begin)):
+            header, marker = yield from r.until((separator,), allowed=HEADER_TEXT, limit=NAME_LIMIT)
+            if marker is None:
+                raise NotCalls(header)
+            if fenced and header.strip() == "function":
+                yield from r.open_named(("\n", "```"))
+                yield from r.skip(WHITESPACE + "`")
+                yield from r.accept("json")
+            else:
+                r.open(name_of(header))
+            yield from _json_arguments(r, (end,))
+            yield from r.skip(WHITESPACE + "`")
+            if not (yield from r.accept(end)):
+                return (yield from _end_or_fail(r))
+            r.end_call()
+    return syntax
+
+
+HEADER_TEXT = re.compile(r"[\s\w.\-:]*")
+KIMI_NAME = re.compile(r"^\s*(?:functions\.)?(.+?)(?::\d+)?\s*$")
+
+deepseek = marked_calls("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", fenced=True)
+kimi_k2 = marked_calls("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                       lambda header: (KIMI_NAME.match(header) or KIMI_NAME.match("-")).group(1))
 
 
 # --- the formats, by vLLM's parser names ------------------------------------------------------------
 TOOL_FORMATS: dict[str, TextFormat] = {
-    "hermes": TextFormat((Region("tool", "<tool_call>", "</tool_call>"),), json_calls),
-    "qwen3_coder": TextFormat((Region("tool", "<tool_call>", "</tool_call>"),), qwen3_coder_calls),
+    "hermes": TextFormat((Region("tool", "<tool_call>", "</tool_call>"),), json_objects),
+    "qwen3_coder": TextFormat((Region("tool", "<tool_call>", "</tool_call>"),), qwen3_coder),
     "llama3_json": TextFormat((Region("tool", "<|python_tag|>"), Region("tool", "{", at_start=True, keep_open=True)),
-                              json_calls, drop=("<|eom_id|>", "<|eot_id|>")),
-    "pythonic": TextFormat((Region("tool", "[", at_start=True, keep_open=True),), pythonic_calls),
+                              json_objects, drop=("<|eom_id|>", "<|eot_id|>")),
+    "pythonic": TextFormat((Region("tool", "[", at_start=True, keep_open=True),), pythonic),
     "llama4_pythonic": TextFormat((Region("tool", "<|python_start|>", "<|python_end|>"),
-                                   Region("tool", "[", at_start=True, keep_open=True)), pythonic_calls,
+                                   Region("tool", "[", at_start=True, keep_open=True)), pythonic,
                                   drop=("<|eom|>", "<|eot|>")),
-    "mistral": TextFormat((Region("tool", "[TOOL_CALLS]"),), mistral_calls),
-    "deepseek_v3": TextFormat((Region("tool", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),), deepseek_calls,
+    "mistral": TextFormat((Region("tool", "[TOOL_CALLS]"),), mistral),
+    "deepseek_v3": TextFormat((Region("tool", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),), deepseek,
                               drop=("<｜end▁of▁sentence｜>",)),
-    "granite": TextFormat((Region("tool", "<|tool_call|>"), Region("tool", "<tool_call>")), json_calls),
-    "gemma4": TextFormat((Region("tool", "<|tool_call>", "<tool_call|>"),), gemma4_calls,
+    "granite": TextFormat((Region("tool", "<|tool_call|>"), Region("tool", "<tool_call>")), json_objects),
+    "gemma4": TextFormat((Region("tool", "<|tool_call>", "<tool_call|>"),), gemma4,
                          drop=("<turn|>", "<eos>")),
-    "kimi_k2": TextFormat((Region("tool", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),), kimi_calls,
+    "kimi_k2": TextFormat((Region("tool", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),), kimi_k2,
                           drop=("<|im_end|>",)),
-    "glm45": TextFormat((Region("tool", "<tool_call>", "</tool_call>"),), glm45_calls,
+    "glm45": TextFormat((Region("tool", "<tool_call>", "</tool_call>"),), glm45,
                         drop=("<|user|>", "<|observation|>")),
 }
 TOOL_FORMATS["deepseek_v31"] = TOOL_FORMATS["deepseek_v3"]

@@ -10,10 +10,12 @@ def partial_suffix(text: str, markers: Iterable[str]) -> int:
     """How many trailing characters of `text` could be the start of one of `markers` (held back)."""
     hold = 0
     for marker in markers:
-        for length in range(min(len(marker) - 1, len(text)), hold, -1):
-            if text.endswith(marker[:length]):
-                hold = length
+        index = text.find(marker[:1], max(len(text) - len(marker) + 1, 0))
+        while 0 <= index < len(text) - hold:  # the longest candidate first
+            if marker.startswith(text[index:]):
+                hold = len(text) - index
                 break
+            index = text.find(marker[:1], index + 1)
     return hold
 
 

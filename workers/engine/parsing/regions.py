@@ -3,22 +3,21 @@
 A `Region` opens at a marker and closes at another (or runs to the end of the answer); what lies
 outside every region is content. Text that could still grow into a marker is held back until the
 next piece settles it, so a marker is never split across events. The whitespace right after a
-marker, and before a tool-call region, is dropped. A tool-call region whose body the family's
-`CallSyntax` cannot read stays in the content verbatim (markers and all): a cut or malformed call is
-text the client sees, never an error.
+marker, and before a tool-call region, is dropped. A tool-call region's body goes to the family's
+call syntax as it arrives (reading.py): calls open as their names are read and their arguments
+stream. Where the body stops being calls, the rest of the region stays in the content verbatim
+(markers and all; the whole region where no call had opened): malformed text is text the client
+sees, never an error.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol import Part
 
 from . import parts
 from .markers import SteppedParser, earliest, partial_suffix, remove
-
-# A region's body (markers removed) -> [(name, arguments as a JSON object's text)], or None: not calls.
-CallSyntax = Callable[[str, dict], "list[tuple[str, str]] | None"]
+from .reading import CallReader, CallSyntax
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,7 @@ class RegionParser(SteppedParser):
         self.calls = calls or parts.Calls()
         self.parse_tools = parse_tools
         self.region: Region | None = None  # None: content
+        self.reader: CallReader | None = None  # the open tool region's (None: its text is content)
         self.buffer = ""
         self.at_start = True  # no content yet: an at-start region may still open
         self.strip = False  # drop the whitespace before the next text (right after a marker)
@@ -72,8 +72,7 @@ class RegionParser(SteppedParser):
             if opened >= 0 and prompt_text.rfind(region.close) < opened and (best is None or opened > best[0]):
                 best = (opened, region)
         if best is not None:
-            self.region = best[1]
-            self.buffer = prompt_text[best[0] + len(best[1].open):]
+            self._enter(best[1], prompt_text[best[0] + len(best[1].open):])
             self.strip = not self.buffer.strip()
             if self.region.kind == "reasoning":  # what the prompt itself reasoned is not this answer's
                 self.buffer = ""
@@ -86,7 +85,8 @@ class RegionParser(SteppedParser):
     # --- feeding (SteppedParser's feed and finish) ------------------------------
     def _flush(self, out: list[Part]) -> None:
         if self.region is not None and self.region.kind == "tool":
-            self._close_tool(self.buffer, out, closed=False)
+            # the answer's end closes a region that has no closing marker; one that has was cut
+            self._read_calls(self.buffer, out, final=True, closed=self.region.close is None)
         elif self.region is not None:
             self._emit("reasoning", self.buffer.rstrip(), out)
         else:
@@ -108,13 +108,7 @@ class RegionParser(SteppedParser):
             return self._content_step(out, final)
         if self.region.kind == "reasoning":
             return self._reasoning_step(out, final)
-        close = self.region.close
-        end = self.buffer.find(close) if close else -1
-        if end < 0:
-            return False
-        self._close_tool(self.buffer[:end], out, closed=True)
-        self.buffer = self.buffer[end + len(close):]
-        return True
+        return self._tool_step(out, final)
 
     def _content_step(self, out: list[Part], final: bool) -> bool:
         if self.at_start and self.at_start_regions:
@@ -147,6 +141,8 @@ class RegionParser(SteppedParser):
 
     def _enter(self, region: Region, rest: str) -> None:
         self.region, self.buffer, self.strip = region, rest, True
+        if region.kind == "tool":
+            self.reader = CallReader(self.call_syntax, self.calls, self.tool_schemas)
 
     def _reasoning_step(self, out: list[Part], final: bool) -> bool:
         close = self.region.close
@@ -166,20 +162,32 @@ class RegionParser(SteppedParser):
         self.buffer = self.buffer[safe:]
         return False
 
-    def _close_tool(self, body: str, out: list[Part], closed: bool) -> None:
-        """Emit the region's calls, or its text verbatim as content when it holds none."""
-        region = self.region
-        self.region = None
-        calls = None
-        try:
-            calls = self.call_syntax(remove(body, self.drop).strip(), self.tool_schemas) if self.call_syntax else None
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, SyntaxError, MemoryError):
-            calls = None
-        if calls:
-            for name, arguments in calls:
-                self.calls.emit(name, arguments, out)
-            self.strip = True
+    def _tool_step(self, out: list[Part], final: bool) -> bool:
+        """Pass the region's settled text to its reader (its closing marker consumed: True)."""
+        close = self.region.close
+        end = self.buffer.find(close) if close else -1
+        if end >= 0:
+            self._read_calls(self.buffer[:end], out, final=True, closed=True)
+            if self.reader is None:  # not calls: the marker stays with the text
+                self._emit("content", close, out)
+            self.region, self.reader, self.strip = None, None, self.reader is not None
+            self.buffer = self.buffer[end + len(close):]
+            return True
+        if not final:
+            safe = len(self.buffer) - partial_suffix(self.buffer, (*((close,) if close else ()), *self.drop))
+            self._read_calls(self.buffer[:safe], out, final=False)
+            self.buffer = self.buffer[safe:]
+        return False
+
+    def _read_calls(self, body: str, out: list[Part], final: bool, closed: bool = False) -> None:
+        """Read a piece of the region's body; where it stops being calls, it and the rest are content."""
+        body = remove(body, self.drop)
+        if self.reader is None:
+            self._emit("content", body, out)
             return
-        self.strip = False
-        raw = (body if region.keep_open else region.open + body) + (region.close if closed and region.close else "")
-        self._emit("content", remove(raw, self.drop), out)
+        rest = self.reader.feed(body, out, final, closed)
+        if rest is None:
+            return
+        opener = "" if self.reader.opened or self.region.keep_open else self.region.open
+        self.reader, self.strip = None, False
+        self._emit("content", opener + rest, out)

@@ -69,11 +69,14 @@ def _is_text(schema: dict) -> bool:
 
 
 def _value(schema: dict) -> str:
-    """A parameter's value: as text where the format writes strings bare (up to maxLength), else JSON."""
+    """A parameter's value: as text where the format writes strings bare (minLength to maxLength), else JSON."""
     if not _is_text(schema):
         return _json(schema)
-    most = schema.get("maxLength")
-    return f"/[^<\\n]{{1,{int(most)}}}/" if isinstance(most, int) and most > 0 else TEXT_VALUE
+    least, most = schema.get("minLength"), schema.get("maxLength")
+    least = max(int(least), 1) if isinstance(least, int) else 1
+    if isinstance(most, int) and most >= least:
+        return f"/[^<\\n]{{{least},{int(most)}}}/"
+    return f"/[^<\\n]{{{least},}}/" if least > 1 else TEXT_VALUE
 
 
 def _required(parameters: dict) -> list[tuple[str, dict]]:
