@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
-from inference_site import http_limits
+from inference_site import edge
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
 
@@ -66,7 +66,10 @@ class Command(BaseCommand):
             self._configure_models(config["models"])
         self._announce_auth(port, no_auth)
         self._allow_host(host)
-        http_limits.install()
+        limits = edge.install()
+        self.stdout.write(f"Connections: at most {limits.max_connections} descriptors, "
+                          f"{limits.max_per_address or 'any number'} per client address; headers within "
+                          f"{limits.header_timeout:g}s, idle connections closed after {limits.keepalive_timeout:g}s")
         from inference_site.asgi import application
 
         def start_worker() -> None:
