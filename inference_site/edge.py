@@ -41,7 +41,7 @@ from daphne.http_protocol import HTTPFactory
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
 from protocol.burst_log import BurstLog
-from teams.client_address import Network, address_bucket, is_trusted, parse_networks
+from teams.client_address import Network, address_bucket, in_networks, parse_networks
 
 from .http_limits import PARSER_LIMIT, UnparsedBodyWebRequest, bad_request, line_too_long, refuse
 
@@ -121,7 +121,7 @@ class ConnectionBook:
 
     def admit(self, host: str) -> str | None | bool:
         """The address bucket a new connection counts in (None: a trusted proxy's), or False: refused."""
-        bucket = None if is_trusted(host, self.config.trusted) else address_bucket(host)
+        bucket = None if in_networks(host, self.config.trusted) else address_bucket(host)
         if bucket is not None and self.config.max_per_address and \
                 self.by_address.get(bucket, 0) >= self.config.max_per_address:
             self.refused += 1

@@ -51,7 +51,7 @@ def _parsed(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
     return parsed
 
 
-def is_trusted(address: str, networks: tuple[Network, ...]) -> bool:
+def in_networks(address: str, networks: tuple[Network, ...]) -> bool:
     parsed = _parsed(address)
     return parsed is not None and any(parsed in network for network in networks)
 
@@ -60,11 +60,11 @@ def client_address(remote_addr: str, forwarded_for: str = "", networks: tuple[Ne
     """The client's address: `remote_addr`, unless it is a trusted proxy, then the rightmost address of
     `forwarded_for` (X-Forwarded-For) that is not a trusted proxy."""
     networks = trusted_proxies() if networks is None else networks
-    if not networks or not forwarded_for or not is_trusted(remote_addr, networks):
+    if not networks or not forwarded_for or not in_networks(remote_addr, networks):
         return remote_addr
     hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
     for hop in reversed(hops):
-        if not is_trusted(hop, networks):
+        if not in_networks(hop, networks):
             return hop if _parsed(hop) is not None else remote_addr  # garbage in the header: the proxy's address
     return hops[0] if hops else remote_addr  # every hop a proxy of ours: the first is as far as we can see
 
