@@ -124,3 +124,44 @@ def test_a_queued_stream_hears_keepalives_until_its_first_token(hf_cache, tmp_pa
     assert ": keepalive" not in queued[first_data:]  # once tokens flow, every line is data
     assert queued[-1] == "data: [DONE]" and any('"text"' in line for line in queued)
     assert first[-1] == "data: [DONE]"
+
+
+def test_ten_times_capacity_gets_its_503s_within_a_second_and_one_log_line(hf_cache, tmp_path):
+    """10x what the engine runs and queues, at once: every refusal is a 503 `queue_full` within 1 s of its
+    request (answered at the door, before Django), none is reset, and the log says so once, at WARNING."""
+    seqs, queue = 2, 4
+    clients = 10 * (seqs + queue)
+    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS=str(seqs), INFERENCE_MAX_QUEUE=str(queue))
+    server = LiveServer(env, tmp_path, name="ten-times")
+    assert complete(server).status_code == 200
+
+    async def one(http: httpx.AsyncClient, index: int) -> tuple[int, float, str]:
+        body = {"model": TINY_MODEL, "prompt": f"Story {index}:", "max_tokens": 16, "ignore_eos": True, "stream": True}
+        started = time.monotonic()
+        async with http.stream("POST", f"{server.base_url}/v1/completions", headers=server.headers,
+                               json=body) as response:
+            answered = time.monotonic() - started
+            text = "".join([line async for line in response.aiter_lines()])
+        code = json.loads(text)["error"]["code"] if response.status_code != 200 else ""
+        return response.status_code, answered, code
+
+    async def everyone() -> list:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            return await asyncio.gather(*[one(http, i) for i in range(clients)], return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(everyone())
+        failures = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+        assert not failures, failures[:3]
+        refused = [(answered, code) for status, answered, code in outcomes if status == 503]
+        print(f"{clients} clients: {len(refused)} 503s, slowest {max(a for a, _ in refused):.2f}s")
+        assert len(refused) >= clients - 2 * (seqs + queue)
+        assert {code for _, code in refused} == {"queue_full"}
+        assert max(answered for answered, _ in refused) < 1.0
+        assert all(status in (200, 503) for status, _, _ in outcomes)
+        log = server.log()
+        assert "ERROR django.request" not in log
+        assert 1 <= log.count("answering 503 queue_full") <= 3  # once per burst, not per request
+    finally:
+        server.stop()

@@ -70,7 +70,12 @@ class Command(BaseCommand):
         self.stdout.write(f"Connections: at most {limits.max_connections} descriptors, "
                           f"{limits.max_per_address or 'any number'} per client address; headers within "
                           f"{limits.header_timeout:g}s, idle connections closed after {limits.keepalive_timeout:g}s")
-        from inference_site.asgi import application
+        from inference_site.asgi import api_app, application
+
+        if not no_worker:  # the door refuses what the engine beside it could not take, before Django sees it
+            from workers.adapter.runtime import engine_capacity
+
+            api_app.capacity = engine_capacity
 
         def start_worker() -> None:
             from catalog.periodic import maintain_catalog
