@@ -109,6 +109,18 @@ def team_error(exc: Exception) -> APIError | None:
     return None
 
 
+def client_error(exc: BaseException) -> APIError:
+    """The error a client is answered for `exc` on the generation path (what its ledger row records): the
+    APIError itself, a team's refusal, an unknown model, an outage's 503, else a 500."""
+    if isinstance(exc, APIError):
+        return exc
+    found = team_error(exc) if isinstance(exc, Exception) else None
+    if found is None and isinstance(exc, CatalogError):
+        found = catalog_error(exc)
+    return found or unavailable(exc) or APIError(500, "The server had an error processing your request.",
+                                                  code="internal_error")
+
+
 def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
     """Walk DRF's nested error detail to the first message and its dotted field path."""
     if isinstance(detail, dict):

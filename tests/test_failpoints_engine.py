@@ -83,6 +83,7 @@ def test_engine_faults_fail_the_request_fast_and_the_engine_goes_on(faulty):
         assert response.status_code == 200, response.text
         usages.append(response.json()["usage"])
     wait_for_ledger(faulty, (2, sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)))
+    assert ledger_sums(faulty, status=500)[0] == 2  # the two faulted requests have their rows, as their clients saw them
 
 
 def test_a_failed_heartbeat_is_logged_and_the_next_one_beats(faulty):
