@@ -336,6 +336,9 @@ INFERENCE = {
     # how long a loop may go without a heartbeat before ping and /health call it stalled.
     "ENGINE_MAX_FAULTS": env_int("INFERENCE_ENGINE_MAX_FAULTS", 5),
     "ENGINE_STALL_SECONDS": env_float("INFERENCE_ENGINE_STALL_SECONDS", 60.0),
+    # `serve` starts a fresh engine when its embedded one dies, this many times within ten minutes; one
+    # more death and it stops (exit status 1, /health saying why first) for a supervisor to restart it.
+    "ENGINE_RESTARTS": env_int("INFERENCE_ENGINE_RESTARTS", 3),
     # A request body that stops arriving (Content-Length larger than what is sent) is answered 408
     # after this many seconds without a byte.
     "BODY_READ_TIMEOUT": env_float("INFERENCE_BODY_READ_TIMEOUT", 5.0),

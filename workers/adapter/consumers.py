@@ -8,6 +8,7 @@ is `routing`, the engine hand-over is `bridge`, the catalog's rows are `catalog_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import logging
@@ -80,6 +81,8 @@ class InferenceConsumer(AsyncConsumer):
                 InferenceConsumer.running = None
             dispatching.cancel()
             upkeep.cancel()
+            with contextlib.suppress(Exception):  # a worker started after it in this process (serve) joins anew
+                await self.channel_layer.group_discard(self.config["WORKER_GROUP"], self.channel_name)
             await catalog_sync.say_stopped(self.worker_name)
 
     def _die(self, reason: str) -> None:
