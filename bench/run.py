@@ -164,6 +164,10 @@ SCENARIOS = {
     "contention": "c1/c16/... rounds on one server beside busy processes, vs raw under the same load (bench/contention.py)",
     "adapters": "32 streams spread over 8 LoRA adapters of one base vs the same on the base alone (bench/adapters.py)",
     "embeddings": "1,000 short texts through /v1/embeddings vs sentence-transformers in-process (bench/embeddings.py)",
+    "abuse": "20,000 held half-requests beside a normal client, 800 streams at once, 50 wrong keys then a right one "
+             "(bench/abuse.py)",
+    "faults": "a fault drill on scale-out (a worker and the web killed, Redis and PostgreSQL stopped): requests sent "
+              "vs ledger rows vs rows with the status and tokens the client saw (bench/faults.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }

@@ -54,14 +54,14 @@ def parse_args() -> argparse.Namespace:
 class Deployment:
     """Redis, PostgreSQL, and deploy/supervise running the web side and 2 workers."""
 
-    def __init__(self, cache: Path, work: Path, failpoints: str = "") -> None:
+    def __init__(self, cache: Path, work: Path, failpoints: str = "", **env: str) -> None:
         self.redis = RedisServer(work)
         self.postgres = PostgresServer()
         self.port = free_port()
         self.env = base_env(cache, work, CHANNEL_LAYER_URL=self.redis.url, DATABASE_URL=self.postgres.url,
                             INFERENCE_PYTHON=sys.executable, INFERENCE_PORT=str(self.port), INFERENCE_WORKERS="2",
                             INFERENCE_SUPERVISOR_DIR=str(work / "sv"), INFERENCE_TORCH_THREADS="1",
-                            INFERENCE_FAILPOINTS=failpoints)
+                            INFERENCE_FAILPOINTS=failpoints, **env)
         self.supervisor = ManagedProcess([str(SUPERVISE)], self.env, work / "supervisord.out", python=False)
         self.base_url = f"http://127.0.0.1:{self.port}"
         key_file = Path(self.env["INFERENCE_KEY_DIR"]) / f"{self.port}.key"

@@ -5,8 +5,10 @@ in their own tests (test_faults_services.py, test_faults_worker_death.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import time
 
 import httpx
 import pytest
@@ -53,29 +55,48 @@ def test_streams_of_a_web_process_killed_with_9_are_billed_what_they_were_sent(h
         again.stop()
 
 
-def test_requests_refused_at_the_door_have_their_rows(hf_cache, tmp_path):
-    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS="1", INFERENCE_MAX_QUEUE="1")
-    live = LiveServer(env, tmp_path, name="door")
+def test_ten_times_capacity_gets_its_503s_within_a_second_one_log_line_and_a_row_each(hf_cache, tmp_path):
+    """10x what the engine runs and queues, at once: every refusal is a 503 `queue_full` within 1 s of its
+    request (answered at the door, before Django), none is reset, the log says so once at WARNING (no ERROR
+    line per 503), and each refused request has its ledger row, given its key and team."""
+    seqs, queue = 2, 4
+    clients = 10 * (seqs + queue)
+    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS=str(seqs), INFERENCE_MAX_QUEUE=str(queue))
+    live = LiveServer(env, tmp_path, name="ten-times")
+
+    async def one(http: httpx.AsyncClient, index: int) -> tuple[int, float, str]:
+        body = {"model": TINY_MODEL, "prompt": f"Story {index}:", "max_tokens": 16, "ignore_eos": True, "stream": True}
+        started = time.monotonic()
+        async with http.stream("POST", f"{live.base_url}/v1/completions", headers=live.headers, json=body) as response:
+            answered = time.monotonic() - started
+            text = "".join([line async for line in response.aiter_lines()])
+        return response.status_code, answered, json.loads(text)["error"]["code"] if response.status_code != 200 else ""
+
+    async def everyone() -> list:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            return await asyncio.gather(*[one(http, i) for i in range(clients)], return_exceptions=True)
+
     try:
         load(live)
-
-        async def burst() -> list[int]:
-            async with httpx.AsyncClient(timeout=120) as http:
-                responses = await asyncio.gather(*[
-                    http.post(f"{live.base_url}/v1/completions", headers=live.headers,
-                              json={"model": TINY_MODEL, "prompt": f"Tale {i}", "max_tokens": 64, "ignore_eos": True})
-                    for i in range(8)])
-            return [r.status_code for r in responses]
-
-        statuses = asyncio.run(burst())
+        outcomes = asyncio.run(everyone())
+        failures = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+        assert not failures, failures[:3]  # no resets
+        refused = [(answered, code) for status, answered, code in outcomes if status == 503]
+        print(f"{clients} clients: {len(refused)} 503s, slowest {max(a for a, _ in refused):.2f}s")
+        assert len(refused) >= clients - 2 * (seqs + queue)
+        assert {code for _, code in refused} == {"queue_full"}
+        assert max(answered for answered, _ in refused) < 1.0
+        assert all(status in (200, 503) for status, _, _ in outcomes)
+        log = live.log()
+        assert "ERROR django.request" not in log
+        assert 1 <= log.count("answering 503 queue_full") <= 3  # once per burst, not per request
         httpx.post(f"{live.base_url}/v1/completions", headers={"Authorization": "Bearer sk-nobody"}, timeout=30,
-                   json={"model": TINY_MODEL, "prompt": "x"})  # not a client: 401, and no row
-        refused = statuses.count(503)
-        assert refused >= 5, statuses
-        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), 8)
-        assert len(rows) == 8
+                   json={"model": TINY_MODEL, "prompt": "x"})  # not a client: a 401, and no row
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), clients)
+        assert len(rows) == clients
         door = [row for row in rows if row["status_code"] == 503]
-        assert len(door) == refused and {row["error_code"] for row in door} == {"queue_full"}
+        assert len(door) == len(refused) and {row["error_code"] for row in door} == {"queue_full"}
         assert all(row["team_id"] is not None and row["key_id"] is not None for row in door)
     finally:
         live.stop()
