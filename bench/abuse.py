@@ -163,25 +163,32 @@ def held_sockets(server: LiveServer, model: str, args) -> dict:
 
 # --- 2. overload ------------------------------------------------------------------------------
 def overload(server: LiveServer, model: str, args) -> dict:
-    async def one(http: httpx.AsyncClient, index: int) -> tuple[str, float]:
-        body = {"model": model, "prompt": f"Story {index}:", "max_tokens": args.stream_tokens, "ignore_eos": True,
-                "stream": True}
+    """Raw sockets, not an HTTP library: with 800 connections at once httpx's own pool took seconds, which
+    a client-side clock would have charged to the server."""
+    async def one(index: int) -> tuple[str, float]:
+        body = json.dumps({"model": model, "prompt": f"Story {index}:", "max_tokens": args.stream_tokens,
+                           "ignore_eos": True, "stream": True}).encode()
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {server.key}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                   ).encode() + body
         started = time.monotonic()
         try:
-            async with http.stream("POST", f"{server.base_url}/v1/completions", json=body,
-                                   headers={"Authorization": f"Bearer {server.key}"}) as response:
-                answered = time.monotonic() - started
-                text = "".join([line async for line in response.aiter_lines()])
-            if response.status_code == 200:
-                return ("200" if text.endswith("data: [DONE]") else "200 cut"), answered
-            return f"{response.status_code} {json.loads(text)['error']['code']}", answered
-        except httpx.HTTPError as exc:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(request)
+            status_line = await reader.readline()
+            answered = time.monotonic() - started
+            rest = await reader.read()
+            writer.close()
+        except OSError as exc:
             return f"reset ({type(exc).__name__})", time.monotonic() - started
+        status = int(status_line.split()[1]) if status_line else 0
+        if status == 200:
+            return ("200" if b"data: [DONE]" in rest else "200 cut"), answered
+        code = json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]["code"] if status else "no answer"
+        return f"{status} {code}", answered
 
     async def everyone() -> list[tuple[str, float]]:
-        limits = httpx.Limits(max_connections=args.streams, max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
-            return await asyncio.gather(*[one(http, i) for i in range(args.streams)])
+        return await asyncio.gather(*[one(i) for i in range(args.streams)])
 
     outcomes = asyncio.run(everyone())
     kinds: dict[str, int] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from openai_api.errors import error_body
 from protocol.burst_log import BurstLog
@@ -24,12 +24,16 @@ RETRY_AFTER_SECONDS = 1
 logger = logging.getLogger(__name__)
 refusals = BurstLog(logger)
 
-OnRefused = Callable[[dict, int, str], Awaitable[None]]  # (scope, status, code)
+OnRefused = Callable[[str, bytes, int, str], None]  # (path, Authorization header, status, code)
 
 
 class AdmissionLimit:
     """ASGI middleware: POSTs to the generation endpoints beyond `limit` in flight (0: no limit), or beyond
-    `capacity()` (the embedded engine's running + queued jobs; None: not known yet) get 503 at once."""
+    `capacity()` (the embedded engine's running + queued jobs; None: not known yet) get 503 at once.
+
+    Under `serve` the edge (inference_site/edge.py) keeps the count instead (`at_the_edge`): it refuses as a
+    request's last byte is read, writing the answer at once, where the middleware's answer waited for a
+    turn of the event loop behind every request already admitted (a second, at 800 streams on 2 cores)."""
 
     def __init__(self, app, limit: int, capacity: Callable[[], int | None] | None = None,
                  on_refused: OnRefused | None = None) -> None:
@@ -38,34 +42,49 @@ class AdmissionLimit:
         self.capacity = capacity
         self.on_refused = on_refused
         self.in_flight = 0
+        self.at_the_edge = False
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
+        if (self.at_the_edge or scope["type"] != "http" or scope.get("method") != "POST"
+                or scope.get("path") not in GENERATION_PATHS):
             return await self.app(scope, receive, send)
-        refused = self._refusal()
+        refused = self.enter()
         if refused is not None:
-            return await self._refuse(scope, send, *refused)
-        self.in_flight += 1
+            authorization = next((v for name, v in scope.get("headers") or () if name == b"authorization"), b"")
+            await answer(send, *refused)
+            self.refused(scope["path"], authorization, refused[0])
+            return
         try:
             return await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.leave()
 
-    def _refusal(self) -> tuple[str, str] | None:
-        """(code, message) when one more request is too many, else None."""
+    def enter(self) -> tuple[str, str] | None:
+        """Count one more request in, or (code, message) when it is one too many."""
         capacity = self.capacity() if self.capacity is not None else None
         if capacity is not None and self.in_flight >= capacity and (self.limit <= 0 or capacity < self.limit):
             return "queue_full", "The server is at capacity: too many requests are queued. Retry shortly."
         if 0 < self.limit <= self.in_flight:
             return "server_busy", f"The server is at capacity: {self.limit} requests are in progress here. Retry shortly."
+        self.in_flight += 1
         return None
 
-    async def _refuse(self, scope: dict, send, code: str, message: str) -> None:
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    def refused(self, path: str, authorization: bytes, code: str) -> None:
+        """Logged once per burst; its ledger row (`on_refused`)."""
         refusals.note(code, "answering 503 %s at the door: %d generation requests in flight", code, self.in_flight)
-        body = json.dumps(error_body(503, message, None, code)).encode()
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(RETRY_AFTER_SECONDS).encode())]})
-        await send({"type": "http.response.body", "body": body})
         if self.on_refused is not None:
-            await self.on_refused(scope, 503, code)
+            try:
+                self.on_refused(path, authorization, 503, code)
+            except Exception:  # the answer went out; the log says what was not recorded
+                logger.exception("could not record the usage row of a refused request")
+
+
+async def answer(send, code: str, message: str) -> None:
+    body = json.dumps(error_body(503, message, None, code)).encode()
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(RETRY_AFTER_SECONDS).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -38,13 +38,12 @@ from inference_site.admission import AdmissionLimit  # noqa: E402
 
 
 
-async def record_door_refusal(scope: dict, status: int, code: str) -> None:
+def record_door_refusal(path: str, authorization: bytes, status: int, code: str) -> None:
     """A generation request the door refused is a request too: its ledger row (teams.metering)."""
     from openai_api.generation import new_request_id
     from teams.metering import record_unmetered
 
-    authorization = next((value for name, value in scope.get("headers") or () if name == b"authorization"), b"")
-    record_unmetered(new_request_id("door"), scope["path"], status, code, authorization=authorization)
+    record_unmetered(new_request_id("door"), path, status, code, authorization=authorization)
 
 
 api_app = AdmissionLimit(APIHandler(request_threads), settings.INFERENCE["WEB_MAX_IN_FLIGHT"],

@@ -20,22 +20,28 @@ REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
-def error_bytes(status: int, message: str, code: str) -> bytes:
+def error_bytes(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> bytes:
     from openai_api.errors import error_body
 
     body = json.dumps(error_body(status, message, None, code)).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     return (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n").encode() + body
 
 
-def refuse(channel, status: int, message: str, code: str) -> None:
+def refuse(channel, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
     """Answer, stop reading (what the client still sends is dropped), close once it is done or quiet.
 
-    Closing at once while the client is still sending would reset the connection and lose the answer.
+    The answer is written to the socket at once, not at the loop's next turn for writes: under load that
+    turn comes after a step of every request under way (a refusal is worth most then). Closing at once
+    while the client is still sending would reset the connection and lose the answer.
     """
     channel.dataReceived = lambda data: None
     channel._buffer = b""  # LineReceiver stops at once instead of parsing the lines it already holds
-    channel.transport.write(error_bytes(status, message, code))
+    channel.transport.write(error_bytes(status, message, code, headers))
+    write_now = getattr(channel.transport, "doWrite", None)  # a TCP transport's (not disconnecting yet: no result)
+    if write_now is not None:
+        write_now()
     channel.transport.loseWriteConnection()
     channel.setTimeout(REFUSED_TIMEOUT)
 

@@ -163,7 +163,6 @@ class RequestMeter:
         return (prompt + completion) if self.ticket.reserved else 0
 
 
-
 def record_unmetered(request_id: str, endpoint: str, status_code: int, error_code: str,
                      principal: Principal | None = None, authorization: bytes = b"", model: str = "") -> None:
     """The ledger row of a request answered before it was metered (the database down at its key's lookup,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import daphne.server  # noqa: F401  (installs the asyncio Twisted reactor before anything imports one)
 from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
@@ -80,6 +79,7 @@ class Command(BaseCommand):
             from workers.adapter.runtime import engine_capacity
 
             api_app.capacity = engine_capacity
+        edge.keep_the_door(api_app)
 
         def start_worker() -> None:
             from catalog.periodic import maintain_catalog
@@ -101,7 +101,7 @@ class Command(BaseCommand):
             self.stdout.write(f"Serving on http://{host}:{port}/v1  (health: http://{host}:{port}/health)")
             self.stdout.flush()
 
-        server = Server(
+        server = edge.EdgeServer(
             application=application,
             endpoints=[f"{endpoint}:backlog={settings.INFERENCE['LISTEN_BACKLOG']}"
                        for endpoint in build_endpoint_description_strings(host=host, port=port)],
