@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from .models import ensure_model, prepare_cache
-from .soak import Deployment, warm_up
+from .soak import Deployment, keep_sending, warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_STATUS = {"worker_lost": 503, "channel_layer_unavailable": 503, "database_unavailable": 503,
@@ -112,22 +112,14 @@ async def _read(http: httpx.AsyncClient, url: str, key: str, body: dict, seen: S
 
 
 async def clients(deployment: Deployment, model: str, concurrency: int, seconds: float, max_tokens: int) -> list[Seen]:
-    deadline = time.monotonic() + seconds
     url, key = f"{deployment.base_url}/v1/completions", deployment.headers["Authorization"].split()[1]
-    seen: list[Seen] = []
 
-    async def client(index: int) -> None:
-        async with httpx.AsyncClient(timeout=120) as http:
-            while time.monotonic() < deadline:
-                body = {"model": model, "prompt": f"Story {index}:", "max_tokens": max_tokens, "ignore_eos": True,
-                        "stream": True, "return_token_ids": True}
-                outcome = await one_request(http, url, key, body)
-                seen.append(outcome)
-                if outcome.ended != "done":
-                    await asyncio.sleep(0.5)  # as a client honouring Retry-After would, briefly
+    async def one(http: httpx.AsyncClient, index: int) -> Seen:
+        body = {"model": model, "prompt": f"Story {index}:", "max_tokens": max_tokens, "ignore_eos": True,
+                "stream": True, "return_token_ids": True}
+        return await one_request(http, url, key, body)
 
-    await asyncio.gather(*[client(i) for i in range(concurrency)])
-    return seen
+    return await keep_sending(concurrency, seconds, one, lambda outcome: outcome.ended == "done")
 
 
 async def faults(deployment: Deployment, seconds: float, log: list) -> None:
