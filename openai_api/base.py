@@ -103,7 +103,7 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
         # while the job waits in the queue (SSE clients ignore comment lines); more while it waits.
         stream.responding = True
         if stream.meter is not None:
-            stream.meter.responding = True
+            stream.meter.response_started()
         yield b": accepted\n\n"
         try:
             async for chunk in keepalives_until_first(chunks, web_config().sse_keepalive_seconds):

@@ -100,6 +100,11 @@ class RequestMeter:
             self.journal = LedgerWriter.get().journal
             self.journal.opened(self._row(0, "", False))
 
+    def response_started(self) -> None:
+        """Its response has started (a stream's status and headers go out): cut off now, it was a 200."""
+        self.responding = True
+        self._journal_progress()
+
     def observe(self, event: dict) -> None:
         """An event the client was sent: its tokens count."""
         for delta in event.get("choices", ()):
@@ -110,6 +115,9 @@ class RequestMeter:
                 self.finish_reasons.append(delta["finish_reason"])
         if "usage" in event:
             self.usage = event["usage"]
+        self._journal_progress()
+
+    def _journal_progress(self) -> None:
         if self.journal is not None:
             self.journal.progress(self.request_id, self.used[1], self.first_token_ms, self.responding)
 

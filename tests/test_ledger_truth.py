@@ -22,35 +22,44 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_streams_of_a_web_process_killed_with_9_are_billed_what_they_were_sent(hf_cache, tmp_path):
-    env = base_env(hf_cache, tmp_path, INFERENCE_LEDGER_REPLAY_SECONDS="1")
+    """Three streams under way, one queued (its 200 sent, no token yet) and a whole answer not sent yet."""
+    env = base_env(hf_cache, tmp_path, INFERENCE_LEDGER_REPLAY_SECONDS="1", INFERENCE_MAX_NUM_SEQS="3")
     live = LiveServer(env, tmp_path, name="killed")
     load(live)
     finished = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=3)
     finished.start()
     finished.join(60)
     streams = [TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480) for _ in range(3)]
-    whole = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480, stream=False)
-    for stream in (*streams, whole):
+    for stream in streams:
         stream.start()
     for stream in streams:
         stream.wait_for_tokens(5)
+    queued = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480)
+    whole = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480, stream=False)
+    for request in (queued, whole):
+        request.start()
+    deadline = time.monotonic() + 30
+    while (queued.status != 200 or "submitted for" not in live.log()[-2000:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the whole answer's job has started too
     os.killpg(live.process.pid, signal.SIGKILL)
     live.process.wait(10)
-    for stream in (*streams, whole):
-        stream.join(30)
-    assert all(stream.error == "cut" for stream in streams) and whole.status == 0
+    for request in (*streams, queued, whole):
+        request.join(30)
+    assert all(stream.error == "cut" for stream in (*streams, queued)) and queued.tokens == 0 and whole.status == 0
     again = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_LEDGER_REPLAY_SECONDS="1"), tmp_path, name="restarted")
     try:
-        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), 5)
-        assert len(rows) == 5, rows  # one per request sent, the cut ones included
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), 6)
+        assert len(rows) == 6, rows  # one per request sent, the cut ones included
         assert row_of(rows, finished.id)["completion_tokens"] == 3
         for stream in streams:
             row = row_of(rows, stream.id)
             assert (row["status_code"], row["error_code"]) == (200, "server_lost"), row
             assert row["completion_tokens"] == stream.tokens, (row, stream.tokens)
-        lost = [row for row in rows if row["status_code"] == 502]
-        assert len(lost) == 1 and lost[0]["error_code"] == "server_lost" and lost[0]["completion_tokens"] == 0
-        assert "settled 4 requests a dead process left open" in again.log()
+        lost = sorted((row["status_code"], row["error_code"], row["completion_tokens"]) for row in rows
+                      if row["request_id"] not in {finished.id, *(stream.id for stream in streams)})
+        assert lost == [(200, "server_lost", 0), (502, "server_lost", 0)], rows  # the queued stream, the whole answer
+        assert "settled 5 requests a dead process left open" in again.log()
     finally:
         again.stop()
 
