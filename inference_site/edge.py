@@ -121,28 +121,25 @@ class ConnectionBook:
         self.by_address: dict[str, int] = {}
         self.waiting: OrderedDict[GuardedHTTPChannel, float] = OrderedDict()  # for a request's headers, since
         self.idle: OrderedDict[GuardedHTTPChannel, None] = OrderedDict()  # between requests
-        self.evicted = 0
         self.evicting = 0  # evicted, their descriptors not given back yet
-        self.refused = 0
 
-    def admit(self, host: str) -> str | None | bool:
-        """The address bucket a new connection counts in (None: a trusted proxy's), or False: refused."""
+    def admit(self, host: str) -> tuple[bool, str | None]:
+        """Whether a new connection from `host` is taken, and the address bucket it counts in (None: a
+        trusted proxy's)."""
         bucket = None if in_networks(host, self.config.trusted) else address_bucket(host)
         if bucket is not None and self.config.max_per_address and \
                 self.by_address.get(bucket, 0) >= self.config.max_per_address:
-            self.refused += 1
             refusals.note("address", "refusing connections from %s: it holds %d already "
                                      "(INFERENCE_MAX_CONNECTIONS_PER_ADDRESS)", bucket, self.config.max_per_address)
-            return False
+            return False, bucket
         if self.descriptors >= self.config.max_connections and not self._evict_one():
-            self.refused += 1
             refusals.note("full", "refusing a connection: %d descriptors in use by requests under way "
                                   "(INFERENCE_MAX_CONNECTIONS)", self.descriptors)
-            return False
+            return False, bucket
         self.descriptors += 1
         if bucket is not None:
             self.by_address[bucket] = self.by_address.get(bucket, 0) + 1
-        return bucket
+        return True, bucket
 
     def _evict_one(self) -> bool:
         """Close the connection that has waited longest for its headers, else the longest idle one.
@@ -155,7 +152,6 @@ class ConnectionBook:
         for queue in (self.waiting, self.idle):
             if queue:
                 victim, _ = queue.popitem(last=False)
-                self.evicted += 1
                 self.evicting += 1
                 refusals.note("evict", "at %d descriptors (INFERENCE_MAX_CONNECTIONS): closing the connections "
                                        "that waited longest for a request to admit new ones", self.descriptors)
@@ -414,8 +410,8 @@ class EdgeHTTPFactory(HTTPFactory):
             self._sweeping = self.reactor.callLater(SWEEP_SECONDS, self._sweep)
 
     def buildProtocol(self, addr):
-        bucket = self.book.admit(getattr(addr, "host", ""))
-        if bucket is False:
+        admitted, bucket = self.book.admit(getattr(addr, "host", ""))
+        if not admitted:
             return None  # Twisted closes the socket it accepted, unread
         protocol = super().buildProtocol(addr)
         protocol.requestFactory = EdgeRequest
