@@ -33,6 +33,11 @@ def ledger_sums(live: LiveServer, status: int = 200) -> tuple[int, int, int]:
     return tuple(row)
 
 
+def error_codes(live: LiveServer) -> list[tuple[str]]:
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        return db.execute("select error_code from teams_usagerecord where status_code >= 500").fetchall()
+
+
 def wait_for_ledger(live: LiveServer, expected: tuple[int, int, int], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and ledger_sums(live) != expected:
@@ -111,6 +116,10 @@ def test_a_media_read_that_fails_for_any_reason_is_answered(faulty):
     assert response.json()["error"]["code"] == "media_error"
     assert elapsed < ANSWER_BOUND
     assert "reading the media of" in faulty.log() and "FailpointError" in faulty.log()
+    deadline = time.monotonic() + 10  # its ledger row says what its client was told
+    while ("media_error",) not in error_codes(faulty) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ("media_error",) in error_codes(faulty)
     response, _ = complete(faulty)
     assert response.status_code == 200, response.text
 
