@@ -101,7 +101,7 @@ def _on_kept_connection(lookup, *args):
 def _lane(request, header: list[bytes]) -> ThreadPoolExecutor:
     """The throttled sources' own lane, unless the key was valid lately."""
     config = web_config()
-    if bad_keys.recently_valid(header[-1]) or bad_keys.refused_for(
+    if not bad_keys.any_failed() or bad_keys.recently_valid(header[-1]) or bad_keys.refused_for(
             _wrong_key_sources(request, header), config.bad_key_limit, config.bad_key_window) is None:
         return _lookups
     return _suspect_lookups

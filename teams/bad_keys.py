@@ -39,6 +39,11 @@ def _recent(source: str, window: float, now: float) -> deque[float]:
     return times
 
 
+def any_failed() -> bool:
+    """Whether any wrong key was counted lately (the common case, none: no source to work out)."""
+    return bool(_failures)
+
+
 def refused_for(keys: tuple[str, ...], limit: int, window: float) -> float | None:
     """Seconds until the most throttled of `keys` (sources) may try a wrong key again, or None while all may."""
     now, wait = time.monotonic(), None
