@@ -168,6 +168,10 @@ SCENARIOS = {
               "a row per kind of cache at 16 streams (bench/engine.py)",
     "parsing": "tool-call and reasoning parsing per streamed token, per family, vs the server's CPU per token (bench/parsing.py)",
     "quantized": "a model quantized on load (torchao int8) vs unquantized: RSS, weight bytes, tok/s (bench/quantized.py)",
+    "abuse": "20,000 held half-requests beside a normal client, 800 streams at once, 50 wrong keys then a right one "
+             "(bench/abuse.py)",
+    "faults": "a fault drill on scale-out (a worker and the web killed, Redis and PostgreSQL stopped): requests sent "
+              "vs ledger rows vs rows with the status and tokens the client saw (bench/faults.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }

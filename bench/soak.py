@@ -20,7 +20,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -31,6 +33,7 @@ from tests.live_server import ManagedProcess, base_env, free_port
 from tests.services import PostgresServer, RedisServer
 
 SUPERVISE = ROOT / "deploy" / "supervise"
+T = TypeVar("T")
 STALL_BOUND_SECONDS = 5.0
 # Every failpoint at random through the run (percent per pass): a step's publish or loop turn fails
 # now and then, as does a send onto the layer, a media read, a ledger write, a heartbeat, a handoff.
@@ -54,14 +57,14 @@ def parse_args() -> argparse.Namespace:
 class Deployment:
     """Redis, PostgreSQL, and deploy/supervise running the web side and 2 workers."""
 
-    def __init__(self, cache: Path, work: Path, failpoints: str = "") -> None:
+    def __init__(self, cache: Path, work: Path, failpoints: str = "", **env: str) -> None:
         self.redis = RedisServer(work)
         self.postgres = PostgresServer()
         self.port = free_port()
         self.env = base_env(cache, work, CHANNEL_LAYER_URL=self.redis.url, DATABASE_URL=self.postgres.url,
                             INFERENCE_PYTHON=sys.executable, INFERENCE_PORT=str(self.port), INFERENCE_WORKERS="2",
                             INFERENCE_SUPERVISOR_DIR=str(work / "sv"), INFERENCE_TORCH_THREADS="1",
-                            INFERENCE_FAILPOINTS=failpoints)
+                            INFERENCE_FAILPOINTS=failpoints, **env)
         self.supervisor = ManagedProcess([str(SUPERVISE)], self.env, work / "supervisord.out", python=False)
         self.base_url = f"http://127.0.0.1:{self.port}"
         key_file = Path(self.env["INFERENCE_KEY_DIR"]) / f"{self.port}.key"
@@ -98,23 +101,33 @@ class Deployment:
         self.postgres.stop()
 
 
-async def clients(deployment: Deployment, model: str, concurrency: int, seconds: float, max_tokens: int) -> list:
+async def keep_sending(concurrency: int, seconds: float, one: Callable[[httpx.AsyncClient, int], Awaitable[T]],
+                       ok: Callable[[T], bool]) -> list[T]:
+    """`concurrency` clients each sending `one(http, index)` after the other for `seconds`; every outcome."""
     deadline = time.monotonic() + seconds
-    url = f"{deployment.base_url}/v1/completions"
-    outcomes = []
+    outcomes: list[T] = []
 
     async def client(index: int) -> None:
         async with httpx.AsyncClient(timeout=120) as http:
             while time.monotonic() < deadline:
-                body = {"model": model, "prompt": f"Story {index}:", "max_tokens": max_tokens, "ignore_eos": True,
-                        "stream_options": {"include_usage": True}}
-                outcome = await stream_once(http, url, deployment.headers, body)
+                outcome = await one(http, index)
                 outcomes.append(outcome)
-                if outcome.kind != "ok":
+                if not ok(outcome):
                     await asyncio.sleep(0.5)  # as a client honouring Retry-After would, briefly
 
     await asyncio.gather(*[client(i) for i in range(concurrency)])
     return outcomes
+
+
+async def clients(deployment: Deployment, model: str, concurrency: int, seconds: float, max_tokens: int) -> list:
+    url = f"{deployment.base_url}/v1/completions"
+
+    async def one(http: httpx.AsyncClient, index: int):
+        body = {"model": model, "prompt": f"Story {index}:", "max_tokens": max_tokens, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        return await stream_once(http, url, deployment.headers, body)
+
+    return await keep_sending(concurrency, seconds, one, lambda outcome: outcome.kind == "ok")
 
 
 async def faults(deployment: Deployment, seconds: float, log: list) -> None:

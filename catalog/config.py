@@ -60,6 +60,7 @@ class WebConfig:
     ledger_replay_seconds: float
     bad_key_limit: int  # wrong bearer keys from one address within `bad_key_window` before it gets 429s
     bad_key_window: float
+    trusted_proxies: str  # comma-separated networks whose X-Forwarded-For is believed (teams.client_address)
     # Stored Responses.
     responses_max_bytes: int
     responses_retention_days: float
@@ -100,6 +101,7 @@ class WebConfig:
             ledger_write_tries=inference["LEDGER_WRITE_TRIES"], ledger_spool_dir=Path(inference["LEDGER_SPOOL_DIR"]),
             ledger_replay_seconds=inference["LEDGER_REPLAY_SECONDS"],
             bad_key_limit=inference["BAD_KEY_LIMIT"], bad_key_window=inference["BAD_KEY_WINDOW"],
+            trusted_proxies=inference["TRUSTED_PROXIES"],
             responses_max_bytes=inference["RESPONSES_MAX_BYTES"],
             responses_retention_days=inference["RESPONSES_RETENTION_DAYS"],
             default_model=inference.get("MODEL") or inference["DEFAULT_MODEL"],

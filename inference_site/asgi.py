@@ -36,7 +36,18 @@ class APIHandler(PooledThreadsASGIHandler):
 
 from inference_site.admission import AdmissionLimit  # noqa: E402
 
-api_app = AdmissionLimit(APIHandler(request_threads), settings.INFERENCE["WEB_MAX_IN_FLIGHT"])
+
+
+def record_door_refusal(path: str, authorization: bytes, status: int, code: str) -> None:
+    """A generation request the door refused is a request too: its ledger row (teams.metering)."""
+    from openai_api.generation import new_request_id
+    from teams.metering import record_unmetered
+
+    record_unmetered(new_request_id("door"), path, status, code, authorization=authorization)
+
+
+api_app = AdmissionLimit(APIHandler(request_threads), settings.INFERENCE["WEB_MAX_IN_FLIGHT"],
+                         on_refused=record_door_refusal)
 
 
 async def http_app(scope, receive, send):

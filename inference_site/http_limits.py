@@ -4,38 +4,44 @@ Twisted closes the connection without a word on a request line or header over 16
 answers a malformed request (`Content-Length: -5`) with an empty 400. Here its limits are raised
 so that sizes up to PARSER_LIMIT reach the ASGI guard (inference_site.guard: 414/431 with a
 body), and anything beyond, or malformed, gets a JSON error before the connection closes.
-A body that stops arriving (a Content-Length larger than what is sent) is a 408 after
-BODY_READ_TIMEOUT seconds without a byte, instead of a connection held for Twisted's idle minute.
-Twisted's own parsing of form bodies is off: Django parses every body itself.
+Twisted's own parsing of form bodies is off: Django parses every body itself. The clocks and caps on
+connections (a 408 for late headers or a slow body, a 413 before an oversize body) are the edge's
+(inference_site/edge.py), which answers through `refuse` here.
 """
 from __future__ import annotations
 
 import json
 
-import daphne.server
-from daphne.http_protocol import HTTPFactory, WebRequest
+from daphne.http_protocol import WebRequest
 
 PARSER_LIMIT = 1024 * 1024  # bytes of request line + headers Twisted reads before refusing
 REFUSED_TIMEOUT = 10  # seconds a refused connection may keep sending before it is dropped
-REASONS = {400: "Bad Request", 408: "Request Timeout", 414: "URI Too Long", 431: "Request Header Fields Too Large"}
+REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
+           431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
-def error_bytes(status: int, message: str, code: str) -> bytes:
+def error_bytes(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> bytes:
     from openai_api.errors import error_body
 
     body = json.dumps(error_body(status, message, None, code)).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     return (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n").encode() + body
 
 
-def refuse(channel, status: int, message: str, code: str) -> None:
+def refuse(channel, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
     """Answer, stop reading (what the client still sends is dropped), close once it is done or quiet.
 
-    Closing at once while the client is still sending would reset the connection and lose the answer.
+    The answer is written to the socket at once, not at the loop's next turn for writes: under load that
+    turn comes after a step of every request under way (a refusal is worth most then). Closing at once
+    while the client is still sending would reset the connection and lose the answer.
     """
     channel.dataReceived = lambda data: None
     channel._buffer = b""  # LineReceiver stops at once instead of parsing the lines it already holds
-    channel.transport.write(error_bytes(status, message, code))
+    channel.transport.write(error_bytes(status, message, code, headers))
+    write_now = getattr(channel.transport, "doWrite", None)  # a TCP transport's (not disconnecting yet: no result)
+    if write_now is not None:
+        write_now()
     channel.transport.loseWriteConnection()
     channel.setTimeout(REFUSED_TIMEOUT)
 
@@ -65,56 +71,3 @@ class UnparsedBodyWebRequest(WebRequest):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._parsePOSTFormSubmission = False
-
-
-class LimitedHTTPFactory(HTTPFactory):
-    def buildProtocol(self, addr):
-        protocol = super().buildProtocol(addr)
-        protocol.requestFactory = UnparsedBodyWebRequest
-        channel = getattr(protocol, "_channel", protocol)
-        channel.MAX_LENGTH = PARSER_LIMIT
-        channel.totalHeadersSize = PARSER_LIMIT
-        channel.lineLengthExceeded = lambda line: line_too_long(channel, line)
-        channel._respondToBadRequestAndDisconnect = lambda: bad_request(channel)
-        time_body(channel, body_read_timeout())
-        return protocol
-
-
-def body_read_timeout() -> float:
-    from django.conf import settings
-
-    return settings.INFERENCE["BODY_READ_TIMEOUT"]
-
-
-def time_body(channel, seconds: float) -> None:
-    """While a request's body is awaited, the channel's idle timeout is `seconds` and ends in a 408."""
-    reading, idle = [False], [channel.timeOut]
-    headers_done, content_done, timed_out = channel.allHeadersReceived, channel.allContentReceived, channel.timeoutConnection
-
-    def all_headers_received() -> None:
-        headers_done()
-        if channel.length != 0 and not channel.transport.disconnecting:  # a body follows (None: chunked)
-            reading[0] = True
-            idle[0] = channel.setTimeout(seconds)
-
-    def all_content_received() -> None:
-        if reading[0]:
-            reading[0] = False
-            channel.setTimeout(idle[0])
-        content_done()
-
-    def timeout_connection() -> None:
-        if not reading[0]:
-            return timed_out()
-        reading[0] = False
-        refuse(channel, 408, f"The request body did not arrive: nothing for {seconds:g}s with "
-                             "bytes still missing (is Content-Length larger than the body?).", "request_timeout")
-
-    channel.allHeadersReceived = all_headers_received
-    channel.allContentReceived = all_content_received
-    channel.timeoutConnection = timeout_connection
-
-
-def install() -> None:
-    """Make daphne.server.Server build LimitedHTTPFactory (it names HTTPFactory at run time)."""
-    daphne.server.HTTPFactory = LimitedHTTPFactory

@@ -109,6 +109,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_float("INFERENCE_LOGIN_LOCKOUT_MINUTES
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "inference_site.lockout.locked_out"
+AXES_CLIENT_IP_CALLABLE = "teams.client_address.axes_client_ip"  # through INFERENCE_TRUSTED_PROXIES only
 AXES_VERBOSE = False
 
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
@@ -384,9 +385,27 @@ INFERENCE = {
     # how long a loop may go without a heartbeat before ping and /health call it stalled.
     "ENGINE_MAX_FAULTS": env_int("INFERENCE_ENGINE_MAX_FAULTS", 5),
     "ENGINE_STALL_SECONDS": env_float("INFERENCE_ENGINE_STALL_SECONDS", 60.0),
+    # `serve` starts a fresh engine when its embedded one dies, this many times within ten minutes; one
+    # more death and it stops (exit status 1, /health saying why first) for a supervisor to restart it.
+    "ENGINE_RESTARTS": env_int("INFERENCE_ENGINE_RESTARTS", 3),
     # A request body that stops arriving (Content-Length larger than what is sent) is answered 408
     # after this many seconds without a byte.
     "BODY_READ_TIMEOUT": env_float("INFERENCE_BODY_READ_TIMEOUT", 5.0),
+    # The edge of `serve` (inference_site/edge.py): a request line + headers must arrive within
+    # HEADER_TIMEOUT seconds; an idle connection between requests is closed after KEEPALIVE_TIMEOUT;
+    # a body slower than MIN_BODY_RATE bytes/s on average (after its first BODY_READ_TIMEOUT seconds)
+    # is a 408; one client address (an IPv6 /64) holds at most MAX_CONNECTIONS_PER_ADDRESS connections
+    # (trusted proxies exempt), all of them at most MAX_CONNECTIONS file descriptors (0: the open-file
+    # limit less FD_RESERVE, kept for the database, the channel layer, the spool and model files).
+    "HEADER_TIMEOUT": env_float("INFERENCE_HEADER_TIMEOUT", 10.0),
+    "KEEPALIVE_TIMEOUT": env_float("INFERENCE_KEEPALIVE_TIMEOUT", 20.0),
+    "MIN_BODY_RATE": env_int("INFERENCE_MIN_BODY_RATE", 500),
+    "MAX_CONNECTIONS_PER_ADDRESS": env_int("INFERENCE_MAX_CONNECTIONS_PER_ADDRESS", 1024),
+    "MAX_CONNECTIONS": env_int("INFERENCE_MAX_CONNECTIONS", 0),
+    "FD_RESERVE": env_int("INFERENCE_FD_RESERVE", 256),
+    # Proxies whose X-Forwarded-For is believed (comma-separated networks; none by default): the client
+    # address that throttles, login lockouts and /metrics' allow-list see (teams/client_address.py).
+    "TRUSTED_PROXIES": os.environ.get("INFERENCE_TRUSTED_PROXIES", ""),
     # The Batch API (docs/batch.md): where uploaded and produced files are kept, the largest upload and
     # the most lines a batch may have, lines one process runs at once, how often a runner looks for
     # work and beats, and how long a silent runner's batches wait before another process takes them.
@@ -396,7 +415,8 @@ INFERENCE = {
     "BATCH_CONCURRENCY": env_int("INFERENCE_BATCH_CONCURRENCY", 8),
     "BATCH_POLL_SECONDS": env_float("INFERENCE_BATCH_POLL_SECONDS", 2.0),
     "BATCH_LOST_AFTER": env_float("INFERENCE_BATCH_LOST_AFTER", 30.0),
-    # Bearer keys: failed attempts from one address within the window before it gets 429s.
+    # Wrong bearer keys from one client address (or with one key prefix) within the window before
+    # that address's (prefix's) wrong keys get 429s; a valid key is served whatever (teams/bad_keys.py).
     "BAD_KEY_LIMIT": env_int("INFERENCE_BAD_KEY_LIMIT", 50),
     "BAD_KEY_WINDOW": env_float("INFERENCE_BAD_KEY_WINDOW", 60.0),
 }

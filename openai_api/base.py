@@ -16,11 +16,12 @@ from rest_framework.response import Response
 from catalog.config import web_config
 from catalog.selectors import resolve_model as resolve_catalog_model, resolve_model_now
 import protocol
-from teams.metering import RequestMeter
+from teams.metering import RequestMeter, record_unmetered
+from teams.principal import Principal
 from teams.authentication import LookupOnLongLivedThread
 from teams.response_headers import RateLimitHeadersMixin
 
-from .errors import APIError, error_body, in_request_terms, unavailable
+from .errors import APIError, client_error, error_body, in_request_terms
 from .generation import GenerationStream, new_request_id, open_generation
 
 logger = logging.getLogger(__name__)
@@ -102,15 +103,18 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
         stream.claimed = True  # from here, this body's `finally` ends the job, however the client leaves
         # An SSE comment first, so the status and headers reach the client at once even
         # while the job waits in the queue (SSE clients ignore comment lines); more while it waits.
+        stream.responding = True
+        if stream.meter is not None:
+            stream.meter.response_started()
         yield b": accepted\n\n"
         try:
             async for chunk in keepalives_until_first(chunks, web_config().sse_keepalive_seconds):
                 yield SSE_KEEPALIVE if chunk is None else sse_frame(chunk)
         except Exception as exc:  # mid-stream, every error is an OpenAI-shaped event, then [DONE]
-            error = exc if isinstance(exc, APIError) else unavailable(exc)
-            if error is None:
+            error = client_error(exc)
+            if error.status == 500 and error.code == "internal_error":
                 logger.exception("stream failed")
-                error = APIError(500, "The server had an error processing your request.", code="internal_error")
+            stream.error = stream.error or error  # what the ledger row records
             yield sse_frame(error_body(error.status, error.message, error.param, error.code, error.error_type))
         finally:
             try:
@@ -154,6 +158,22 @@ class GenerationView(OpenAIView):
 
     async def post(self, request) -> HttpResponseBase:
         return await self.generate(request, self.validated(request.data))
+
+    def handle_exception(self, exc):
+        """A 5xx before the request was metered (the database down at its key's lookup) still gets its
+        ledger row: 5xx count as requests (docs/teams.md). 4xx before metering write none, by design."""
+        response = super().handle_exception(exc)
+        if response.status_code >= 500 and getattr(self.request, "meter", None) is None:
+            error = (getattr(response, "data", None) or {}).get("error") or {}
+            auth = getattr(self.request, "_auth", None)  # never `.auth`: it would authenticate again
+            principal = auth if isinstance(auth, Principal) else None
+            try:
+                record_unmetered(self.new_request_id(), self.request.path, response.status_code,
+                                 error.get("code") or "", principal,
+                                 self.request.META.get("HTTP_AUTHORIZATION", "").encode("latin-1"))
+            except Exception:  # the answer still goes out; the log says what was not recorded
+                logger.exception("could not record the usage row of a refused request")
+        return response
 
     def validated(self, body: dict):
         serializer = self.serializer_class(data=body, context=self.serializer_context())

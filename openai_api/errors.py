@@ -15,9 +15,13 @@ from rest_framework.response import Response
 from catalog.errors import CatalogError
 from teams.errors import ModelNotAllowed
 from teams.metering import LimitExceeded
+from protocol.burst_log import BurstLog
 from protocol.layer_errors import LAYER_ERRORS
 
 logger = logging.getLogger(__name__)
+# A 503 is the server saying it cannot serve now (full, a service down, a worker lost): expected under
+# overload or an outage, logged once per burst and kind at WARNING, not an ERROR line per request.
+unavailability = BurstLog(logger)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -89,7 +93,7 @@ def unavailable(exc: BaseException) -> APIError | None:
         what, code = "The channel layer (Redis) is unavailable", "channel_layer_unavailable"
     else:
         return None
-    logger.warning("%s: %s", what, exc)
+    unavailability.note(code, "%s: %s", what, exc)
     return APIError(503, f"{what}; retry shortly.", None, code, {"Retry-After": str(SERVICE_RETRY_AFTER)})
 
 
@@ -114,6 +118,18 @@ def team_error(exc: Exception) -> APIError | None:
         return APIError(429, exc.message, None, exc.code,
                         {**getattr(exc, "headers", {}), "Retry-After": str(exc.retry_after)}, exc.kind)
     return None
+
+
+def client_error(exc: BaseException) -> APIError:
+    """The error a client is answered for `exc` on the generation path (what its ledger row records): the
+    APIError itself, a team's refusal, an unknown model, an outage's 503, else a 500."""
+    if isinstance(exc, APIError):
+        return exc
+    found = team_error(exc) if isinstance(exc, Exception) else None
+    if found is None and isinstance(exc, CatalogError):
+        found = catalog_error(exc)
+    return found or unavailable(exc) or APIError(500, "The server had an error processing your request.",
+                                                  code="internal_error")
 
 
 def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:
@@ -144,8 +160,12 @@ def exception_handler(exc: Exception, context: dict) -> Response:
         exc = catalog_error(exc)
     exc = unavailable(exc) or exc
     if isinstance(exc, APIError):
-        return Response(error_body(exc.status, exc.message, exc.param, exc.code, exc.error_type), status=exc.status,
-                        headers=exc.headers)
+        response = Response(error_body(exc.status, exc.message, exc.param, exc.code, exc.error_type),
+                            status=exc.status, headers=exc.headers)
+        if exc.status == 503:
+            unavailability.note(exc.code or "503", "answering 503 %s: %s", exc.code, exc.message)
+            response._has_been_logged = True  # Django's own ERROR line per 5xx (django.utils.log.log_response)
+        return response
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body(413, "Request body too large.", None, "request_too_large"), status=413)
     if isinstance(exc, drf_exceptions.ValidationError):

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 
 from catalog.config import web_config
-from teams.metering import LimitExceeded, RequestMeter
+from teams.metering import RequestMeter
 import protocol
 from protocol import failpoints
 from protocol.tasks import watch
 
-from .errors import APIError
+from .errors import APIError, client_error
 
 logger = logging.getLogger(__name__)
+CLIENT_CLOSED = 499  # as nginx logs a client that left before its response
 HANDOFF_SECONDS = 5.0  # a stream the view handed on must be taken up by then, else its client is gone
 JOIN_AT_MOST = 8  # messages joined into one event: a stream read late still moves in steps, not all at once
 
@@ -90,6 +91,7 @@ class GenerationStream:
         self.produced = False  # an event reached the view: the job can no longer be sent again
         self.resubmits = 0
         self.claimed = False  # the response began reading it (whoever claims it cancels it at the end)
+        self.responding = False  # its response started (a stream's status and headers went out)
         self._held: list[dict] = []  # messages read ahead of a joined delta, next in line
 
     async def open(self) -> None:
@@ -177,27 +179,36 @@ class GenerationStream:
                 raise self.error
 
     async def events(self) -> AsyncIterator[protocol.DeltaMessage | protocol.DoneMessage]:
-        """Yield delta events until the job is done; raise APIError for a worker error or a lost worker."""
+        """Yield delta events until the job is done; raise APIError for a worker error or a lost worker.
+
+        The meter counts an event once its reader comes back for the next one: by then the response
+        has handed it on (a stream's frame went to the client), so a client cut off mid-stream is
+        billed the tokens it was sent, not the ones generated for it. Whatever ends the stream with an
+        error is kept as `error`, what the client is told and what the ledger records."""
         self.claimed = True
-        while not self.finished:
-            try:
-                event = await self._next()
-            except WorkerLost:
-                await self._prepare_resubmit()
-                await self.open_or_resubmit()
-                continue
-            event = self._join_ready(event)
-            kind = event.get("type")
-            if kind == protocol.ERROR:
-                self.finished = True
-                self.error = worker_error(event)
-                raise self.error
-            if self.meter is not None:
-                self.meter.observe(event)
-            if kind == protocol.DONE:
-                self.finished = True
-            self.produced = True
-            yield event
+        try:
+            while not self.finished:
+                try:
+                    event = await self._next()
+                except WorkerLost:
+                    await self._prepare_resubmit()
+                    await self.open_or_resubmit()
+                    continue
+                event = self._join_ready(event)
+                kind = event.get("type")
+                if kind == protocol.ERROR:
+                    self.finished = True
+                    self.error = worker_error(event)
+                    raise self.error
+                if kind == protocol.DONE:
+                    self.finished = True
+                self.produced = True
+                yield event
+                if self.meter is not None:
+                    self.meter.observe(event)
+        except Exception as exc:
+            self.error = self.error or client_error(exc)
+            raise
 
     def _take_ready(self) -> None:
         """Hold what already waits on the reply channel (a layer that can tell: the embedded one), so a
@@ -241,14 +252,21 @@ class GenerationStream:
         return Collected([merged[index] for index in sorted(merged)], usage)
 
     async def cancel(self) -> None:
-        """End the request: stop the job if it still runs, then settle its tokens and ledger row."""
-        cancelled = not self.finished and self.error is None
+        """End the request: stop the job if it still runs, then settle its tokens and ledger row with what
+        the client saw: the error it was told, or — ended early without one, so its client left —
+        `client_closed`, under 200 once its response had started (a stream), else 499."""
+        left = not self.finished and self.error is None
         if not self.finished:
             self.finished = True
             await send_cancel(self.layer, self.request_id)
         if self.meter is not None:
             error = self.error
-            await self.meter.finish(error.status if error else 200, error.code if error else "", cancelled)
+            if error is not None:
+                await self.meter.finish(error.status, error.code or "")
+            elif left:
+                await self.meter.finish(200 if self.responding else CLIENT_CLOSED, "client_closed", cancelled=True)
+            else:
+                await self.meter.finish(200)
 
 
 def _joinable(message: dict) -> bool:
@@ -322,25 +340,24 @@ async def open_generation(request_id: str, model: protocol.ModelRef, prompts: li
     team, params = for_principal(meter, params)
     try:
         await meter.admit()
-    except LimitExceeded as exc:
-        await meter.finish(429, exc.code)
-        raise
-    try:
         stream = await _open(request_id, model, prompts, params, team)
-    except APIError as exc:
-        await meter.finish(exc.status, exc.code or "")
+    except asyncio.CancelledError:
+        await asyncio.shield(meter.finish(CLIENT_CLOSED, "client_closed", cancelled=True))
         raise
-    except BaseException:
-        await meter.finish(499, "client_closed", cancelled=True)
+    except Exception as exc:  # refused (a limit, the worker's answer) or failed (an outage): as the client hears it
+        error = client_error(exc)
+        await meter.finish(error.status, error.code or "")
         raise
     stream.meter = meter
     try:
         await meter.reserve(stream.started, params.max_tokens, params.n)
-    except LimitExceeded as exc:
+    except Exception as exc:
         stream.meter = None  # nothing was generated for the client: the job stops, nothing is charged
         await stream.cancel()
-        await meter.finish(429, exc.code)
+        error = client_error(exc)
+        await meter.finish(error.status, error.code or "")
         raise
+    meter.opened()
     settle_unless_claimed(stream)
     await failpoints.ahit("web.handoff")
     return stream

@@ -77,12 +77,26 @@ async def _worker_problem(timeout: float) -> str | None:
         return f"the channel layer is unreachable: {exc}".strip()
 
 
+# What this process knows of itself that a ping cannot tell (`serve`: its embedded engine restarting, or
+# stopping for good), by source; set with `report_problem`, read by every /health.
+LOCAL_PROBLEMS: dict[str, str] = {}
+
+
+def report_problem(source: str, problem: str | None) -> None:
+    """`problem` (None: it is over) for /health to name until it is cleared."""
+    if problem is None:
+        LOCAL_PROBLEMS.pop(source, None)
+    else:
+        LOCAL_PROBLEMS[source] = problem
+
+
 async def health(request) -> JsonResponse:
     if (refused := _wrong_method(request)) is not None:
         return refused
     timeout = web_config().health_timeout
     checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout))
-    problems = [problem for problem in checks if problem]
+    problems = [f"{source}: {problem}" for source, problem in LOCAL_PROBLEMS.items()]
+    problems += [problem for problem in checks if problem]
     if not problems:
         return JsonResponse({"status": "ok"})
     body = {"status": "unavailable", "reasons": problems,

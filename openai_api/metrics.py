@@ -8,7 +8,6 @@ writing there are merged, as prometheus-client's multiprocess mode does.
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 
 from asgiref.sync import sync_to_async
@@ -19,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from rest_framework.permissions import BasePermission
 
 from catalog.config import web_config
+from teams.client_address import in_networks, parse_networks, request_client_address
 from teams.principal import Principal
 
 from .base import OpenAIView
@@ -77,22 +77,18 @@ def exposition() -> bytes:
     return generate_latest(registry) + generate_latest(catalog)
 
 
-def metrics_networks() -> list:
-    return [ipaddress.ip_network(item.strip(), strict=False)
-            for item in web_config().metrics_allow.split(",") if item.strip()]
+def metrics_networks() -> tuple:
+    return parse_networks(web_config().metrics_allow)
 
 
 class KeyOrAllowedAddress(BasePermission):
-    """A valid bearer key, or a client address in INFERENCE_METRICS_ALLOW (Prometheus needs no key there)."""
+    """A valid bearer key, or a client address in INFERENCE_METRICS_ALLOW (Prometheus needs no key there);
+    behind a trusted proxy the client's, never the proxy's."""
 
     def has_permission(self, request, view) -> bool:
         if not web_config().auth_enabled or isinstance(request.auth, Principal):
             return True
-        try:
-            address = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "")
-        except ValueError:
-            return False
-        return any(address in network for network in metrics_networks())
+        return in_networks(request_client_address(request._request), metrics_networks())
 
 
 class MetricsView(OpenAIView):

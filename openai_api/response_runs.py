@@ -122,7 +122,7 @@ async def _generate(response_id: str, principal: Principal, body: dict, history:
         stream = await open_generation(job_id, resolved, serializer.job_prompts(), serializer.job_params(), meter)
         return await collect_response(builder_for(serializer, response_id, model), stream)
     except APIError as exc:
-        return builder.failed(exc.code or "server_error", exc.message)
+        return builder.failed(exc.code or "server_error", serializer.in_responses_terms(exc).message)
     except LimitExceeded as exc:
         return builder.failed(exc.code, str(exc))
 

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from . import response_runs, response_store
 from .base import GenerationView, OpenAIView, resolve_model, sse_response
+from .errors import APIError
 from .generation import GenerationStream, new_request_id
 from .responses import builder_for, collect_response, response_events
 from .serializers.responses import ResponsesRequestSerializer
@@ -31,7 +32,10 @@ class ResponsesView(GenerationView):
         if serializer.validated_data["background"]:
             model = str(await resolve_model(serializer.validated_data["model"]))
             return Response(await response_runs.start_background(serializer, request, self.new_request_id(), model))
-        return await self.generate(request, serializer)
+        try:
+            return await self.generate(request, serializer)
+        except APIError as exc:  # the worker names chat message paths: say which Responses field it meant
+            raise serializer.in_responses_terms(exc) from None
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         builder = builder_for(serializer, request_id, model)

@@ -28,6 +28,7 @@ from rest_framework.permissions import BasePermission
 from catalog.config import web_config
 
 from . import bad_keys, selectors, services
+from .client_address import address_bucket, request_client_address
 from .principal import Principal
 
 
@@ -35,7 +36,9 @@ NOT_LOOKED_UP = object()
 
 
 class BearerKeyAuthentication(BaseAuthentication):
-    """`Authorization: Bearer <key>`; with auth off, every request is the default team's."""
+    """`Authorization: Bearer <key>`; with auth off, every request is the default team's.
+
+    A valid key is served whatever its address did; wrong keys are throttled on their own (bad_keys)."""
 
     def authenticate(self, request):
         header = get_authorization_header(request).split()
@@ -45,20 +48,27 @@ class BearerKeyAuthentication(BaseAuthentication):
             return None, Principal.of(team)
         if not header:
             return None
-        config, address = web_config(), request.META.get("REMOTE_ADDR") or "?"
-        wait = bad_keys.refused_for(address, config.bad_key_limit, config.bad_key_window)
-        if wait is not None:
-            raise Throttled(wait, "Too many requests with a wrong API key from this address; try again later.")
         key = looked_up if looked_up is not NOT_LOOKED_UP else _key_of(header)
         if key is None:
-            bad_keys.failed(address, config.bad_key_window)
+            config, sources = web_config(), _wrong_key_sources(request, header)
+            wait = bad_keys.refused_for(sources, config.bad_key_limit, config.bad_key_window)
+            bad_keys.failed(sources, config.bad_key_window)
+            if wait is not None:
+                raise Throttled(wait, "Too many requests with a wrong API key from this address (or for this "
+                                      "key prefix); try again later.")
             raise AuthenticationFailed()
+        bad_keys.was_valid(header[1])
         if not getattr(request._request, "auth_on_loop", False):  # on the loop its use was not due
             services.touch_key(key)
         return key, selectors.principal_for_key(key)
 
     def authenticate_header(self, request) -> str:
         return 'Bearer realm="api"'
+
+
+def _wrong_key_sources(request, header: list[bytes]) -> tuple[str, str]:
+    address = address_bucket(request_client_address(request._request))
+    return bad_keys.sources(address, header[-1])
 
 
 def _key_of(header: list[bytes]):
@@ -72,6 +82,8 @@ def _key_of(header: list[bytes]):
 
 
 _lookups = ThreadPoolExecutor(max_workers=2, thread_name_prefix="key-lookup")
+# Lookups for a source whose wrong keys are throttled: a flood of them queues here, behind nobody else.
+_suspect_lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="key-lookup-throttled")
 
 
 def _on_kept_connection(lookup, *args):
@@ -86,24 +98,28 @@ def _on_kept_connection(lookup, *args):
         return lookup(*args)
 
 
+def _lane(request, header: list[bytes]) -> ThreadPoolExecutor:
+    """The throttled sources' own lane, unless the key was valid lately."""
+    config = web_config()
+    if not bad_keys.any_failed() or bad_keys.recently_valid(header[-1]) or bad_keys.refused_for(
+            _wrong_key_sources(request, header), config.bad_key_limit, config.bad_key_window) is None:
+        return _lookups
+    return _suspect_lookups
+
+
 async def look_up_before_initial(request) -> bool:
     """The request's key (or the default team, auth off) looked up on a long-lived thread and kept on the
     request for `BearerKeyAuthentication`; whether `initial` may now run on the event loop (it reads the
     database no more). False: a browser session, no key, or a key whose use is due to be recorded."""
     django_request = request._request
     if not web_config().auth_enabled:
-        lookup, args = services.default_team, ()
+        lookup, args, lane = services.default_team, (), _lookups
     else:
         header = get_authorization_header(request).split()
         if not header:
             return False
-        config = web_config()
-        if bad_keys.refused_for(request.META.get("REMOTE_ADDR") or "?", config.bad_key_limit,
-                                config.bad_key_window) is not None:
-            django_request.auth_on_loop = True  # authenticate refuses it before any lookup
-            return True
-        lookup, args = _key_of, (header,)
-    found = await asyncio.get_running_loop().run_in_executor(_lookups, _on_kept_connection, lookup, *args)
+        lookup, args, lane = _key_of, (header,), _lane(request, header)
+    found = await asyncio.get_running_loop().run_in_executor(lane, _on_kept_connection, lookup, *args)
     django_request.looked_up = found
     django_request.auth_on_loop = not (web_config().auth_enabled and found is not None and services.touch_due(found))
     return django_request.auth_on_loop

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
 from django.db import close_old_connections
@@ -27,6 +27,7 @@ from protocol import failpoints
 
 from .ledger_spool import Segment, Spool
 from .pending_usage import LocalPending, PendingRow, RedisPending, pending_store
+from .usage_journal import Journal, abandoned_journals
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +51,53 @@ class UsageEntry:
     error_code: str
     tags: dict = field(default_factory=dict)  # the request's metadata, user, safety_identifier, service_tier
     refused: bool = False  # turned away without running (see RequestMeter.finish): not a served request
+    # A request answered before its key could be looked up (the database down, the door full): the
+    # key's hash, turned into its key, team and user when the row is written (`attribute`).
+    key_digest: str = ""
 
     def as_model(self):
         """The row as the database stores it (unsaved)."""
-        from .models import UsageRecord
-
-        return UsageRecord(**asdict(self))
+        return record_of(asdict(self))
 
     def pending(self) -> PendingRow | None:
         if self.team_id is None:
             return None
         return PendingRow(self.request_id, self.team_id, self.key_id, self.created_at.timestamp(),
                           self.prompt_tokens, self.completion_tokens, self.refused)
+
+
+RECORD_FIELDS = frozenset(f.name for f in fields(UsageEntry)) - {"key_digest"}
+
+
+def record_of(row: dict):
+    """A UsageRecord (unsaved) from a row as the spool or the journal keeps it."""
+    from .models import UsageRecord
+
+    values = {name: value for name, value in row.items() if name in RECORD_FIELDS}
+    if isinstance(values["created_at"], str):
+        values["created_at"] = datetime.fromisoformat(values["created_at"])
+    return UsageRecord(**values)
+
+
+def attribute(rows: list[dict]) -> list[dict]:
+    """Rows with a `key_digest` given their key, team and user; dropped when no key has that hash (not a
+    client of this server). With auth off, such a row (no key sent) is the default team's."""
+    from .models import APIKey
+    from .services import default_team
+
+    digests = {row["key_digest"] for row in rows if row.get("key_digest")}
+    keys = {key.hashed_key: key for key in APIKey.objects.filter(hashed_key__in=digests)} if digests else {}
+    attributed = []
+    for row in rows:
+        digest = row.get("key_digest")
+        if digest is None or row.get("team_id") is not None:
+            attributed.append(row)
+        elif digest == "" and not web_config().auth_enabled:
+            attributed.append({**row, "team_id": default_team().pk})
+        elif digest in keys:
+            key = keys[digest]
+            attributed.append({**row, "team_id": key.team_id, "key_id": key.pk, "user_id": key.user_id})
+    return attributed
 
 
 class LedgerWriter:
@@ -77,6 +113,7 @@ class LedgerWriter:
         self.tries = tries
         self.replay_seconds = replay_seconds
         self.spool = Spool(spool_dir)
+        self.journal = Journal(spool_dir)
         self.pending = pending or LocalPending()
         self.queue: queue.Queue[tuple[UsageEntry, Segment] | None] = queue.Queue(maxsize=queue_max)
         self._replayed = 0.0
@@ -180,7 +217,8 @@ class LedgerWriter:
             try:
                 failpoints.hit("ledger.write")
                 close_old_connections()
-                UsageRecord.objects.bulk_create([entry.as_model() for entry, _ in batch])
+                rows = attribute([asdict(entry) for entry, _ in batch])
+                UsageRecord.objects.bulk_create([record_of(row) for row in rows])
                 written = True
                 break
             except Exception as exc:  # bookkeeping must never take the server down; the spool keeps the rows
@@ -203,20 +241,24 @@ class LedgerWriter:
                 logger.warning("could not clear %d pending usage notes: %s", len(batch), exc)
 
     def _replay(self) -> None:
-        """Rows of abandoned or kept spool segments into the database, each at most once."""
-        from .models import UsageRecord
-
+        """Rows of abandoned or kept spool segments into the database, each at most once; then what dead
+        processes' journals left open (after their segments, whose real rows win)."""
         try:
             for path, rows in self.spool.claim_abandoned():
-                failpoints.hit("ledger.write")
-                close_old_connections()
-                ids = [row["request_id"] for row in rows]
-                present = set(UsageRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
-                missing = [UsageRecord(**{**row, "created_at": datetime.fromisoformat(row["created_at"])})
-                           for row in rows if row["request_id"] not in present]
-                UsageRecord.objects.bulk_create(missing)
-                path.unlink(missing_ok=True)
-                logger.info("replayed %d usage rows from %s (%d were in already)", len(missing), path.name,
-                            len(rows) - len(missing))
+                self._insert_missing(rows, path)
+            for path, rows in abandoned_journals(self.spool.directory):
+                self._insert_missing(rows, path, "settled %d requests a dead process left open, from %s")
         except Exception as exc:
             logger.warning("could not replay the usage spool yet: %s", exc)
+
+    def _insert_missing(self, rows: list[dict], path, message: str = "replayed %d usage rows from %s") -> None:
+        from .models import UsageRecord
+
+        failpoints.hit("ledger.write")
+        close_old_connections()
+        ids = [row["request_id"] for row in rows]
+        present = set(UsageRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
+        missing = attribute([row for row in rows if row["request_id"] not in present])
+        UsageRecord.objects.bulk_create([record_of(row) for row in missing])
+        path.unlink(missing_ok=True)
+        logger.info(message + " (%d were in already)", len(missing), path.name, len(rows) - len(missing))

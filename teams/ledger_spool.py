@@ -67,15 +67,7 @@ class Spool:
                 self._close(segment)
 
     def _open(self) -> Segment:
-        """A new segment, locked before it takes a name `claim_abandoned` looks for: created under a
-        hidden name, locked, then renamed (the lock stays with the open file). Created, then locked
-        under its own name, an empty segment could be claimed and deleted by a replay in between."""
-        name = f"usage-{os.getpid()}-{time.time_ns()}.jsonl"
-        staging = self.directory / f".{name}.new"
-        file = os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
-        path = self.directory / name
-        os.rename(staging, path)
+        path, file = open_locked(self.directory, "usage")
         return Segment(path, file)
 
     def _close(self, segment: Segment) -> None:
@@ -88,25 +80,44 @@ class Spool:
     def claim_abandoned(self) -> Iterator[tuple[Path, list[dict]]]:
         """Segments nobody holds (a dead process's, or this one's kept ones): their rows, with the
         segment still locked until the caller's loop moves on; delete it with `Path.unlink` once replayed."""
-        for path in sorted(self.directory.glob("usage-*.jsonl")):
+        return claim_abandoned(self.directory, "usage-*.jsonl")
+
+
+def open_locked(directory: Path, kind: str):
+    """A new file `<kind>-<pid>-<ns>.jsonl`, locked before it takes a name `claim_abandoned` looks for:
+    created under a hidden name, locked, then renamed (the lock stays with the open file). Created, then
+    locked under its own name, an empty file could be claimed and deleted by a replay in between."""
+    name = f"{kind}-{os.getpid()}-{time.time_ns()}.jsonl"
+    staging = directory / f".{name}.new"
+    file = os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
+    fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+    path = directory / name
+    os.rename(staging, path)
+    return path, file
+
+
+def claim_abandoned(directory: Path, pattern: str) -> Iterator[tuple[Path, list[dict]]]:
+    """Files matching `pattern` that nobody holds: their JSON lines, the file locked until the caller's
+    loop moves on (a line cut short by a kill mid-write never was a whole line, and is skipped)."""
+    for path in sorted(directory.glob(pattern)):
+        try:
+            file = open(path, encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        with file:
             try:
-                file = open(path, encoding="utf-8")
-            except FileNotFoundError:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live file
+            if not path.exists():  # deleted by its owner between glob and lock
                 continue
-            with file:
+            rows = []
+            for line in file:
                 try:
-                    fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live segment
-                if not path.exists():  # deleted by its owner between glob and lock
+                    rows.append(json.loads(line))
+                except ValueError:
                     continue
-                rows = []
-                for line in file:
-                    try:
-                        rows.append(json.loads(line))
-                    except ValueError:  # a line cut short by a kill mid-write: it never was a full row
-                        continue
-                yield path, rows
+            yield path, rows
 
 
 def _jsonable(row: dict) -> dict:

@@ -5,14 +5,15 @@
     await meter.admit()             # LimitExceeded before the job is sent: rpm, parallel, spent tokens
     ... job sent, worker's `started` message in hand ...
     await meter.reserve(started, max_tokens, n)   # prompt + the most it may generate, or LimitExceeded
-    meter.observe(event)            # each event from the worker: first token, tokens so far, usage
+    meter.opened()                  # noted in the journal: a kill of this process still bills it
+    meter.observe(event)            # each event the client was sent: first token, tokens so far, usage
     await meter.finish(status)      # settle to real use, free the slot, queue the ledger row
     await meter.rate_headers()      # OpenAI's x-ratelimit-* headers for the response
 
 `finish` is idempotent and must run however the request ends (also a vanished client or a
-dead worker): the tokens seen so far are what gets counted then. A meter made with `metered=False`
-(the pages' own `/tokenize`, see `openai_api.tokenization`) checks the model and nothing else: it
-neither counts against the limits nor writes a ledger row. Its row is marked `refused`
+dead worker): the tokens the client was sent so far are what gets counted then. A meter made with
+`metered=False` (the pages' own `/tokenize`, see `openai_api.tokenization`) checks the model and nothing
+else: it neither counts against the limits nor writes a ledger row. Its row is marked `refused`
 when the request was turned away without running (see `refusal`): those are counted apart from
 served requests in `/v1/key` and the admin.
 """
@@ -26,9 +27,10 @@ from django.utils import timezone
 from .errors import ModelNotAllowed
 from .ledger import LedgerWriter, UsageEntry
 from .limits import LimitExceeded, Ticket, current_headers, limiter, reservation_size, ticket_headers
+from .models import hash_key
 from .principal import Principal
 
-__all__ = ["LimitExceeded", "RequestMeter", "refusal"]
+__all__ = ["LimitExceeded", "RequestMeter", "record_unmetered", "refusal"]
 CLIENT_CLOSED = 499
 
 
@@ -64,6 +66,8 @@ class RequestMeter:
         # counted twice); otherwise the ledger writer takes it.
         self.hold_row = hold_row
         self.row: UsageEntry | None = None
+        self.journal = None  # noted there from `opened` until `finish` (teams/usage_journal.py)
+        self.responding = False  # its response started (a stream's headers went out): for the journal
 
     def check_model(self, model: str, asked_as: str | None = None) -> None:
         """`model` as resolved (aliases followed); a model it may not use does not exist for it
@@ -93,7 +97,19 @@ class RequestMeter:
                 raise
         self.prompt_tokens = sum(prompt)
 
+    def opened(self) -> None:
+        """The job has started: from here a kill of this process still leaves the request's row (the journal)."""
+        if not self.hold_row:
+            self.journal = LedgerWriter.get().journal
+            self.journal.opened(self._row(0, "", False))
+
+    def response_started(self) -> None:
+        """Its response has started (a stream's status and headers go out): cut off now, it was a 200."""
+        self.responding = True
+        self._journal_progress()
+
     def observe(self, event: dict) -> None:
+        """An event the client was sent: its tokens count."""
         for delta in event.get("choices", ()):
             if self.first_token_ms is None and (delta.get("token_ids") or delta.get("text")):
                 self.first_token_ms = int((time.monotonic() - self.clock) * 1000)
@@ -102,6 +118,11 @@ class RequestMeter:
                 self.finish_reasons.append(delta["finish_reason"])
         if "usage" in event:
             self.usage = event["usage"]
+        self._journal_progress()
+
+    def _journal_progress(self) -> None:
+        if self.journal is not None:
+            self.journal.progress(self.request_id, self.used[1], self.first_token_ms, self.responding)
 
     @property
     def used(self) -> tuple[int, int]:
@@ -125,7 +146,22 @@ class RequestMeter:
         if not self.metered:
             return
         prompt, completion = self.used
-        row = UsageEntry(
+        row = self._row(status_code, error_code, cancelled)
+        if self.hold_row:
+            self.row = row
+        else:
+            try:
+                await LedgerWriter.get().record_async(row)  # in the spool before its first await
+            finally:
+                if self.journal is not None:
+                    self.journal.closed(self.request_id)
+        if self.admitted and not self.ticket.empty:
+            # Shielded: a client that vanishes cancels this task, and the slot must still be freed.
+            await asyncio.shield(limiter().settle(self.ticket, self._charged(prompt, completion)))
+
+    def _row(self, status_code: int, error_code: str, cancelled: bool) -> UsageEntry:
+        prompt, completion = self.used
+        return UsageEntry(
             request_id=self.request_id, created_at=self.started_at, team_id=self.principal.team.pk,
             key_id=self.principal.key.pk if self.principal.key else None,
             user_id=getattr(self.principal.user, "pk", None), model=self.model, endpoint=self.endpoint,
@@ -135,13 +171,24 @@ class RequestMeter:
             error_code=error_code or "", tags=self.tags,
             refused=self.refused or refusal(status_code, completion),
         )
-        if self.hold_row:
-            self.row = row
-        else:
-            await LedgerWriter.get().record_async(row)
-        if self.admitted and not self.ticket.empty:
-            # Shielded: a client that vanishes cancels this task, and the slot must still be freed.
-            await asyncio.shield(limiter().settle(self.ticket, self._charged(prompt, completion)))
 
     def _charged(self, prompt: int, completion: int) -> int:
         return (prompt + completion) if self.ticket.reserved else 0
+
+
+def record_unmetered(request_id: str, endpoint: str, status_code: int, error_code: str,
+                     principal: Principal | None = None, authorization: bytes = b"", model: str = "") -> None:
+    """The ledger row of a request answered before it was metered (the database down at its key's lookup,
+    the door full): the principal's when known, else its key's hash stands for its key, team and user
+    until the ledger writes it (teams.ledger.attribute; a hash of no key's is dropped there)."""
+    if principal is not None:
+        meter = RequestMeter(principal, endpoint, request_id, model)
+        LedgerWriter.get().record(meter._row(status_code, error_code, False))
+        return
+    words = authorization.split()
+    digest = hash_key(words[1].decode("latin-1")) if len(words) == 2 and words[0].lower() == b"bearer" else ""
+    LedgerWriter.get().record(UsageEntry(
+        request_id=request_id, created_at=timezone.now(), team_id=None, key_id=None, user_id=None, model=model,
+        endpoint=endpoint, prompt_tokens=0, completion_tokens=0, time_to_first_token_ms=None, duration_ms=0,
+        status_code=status_code, finish_reason="", cancelled=False, error_code=error_code,
+        refused=refusal(status_code, 0), key_digest=digest))

@@ -74,12 +74,14 @@ class LiveServer(ManagedProcess):
     """`manage.py serve` on a free port; knows its URL and the API key it wrote."""
 
     def __init__(self, env: dict[str, str], work_dir: Path, extra_args: tuple[str, ...] = (), name: str = "serve",
-                 root: Path = ROOT) -> None:
-        """`root`: the checkout whose manage.py runs (the benchmark measures another git ref that way)."""
+                 root: Path = ROOT, launcher: tuple[str, ...] = ()) -> None:
+        """`root`: the checkout whose manage.py runs (the benchmark measures another git ref that way);
+        `launcher`: a command that runs the rest (a shell that lowers `ulimit -n` first)."""
         self.port = free_port()
         self.work_dir = work_dir
-        super().__init__(["manage.py", "serve", "--port", str(self.port), *extra_args], env, work_dir / f"{name}.log",
-                         cwd=root)
+        args = ["manage.py", "serve", "--port", str(self.port), *extra_args]
+        super().__init__([*launcher, sys.executable, *args] if launcher else args, env, work_dir / f"{name}.log",
+                         python=not launcher, cwd=root)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._wait_ready()
         key_file = Path(env["INFERENCE_KEY_DIR"]) / f"{self.port}.key"

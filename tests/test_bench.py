@@ -123,3 +123,41 @@ def test_parsing_scenario_reports_each_familys_share_of_the_stream(hf_cache, tmp
     assert {"hermes", "mistral", "openai", "response_template"} <= set(report["families"])
     for family, row in report["families"].items():
         assert row["calls"] == 1 and row["us_per_token"] > 0 and row["share_of_stream_cpu"] > 0, family
+
+
+def test_abuse_scenario_holds_sockets_floods_and_tries_wrong_keys(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "abuse")
+    held = report["held_sockets"]
+    assert held["attacker_connections_opened"] >= 300 and held["attacker_connections_held_peak"] > 0
+    assert held["server_descriptors_peak"] < held["server_open_file_limit"]
+    assert held["normal_baseline"]["requests"] > 0 and held["normal_under_attack"]["requests"] > 0
+    assert held["check_log_has_no_too_many_open_files"]
+    overload = report["overload"]
+    assert overload["streams"] == 60 and overload["refused"] > 0 and overload["resets"] == 0
+    assert sum(overload["outcomes"].values()) == 60
+    assert report["wrong_keys"]["wrong_key_statuses"] == {"401": 50, "429": 5}
+    assert report["wrong_keys"]["valid_key_after"] == 200
+
+
+def test_the_fault_drill_matches_what_clients_saw_with_the_ledger():
+    """The drill's reconciliation (a whole drill runs for minutes: `bench.run --scenario faults --quick`)."""
+    from bench.faults import Seen, reconcile
+
+    seen = [Seen("cmpl-a", 200, "", 12, "done"), Seen("cmpl-b", 200, "worker_lost", 5, "event"),
+            Seen("cmpl-c", 200, "", 7, "cut"), Seen("", 503, "database_unavailable", 0, "http"),
+            Seen("", None, "", 0, "none"), Seen("", None, "", 0, "none")]
+
+    def row(number: int, request_id: str, status: int, code: str, tokens: int) -> dict:
+        return {"id": number, "request_id": request_id, "status_code": status, "error_code": code,
+                "completion_tokens": tokens, "key_id": 1}
+
+    rows = [row(1, "cmpl-a", 200, "", 12), row(2, "cmpl-b~1", 503, "worker_lost", 5), row(3, "cmpl-c", 200, "server_lost", 7),
+            row(4, "door-x", 503, "database_unavailable", 0), row(5, "cmpl-d", 502, "server_lost", 0)]
+    report = reconcile(seen, rows)
+    assert (report["requests_sent"], report["ledger_rows"], report["rows_with_the_status_and_tokens_seen"]) == (4, 4, 4)
+    assert report["all_equal"] and report["no_answer_web_down"] == 2 and report["rows_for_them_502_server_lost"] == 1
+    rows[2] = row(3, "cmpl-c", 200, "client_closed", 9)  # a cut stream recorded as its client's doing: caught
+    report = reconcile(seen, rows)
+    assert not report["all_equal"] and report["rows_with_the_status_and_tokens_seen"] == 3
+    assert report["mismatches"] == [{"request": "cmpl-c", "client_saw": (200, "server_lost", 7),
+                                     "ledger": (200, "client_closed", 9)}]

@@ -33,6 +33,11 @@ def ledger_sums(live: LiveServer, status: int = 200) -> tuple[int, int, int]:
     return tuple(row)
 
 
+def error_codes(live: LiveServer) -> list[tuple[str]]:
+    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
+        return db.execute("select error_code from teams_usagerecord where status_code >= 500").fetchall()
+
+
 def wait_for_ledger(live: LiveServer, expected: tuple[int, int, int], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and ledger_sums(live) != expected:
@@ -83,6 +88,7 @@ def test_engine_faults_fail_the_request_fast_and_the_engine_goes_on(faulty):
         assert response.status_code == 200, response.text
         usages.append(response.json()["usage"])
     wait_for_ledger(faulty, (2, sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)))
+    assert ledger_sums(faulty, status=500)[0] == 2  # the two faulted requests have their rows, as their clients saw them
 
 
 def test_a_failed_heartbeat_is_logged_and_the_next_one_beats(faulty):
@@ -110,21 +116,44 @@ def test_a_media_read_that_fails_for_any_reason_is_answered(faulty):
     assert response.json()["error"]["code"] == "media_error"
     assert elapsed < ANSWER_BOUND
     assert "reading the media of" in faulty.log() and "FailpointError" in faulty.log()
+    deadline = time.monotonic() + 10  # its ledger row says what its client was told
+    while ("media_error",) not in error_codes(faulty) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ("media_error",) in error_codes(faulty)
     response, _ = complete(faulty)
     assert response.status_code == 200, response.text
 
 
-def test_an_engine_that_keeps_failing_dies_loudly_and_its_server_exits(hf_cache, tmp_path):
-    env = base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.loop=raise", INFERENCE_ENGINE_MAX_FAULTS="2")
+def test_a_dead_engine_is_restarted_once_then_the_server_says_why_and_exits(hf_cache, tmp_path):
+    env = base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.loop=raise", INFERENCE_ENGINE_MAX_FAULTS="2",
+                   INFERENCE_ENGINE_RESTARTS="1")
     live = LiveServer(env, tmp_path, name="dying")
     try:
         load(live)
-        response, elapsed = complete(live)
-        assert_engine_fault(response, elapsed)
-        response, elapsed = complete(live)
-        assert response.status_code == 503, response.text
-        assert response.json()["error"]["code"] == "engine_dead"
-        assert elapsed < ANSWER_BOUND
+
+        def kill_the_engine() -> None:
+            response, elapsed = complete(live)
+            assert_engine_fault(response, elapsed)
+            response, elapsed = complete(live)
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "engine_dead"
+            assert elapsed < ANSWER_BOUND
+
+        kill_the_engine()
+        deadline = time.monotonic() + 30
+        while "starting a fresh engine (restart 1 of 1" not in live.log():
+            assert time.monotonic() < deadline and live.process.poll() is None, live.log()[-3000:]
+            time.sleep(0.1)
+        kill_the_engine()  # the fresh engine serves (and dies again: the failpoint still fires)
+        deadline, reasons = time.monotonic() + 30, []
+        while live.process.poll() is None and time.monotonic() < deadline:
+            health = httpx.get(f"{live.base_url}/health", timeout=10)
+            if health.status_code == 503:
+                reasons = health.json()["reasons"]
+                if "stopping" in reasons[0]:
+                    break
+            time.sleep(0.1)
+        assert reasons and "embedded worker: stopping" in reasons[0] and "2 engine failures" in reasons[0], reasons
         live.process.wait(30)
         assert live.process.returncode != 0
         assert "the inference engine is dead: 2 loop failures in a row" in live.log()

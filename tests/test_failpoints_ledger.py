@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from .conftest import TINY_MODEL
+from .ledger_checks import sqlite_rows, wait_for_rows
 from .live_server import LiveServer, base_env
 from .teams_setup import make_teams
 from .test_failpoints_engine import complete, ledger_sums, load, wait_for_ledger
@@ -95,7 +96,7 @@ def test_a_failed_send_from_the_worker_is_answered_and_counted(hf_cache, tmp_pat
     env = base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="bridge.send=raise*1")
     live = LiveServer(env, tmp_path, name="bridge-send")
     try:
-        usages = []
+        usages, seen = [], []
         for _ in range(2):
             started = time.monotonic()
             response, _ = complete(live)
@@ -103,8 +104,10 @@ def test_a_failed_send_from_the_worker_is_answered_and_counted(hf_cache, tmp_pat
             assert response.status_code in (200, 503), response.text
             if response.status_code == 200:
                 usages.append(response.json()["usage"])
+                seen.append((200, ""))
             else:
                 assert response.json()["error"]["code"] in ("worker_lost", "no_worker")
+                seen.append((503, response.json()["error"]["code"]))
             assert elapsed < 60
         assert "failpoint bridge.send fired" in live.log()
         assert "could not deliver" in live.log()
@@ -113,5 +116,8 @@ def test_a_failed_send_from_the_worker_is_answered_and_counted(hf_cache, tmp_pat
         assert response.status_code == 200 and elapsed < 5, response.text
         usages.append(response.json()["usage"])
         wait_for_ledger(live, client_sums(usages))
+        # One row per request, with what its client was answered.
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), 3)
+        assert sorted((row["status_code"], row["error_code"]) for row in rows) == sorted([*seen, (200, "")])
     finally:
         live.stop()

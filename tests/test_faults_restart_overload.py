@@ -124,3 +124,4 @@ def test_a_queued_stream_hears_keepalives_until_its_first_token(hf_cache, tmp_pa
     assert ": keepalive" not in queued[first_data:]  # once tokens flow, every line is data
     assert queued[-1] == "data: [DONE]" and any('"text"' in line for line in queued)
     assert first[-1] == "data: [DONE]"
+

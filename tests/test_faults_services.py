@@ -7,14 +7,13 @@ no process exits or is restarted.
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
 
 import httpx
 import pytest
 
 from .conftest import TINY_MODEL
+from .ledger_checks import TokenStream, postgres_rows, row_of, sqlite_rows, wait_for_rows
 from .live_server import LiveServer, base_env
 from .services import PostgresServer, RedisServer
 from .test_faults_supervised import worker_processes
@@ -24,9 +23,20 @@ REDIS_DOWN_SECONDS = 3.0
 RESUME_WITHIN_SECONDS = 10.0
 
 
+SENT: list[tuple[int, str]] = []  # (status, error code) of every completion that got an answer: one ledger row each
+
+
 def complete(web: LiveServer, timeout: float = 30) -> httpx.Response:
-    return httpx.post(f"{web.base_url}/v1/completions", headers=web.headers, timeout=timeout,
-                      json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
+    response = httpx.post(f"{web.base_url}/v1/completions", headers=web.headers, timeout=timeout,
+                          json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
+    SENT.append((response.status_code, response.json()["error"]["code"] if response.status_code != 200 else ""))
+    return response
+
+
+def assert_one_row_per_request(rows: list[dict], sent: list[tuple[int, str]]) -> None:
+    """Every completion sent has its row, with the status and error code its client got."""
+    assert sorted((row["status_code"], row["error_code"]) for row in rows) == sorted(sent), (rows, sent)
+    assert all(row["key_id"] is not None for row in rows)  # attributed, even those refused before the key's lookup
 
 
 def assert_unavailable(response: httpx.Response) -> None:
@@ -48,41 +58,18 @@ def first_success_within(web: LiveServer, seconds: float) -> float:
     raise AssertionError(f"no completion succeeded within {seconds}s")
 
 
-class StreamReader(threading.Thread):
-    """One long streamed completion, its SSE events kept as they arrive."""
-
-    def __init__(self, web: LiveServer) -> None:
-        super().__init__(daemon=True)
-        self.web = web
-        self.events: list[str] = []
-        self.failure: Exception | None = None
-
-    def run(self) -> None:
-        body = {"model": TINY_MODEL, "prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
-        try:
-            with httpx.stream("POST", f"{self.web.base_url}/v1/completions", headers=self.web.headers, json=body,
-                              timeout=60) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        self.events.append(line[len("data: "):])
-        except Exception as exc:  # a reset or a hang is exactly what must not happen
-            self.failure = exc
-
-
 def test_redis_restart(hf_cache, tmp_path):
     redis = RedisServer(tmp_path)
     env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis.url, INFERENCE_WORKER_ACK_TIMEOUT="5",
                    INFERENCE_HEARTBEAT_SECONDS="1")
     web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
     workers = worker_processes(env, tmp_path, 2)
+    SENT.clear()
     try:
         assert first_success_within(web, 60) >= 0
-        stream = StreamReader(web)
+        stream = TokenStream(web.base_url, web.key, TINY_MODEL)
         stream.start()
-        deadline = time.monotonic() + 30
-        while len(stream.events) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(stream.events) >= 3, "the stream should be under way"
+        stream.wait_for_tokens(3)
 
         redis.stop()
         down_at = time.monotonic()
@@ -91,9 +78,7 @@ def test_redis_restart(hf_cache, tmp_path):
         assert health.status_code == 503 and "channel layer" in health.json()["reasons"][0]
         assert httpx.get(f"{web.base_url}/health/live", timeout=5).status_code == 200
         stream.join(15)
-        assert not stream.is_alive() and stream.failure is None
-        error = json.loads(stream.events[-2])["error"]
-        assert stream.events[-1] == "[DONE]" and error["code"] == "channel_layer_unavailable"
+        assert not stream.is_alive() and stream.done and stream.error == "channel_layer_unavailable"
 
         time.sleep(max(0.0, REDIS_DOWN_SECONDS - (time.monotonic() - down_at)))
         redis.start()
@@ -109,6 +94,12 @@ def test_redis_restart(hf_cache, tmp_path):
         # Both workers are back in the group: a cancel or an unload reaches each.
         unload = httpx.post(f"{web.base_url}/unload_model", headers=web.headers, json={"model": TINY_MODEL}, timeout=30)
         assert unload.status_code == 200, unload.text
+        # The ledger: the outage's refusals and the cut stream as the clients saw them, not as clients leaving.
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), len(SENT) + 1)
+        stream_row = row_of(rows, stream.id)
+        assert (stream_row["status_code"], stream_row["error_code"]) == (503, "channel_layer_unavailable")
+        assert stream_row["completion_tokens"] == stream.tokens and not stream_row["cancelled"]
+        assert_one_row_per_request([row for row in rows if row is not stream_row], SENT)
     finally:
         for worker in workers:
             worker.stop()
@@ -120,7 +111,9 @@ def test_database_outage(hf_cache, tmp_path):
     postgres = PostgresServer()
     redis = RedisServer(tmp_path)
     env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis.url, DATABASE_URL=postgres.url,
-                   INFERENCE_WORKER_ACK_TIMEOUT="5", INFERENCE_HEARTBEAT_SECONDS="1")
+                   INFERENCE_WORKER_ACK_TIMEOUT="5", INFERENCE_HEARTBEAT_SECONDS="1",
+                   INFERENCE_LEDGER_REPLAY_SECONDS="1")
+    SENT.clear()
     web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
     workers = worker_processes(env, tmp_path, 1)
 
@@ -130,6 +123,7 @@ def test_database_outage(hf_cache, tmp_path):
             responses = await asyncio.gather(*[
                 http.post(f"{web.base_url}/v1/completions", headers=web.headers,
                           json={"model": TINY_MODEL, "prompt": f"Tale {i}", "max_tokens": 2}) for i in range(count)])
+        SENT.extend((r.status_code, "" if r.status_code == 200 else r.json()["error"]["code"]) for r in responses)
         return [r.status_code for r in responses]
 
     try:
@@ -150,6 +144,9 @@ def test_database_outage(hf_cache, tmp_path):
         assert health.status_code == 200, health.text
         assert "Internal Server Error" not in web.log() and "unhandled error" not in web.log()
         assert all(worker.process.poll() is None for worker in workers)
+        # The refusals while it was down were spooled, given their key, and written once it was back.
+        assert_one_row_per_request(wait_for_rows(lambda: postgres_rows(postgres.url), len(SENT)), SENT)
+        assert SENT.count((503, "database_unavailable")) == 3
     finally:
         for worker in workers:
             worker.stop()

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from .conftest import TINY_MODEL
+from .ledger_checks import row_of, sqlite_rows, wait_for_rows
 from .live_server import LiveServer
 from .services import RedisServer
 from .test_catalog_live import catalog_cache, catalog_env, load_events, manage, wait_until  # noqa: F401
@@ -32,6 +33,12 @@ def error_of(stream: Stream) -> dict | None:
 def tokens_of(stream: Stream) -> int:
     """Chunks with text so far (a token whose text is held back makes none)."""
     return sum(1 for _, payload in stream.events if '"text"' in payload)
+
+
+def token_ids_of(stream: Stream) -> int:
+    """Token ids received (a stream asked with `return_token_ids`)."""
+    return sum(len(choice.get("token_ids") or ()) for _, payload in stream.events if payload.startswith('{"id"')
+               for choice in json.loads(payload)["choices"])
 
 
 def usage_of(stream: Stream) -> dict | None:
@@ -55,7 +62,7 @@ def test_a_killed_worker_fails_fast_and_its_waiting_jobs_move(catalog_cache, tmp
         bystander = Stream(web, "local/other", max_tokens=150)  # goes to the worker with more free memory
         bystander.start()
         bystander.wait_for_tokens(3)
-        running = [Stream(web, TINY_MODEL, max_tokens=450) for _ in range(4)]  # the holder's 4 slots
+        running = [Stream(web, TINY_MODEL, max_tokens=450, return_token_ids=True) for _ in range(4)]  # the holder's 4 slots
         for stream in running:
             stream.start()
         wait_until(lambda: all(tokens_of(s) >= 3 for s in running), timeout=60, what="4 streams under way")
@@ -90,6 +97,15 @@ def test_a_killed_worker_fails_fast_and_its_waiting_jobs_move(catalog_cache, tmp
         assert other.log().count(f"loaded {TINY_MODEL}@main on") == 1  # the survivor took the moved jobs
         # The late job went to the survivor, which passed it to the dead holder, saw no confirmation and
         # ran it; or the dying worker's pending pop took it from Redis as it died, and the web sent it again.
+        # The ledger: the cut streams as `worker_lost` with the tokens their clients got, the moved ones whole.
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), 9)
+        assert len(rows) == 9, rows  # 4 cut, 3 moved, the bystander and the late one
+        for stream in running:
+            row = row_of(rows, json.loads(stream.events[0][1])["id"])
+            assert (row["status_code"], row["error_code"]) == (503, "worker_lost"), row
+            assert row["completion_tokens"] == token_ids_of(stream), (row, token_ids_of(stream))
+        for stream in waiting:
+            assert row_of(rows, json.loads(stream.events[0][1])["id"])["completion_tokens"] == 40
         late_id = late.json()["id"].split("~")[0]
         assert "did not confirm it" in other.log() or f"the worker of {late_id} went silent" in web.log(), \
             (other.log()[-3000:], web.log()[-3000:])

@@ -18,6 +18,7 @@ from .live_server import LiveServer, base_env
 from .teams_setup import make_teams, manage
 
 pytestmark = pytest.mark.timeout(300)
+PROXY = "127.0.0.2"  # the guarded server believes X-Forwarded-For from this address only
 
 
 def test_a_body_shorter_than_its_content_length_is_answered_408_within_seconds(server):
@@ -56,7 +57,7 @@ def test_the_context_length_error_names_the_numbers(warm_server):
 def guarded(hf_cache, tmp_path_factory):
     work = tmp_path_factory.mktemp("guarded")
     env = base_env(hf_cache, work, INFERENCE_BAD_KEY_LIMIT="5", INFERENCE_BAD_KEY_WINDOW="3",
-                   DJANGO_SUPERUSER_PASSWORD="right-password-1")
+                   INFERENCE_TRUSTED_PROXIES=PROXY, DJANGO_SUPERUSER_PASSWORD="right-password-1")
     live = LiveServer(env, work, name="guarded")
     live.env = env
     live.secrets = make_teams(env, teams={"small": ["--rpm", "100"]},
@@ -135,14 +136,57 @@ def test_logins_lock_out_per_user_and_per_address_until_an_admin_lifts_it(guarde
         assert login(client, "/login", "boss", "right-password-1").status_code == 302
 
 
-def test_repeated_wrong_bearer_keys_from_one_address_are_refused(guarded):
-    url = f"{guarded.base_url}/v1/models"
-    for index in range(5):
-        assert httpx.get(url, headers={"Authorization": f"Bearer sk-wrong-{index}"}).status_code == 401
-    refused = httpx.get(url, headers={"Authorization": "Bearer sk-wrong-again"})
-    assert refused.status_code == 429, refused.text
-    assert refused.json()["error"]["code"] == "throttled" and int(refused.headers["Retry-After"]) >= 1
-    right = {"Authorization": f"Bearer {guarded.secrets['plain']}"}
-    assert httpx.get(url, headers=right).status_code == 429  # the address, whatever key it sends now
+def via(source: str = "127.0.0.1") -> httpx.Client:
+    """A client whose connections come from `source` (PROXY: as the trusted proxy would)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=30)
+
+
+def key_header(key: str, forwarded_for: str | None = None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", **({"X-Forwarded-For": forwarded_for} if forwarded_for else {})}
+
+
+def test_wrong_bearer_keys_are_throttled_and_a_right_one_never_is(guarded):
+    """Direct connections: X-Forwarded-For is not believed (a forged one changes nothing)."""
+    url, right = f"{guarded.base_url}/v1/models", guarded.secrets["plain"]
+    with via() as http:
+        for index in range(5):
+            assert http.get(url, headers=key_header(f"sk-wrong-{index}", f"198.51.100.{index}")).status_code == 401
+        refused = http.get(url, headers=key_header("sk-wrong-again", "198.51.100.99"))
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "throttled" and int(refused.headers["Retry-After"]) >= 1
+        assert http.get(url, headers=key_header(right)).status_code == 200  # the same address, a right key
+        assert http.get(url, headers=key_header("sk-wrong-later")).status_code == 429  # its wrong keys still not
     time.sleep(3.5)
-    assert httpx.get(url, headers=right).status_code == 200
+    with via() as http:
+        assert http.get(url, headers=key_header("sk-wrong-after")).status_code == 401
+
+
+def test_behind_a_trusted_proxy_each_client_is_throttled_on_its_own(guarded):
+    url, right = f"{guarded.base_url}/v1/models", guarded.secrets["plain"]
+    with via(PROXY) as proxy:
+        for index in range(5):
+            assert proxy.get(url, headers=key_header(f"sk-guess-{index}", "203.0.113.5")).status_code == 401
+        assert proxy.get(url, headers=key_header("sk-guess-5", "203.0.113.5")).status_code == 429
+        # Another client behind the same proxy is not the attacker; the attacker's own right key is served.
+        assert proxy.get(url, headers=key_header("sk-typo", "198.51.100.7")).status_code == 401
+        assert proxy.get(url, headers=key_header(right, "203.0.113.5")).status_code == 200
+        # A forged hop left of the proxy's own is the client's claim: the rightmost untrusted address counts.
+        assert proxy.get(url, headers=key_header("sk-guess-6", "10.9.9.9, 203.0.113.5")).status_code == 429
+        # Variations of one key's visible prefix from many addresses: the prefix is throttled, the key is not.
+        for index in range(5):
+            assert proxy.get(url, headers=key_header(right[:12] + f"wrong{index}", f"192.0.2.{index}")).status_code == 401
+        assert proxy.get(url, headers=key_header(right[:12] + "wrong9", "192.0.2.99")).status_code == 429
+        assert proxy.get(url, headers=key_header(right, "192.0.2.99")).status_code == 200
+    time.sleep(3.5)
+
+
+def test_login_lockouts_count_the_client_behind_a_trusted_proxy(guarded):
+    with httpx.Client(base_url=guarded.base_url, timeout=30, transport=httpx.HTTPTransport(local_address=PROXY),
+                      headers={"X-Forwarded-For": "203.0.113.20"}) as client:
+        for index in range(5):
+            login(client, "/login", f"nobody{index}", "wrong")
+        assert login(client, "/login", "boss", "right-password-1").status_code == 429
+    with httpx.Client(base_url=guarded.base_url, timeout=30, transport=httpx.HTTPTransport(local_address=PROXY),
+                      headers={"X-Forwarded-For": "203.0.113.21"}) as client:
+        assert login(client, "/login", "boss", "right-password-1").status_code == 302
+    manage(guarded.env, "axes_reset_ip", "203.0.113.20")

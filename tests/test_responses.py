@@ -154,3 +154,23 @@ def post(server, body):
 ])
 def test_bad_responses_requests_get_openai_400s(server, body, param):
     assert_openai_error(post(server, body), 400, param=param)
+
+
+PIXEL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
+         "AAAABJRU5ErkJggg==")
+
+
+@pytest.mark.parametrize("image,param", [
+    ("ftp://example.com/cat.png", "input[1].content[1]"),  # refused by the web side's checks
+    (PIXEL, "input[1].content[1]"),  # refused by the worker (a text-only model): it names chat messages
+])
+def test_responses_errors_name_the_responses_fields(warm_server, image, param):
+    """With instructions first, input[1] is the third chat message: the error still names input[1]."""
+    body = {"model": TINY_MODEL, "instructions": "Be brief.", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": [{"type": "input_text", "text": "what is it?"},
+                                     {"type": "input_image", "image_url": image}]}]}
+    response = post(warm_server, body)
+    error = assert_openai_error(response, 400)
+    assert error["param"].startswith(param), error
+    assert "messages[" not in error["message"], error

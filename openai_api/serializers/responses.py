@@ -5,6 +5,8 @@ read them (openai_api.response_store), and they come before this request's input
 """
 from __future__ import annotations
 
+import re
+
 from rest_framework import serializers
 
 from protocol import Conversation, JobParams, to_job_params
@@ -30,16 +32,37 @@ def _reasoning_text(item: dict) -> str:
     return "\n".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
-def input_messages(items, instructions: str | None) -> list[dict]:
-    """Responses input (a string or items) as chat messages: function calls and outputs become tool turns."""
+Origin = tuple[str, str]  # where a chat message came from: (its item's path, the path of its content there)
+MESSAGE_PATH = re.compile(r"messages\[(\d+)\](\.content)?")
+
+
+def responses_paths(text: str, origins: list[Origin]) -> str:
+    """`text` (an error's param or message) with each chat message path (`messages[1].content[0]`, as the
+    worker and the message checks name them) turned into the Responses field it came from (`input[0].content[0]`)."""
+    def origin(match: re.Match) -> str:
+        index = int(match.group(1))
+        if index >= len(origins):
+            return match.group(0)
+        item, content = origins[index]
+        return content if match.group(2) else item
+
+    return MESSAGE_PATH.sub(origin, text)
+
+
+def input_messages(items, instructions: str | None, prior: int = 0) -> tuple[list[dict], list[Origin]]:
+    """Responses input (a string or items) as chat messages: function calls and outputs become tool turns;
+    and for each message, where it came from (`prior` items first are the stored turns of
+    previous_response_id). Errors in the messages name the Responses fields."""
     messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    origins: list[Origin] = [("instructions", "instructions")] if instructions else []
     if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
+        return _cleaned([*messages, {"role": "user", "content": items}], [*origins, ("input", "input")])
     if not isinstance(items, list) or not items:
         raise invalid("input", "input must be a string or a non-empty list of items.")
     reasoning = None
     for index, item in enumerate(items):
-        path = f"input[{index}]"
+        path = f"input[{index - prior}]" if index >= prior else "previous_response_id"
+        count = len(messages)
         if not isinstance(item, dict):
             raise invalid(path, "each input item must be an object.")
         kind = item.get("type", "message")
@@ -77,9 +100,27 @@ def input_messages(items, instructions: str | None) -> list[dict]:
             reasoning = _reasoning_text(item)
         else:
             raise invalid(f"{path}.type", f"input item type {kind!r} is not supported.")
+        if len(messages) > count:
+            content = path if index < prior else f"{path}.output" if kind == "function_call_output" else f"{path}.content"
+            origins.append((path, content))
     for message in messages:
         message.pop("bare_parts", None)
-    return [clean_message(message, index) for index, message in enumerate(messages)]
+    return _cleaned(messages, origins)
+
+
+def _cleaned(messages: list[dict], origins: list[Origin]) -> tuple[list[dict], list[Origin]]:
+    try:
+        return [clean_message(message, index) for index, message in enumerate(messages)], origins
+    except serializers.ValidationError as exc:
+        raise serializers.ValidationError(_renamed(exc.detail, origins)) from None
+
+
+def _renamed(detail, origins: list[Origin]):
+    if isinstance(detail, dict):
+        return {responses_paths(str(key), origins): _renamed(value, origins) for key, value in detail.items()}
+    if isinstance(detail, list):
+        return [_renamed(item, origins) for item in detail]
+    return responses_paths(str(detail), origins)
 
 
 def chat_tool(tool, index: int) -> dict:
@@ -124,7 +165,7 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
             raise invalid("n", "The Responses API returns one output; n must be 1.")
         self.check_min_tokens(attrs, first_given(attrs, "max_output_tokens", "max_new_tokens"))
         self.common(attrs)
-        attrs["messages"] = input_messages(attrs["input"], attrs.get("instructions"))
+        attrs["messages"], attrs["message_origins"] = input_messages(attrs["input"], attrs.get("instructions"))
         attrs["input_items"] = input_items(attrs["input"])
         tools = attrs.get("tools") or []
         if not isinstance(tools, list):
@@ -167,7 +208,15 @@ class ResponsesRequestSerializer(RejectUnknownFieldsMixin, ResponsesOpenAIParams
         """Put the stored turns (previous input and output items) before this request's input."""
         data = self.validated_data
         data["prior_items"] = prior_items
-        data["messages"] = input_messages([*prior_items, *data["input_items"]], data.get("instructions"))
+        data["messages"], data["message_origins"] = input_messages(
+            [*prior_items, *data["input_items"]], data.get("instructions"), prior=len(prior_items))
+
+    def in_responses_terms(self, error):
+        """A worker's error (an unreadable image names `messages[1].content[0]`) as this request's fields."""
+        origins = self.validated_data["message_origins"]
+        error.message = responses_paths(error.message, origins)
+        error.param = responses_paths(error.param, origins) if error.param else error.param
+        return error
 
     @property
     def logprobs(self) -> int | None:

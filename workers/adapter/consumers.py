@@ -8,6 +8,7 @@ is `routing`, the engine hand-over is `bridge`, the catalog's rows are `catalog_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import logging
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 class InferenceConsumer(AsyncConsumer):
     worker_name = f"{socket.gethostname()}:{os.getpid()}"
+    running: InferenceConsumer | None = None  # this process's consumer, while it runs (`serve`'s door reads it)
 
     async def __call__(self, scope, receive, send):
         # As AsyncConsumer.__call__, plus joining the group and keeping the catalog's rows.
@@ -64,6 +66,7 @@ class InferenceConsumer(AsyncConsumer):
         self._engine_import: asyncio.Future | None = None
         self.dead: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         await self._join_group()
+        InferenceConsumer.running = self
         upkeep = watch(self._keep_catalog(), "the worker's catalog heartbeat", self._die)
         dispatching = asyncio.ensure_future(await_many_dispatch([receive, self.channel_receive], self.dispatch))
         try:
@@ -74,8 +77,12 @@ class InferenceConsumer(AsyncConsumer):
                 raise WorkerDead(self.dead.result())
             dispatching.result()
         finally:
+            if InferenceConsumer.running is self:
+                InferenceConsumer.running = None
             dispatching.cancel()
             upkeep.cancel()
+            with contextlib.suppress(Exception):  # a worker started after it in this process (serve) joins anew
+                await self.channel_layer.group_discard(self.config["WORKER_GROUP"], self.channel_name)
             await catalog_sync.say_stopped(self.worker_name)
 
     def _die(self, reason: str) -> None:
@@ -148,6 +155,13 @@ class InferenceConsumer(AsyncConsumer):
         if table is not None:
             self.routing = table
             self.routing_known.set()
+
+    def capacity(self) -> int | None:
+        """Jobs the engine runs and queues at once (None: not started); more are refused `queue_full`."""
+        if self._bridge is None:
+            return None
+        engine = self._bridge.engine
+        return engine.max_num_seqs + engine.config.max_queue
 
     def _free_slots(self) -> int | None:
         if self._bridge is None:

@@ -57,6 +57,12 @@ async def _no_send(message: dict) -> None:
     raise RuntimeError("a worker consumer has no client to send to")
 
 
+def engine_capacity() -> int | None:
+    """Jobs this process's engine runs and queues at once; None while no engine runs here."""
+    consumer = InferenceConsumer.running
+    return consumer.capacity() if consumer is not None else None
+
+
 def mark_stopped() -> None:
     """This process's worker stopped, in the catalog (for `serve`, once its server has stopped)."""
     asyncio.run(catalog_sync.say_stopped(InferenceConsumer.worker_name))

@@ -4,18 +4,18 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import daphne.server  # noqa: F401  (installs the asyncio Twisted reactor before anything imports one)
 from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models, link_local_model
-from inference_site import http_limits
+from inference_site import edge
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
@@ -31,6 +31,9 @@ ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "
                    ("pass_message_extras", "PASS_MESSAGE_EXTRAS"))
 
 logger = logging.getLogger(__name__)
+RESTART_WINDOW_SECONDS = 600
+RESTART_DELAY_SECONDS = 1.0  # the dead worker's last answers go out first
+STOP_NOTICE_SECONDS = 3.0
 
 
 def given_key(token: str | None, token_file: str | None) -> str | None:
@@ -133,8 +136,17 @@ class Command(BaseCommand):
             self._configure_models(config["models"])
         self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)
-        http_limits.install()
-        from inference_site.asgi import application
+        limits = edge.install()
+        self.stdout.write(f"Connections: at most {limits.max_connections} descriptors, "
+                          f"{limits.max_per_address or 'any number'} per client address; headers within "
+                          f"{limits.header_timeout:g}s, idle connections closed after {limits.keepalive_timeout:g}s")
+        from inference_site.asgi import api_app, application
+
+        if not no_worker:  # the door refuses what the engine beside it could not take, before Django sees it
+            from workers.adapter.runtime import engine_capacity
+
+            api_app.capacity = engine_capacity
+        edge.keep_the_door(api_app)
 
         def start_worker() -> None:
             from catalog.periodic import maintain_catalog
@@ -152,13 +164,11 @@ class Command(BaseCommand):
 
             start_runner()  # resumes the batches a stopped process left (docs/batch.md)
             if not no_worker:
-                from workers.adapter.runtime import run_worker
-
-                watch(run_worker(), "the embedded worker", self._worker_ended)
+                self._start_worker()
             self.stdout.write(f"Serving on http://{host}:{port}/v1  (health: http://{host}:{port}/health)")
             self.stdout.flush()
 
-        server = Server(
+        server = edge.EdgeServer(
             application=application,
             endpoints=[f"{endpoint}:backlog={settings.INFERENCE['LISTEN_BACKLOG']}"
                        for endpoint in build_endpoint_description_strings(host=host, port=port)],
@@ -168,6 +178,7 @@ class Command(BaseCommand):
             application_close_timeout=10,
         )
         self.worker_failure = ""
+        self.restarts: list[float] = []
         server.run()
         if not no_worker:  # a clean shutdown says so: nothing is routed to this process's channel again
             from workers.adapter.runtime import mark_stopped
@@ -176,13 +187,40 @@ class Command(BaseCommand):
         if self.worker_failure:  # exit non-zero: the supervisor starts a fresh server
             raise CommandError(f"The embedded worker stopped ({self.worker_failure}); the server stopped with it.")
 
+    def _start_worker(self) -> None:
+        from protocol.tasks import watch
+        from workers.adapter.runtime import run_worker
+
+        watch(run_worker(), "the embedded worker", self._worker_ended)
+
     def _worker_ended(self, reason: str) -> None:
-        """A server without its worker answers nothing useful: stop, logged, for the supervisor to restart."""
+        """The embedded worker (its engine) died: a fresh one, up to ENGINE_RESTARTS times in ten minutes,
+        so a server without a supervisor comes back by itself; past that the fault is not passing (a broken
+        device or model): /health says why for a few seconds, then the server stops, exit status 1."""
         from twisted.internet import reactor
 
-        logger.critical("stopping the server: %s", reason)
-        self.worker_failure = reason
-        reactor.stop()
+        from openai_api.health import report_problem
+
+        now = time.monotonic()
+        self.restarts = [at for at in self.restarts if now - at < RESTART_WINDOW_SECONDS]
+        allowed = settings.INFERENCE["ENGINE_RESTARTS"]
+        if len(self.restarts) < allowed:
+            self.restarts.append(now)
+            logger.critical("%s; starting a fresh engine (restart %d of %d within %d minutes)", reason,
+                            len(self.restarts), allowed, RESTART_WINDOW_SECONDS // 60)
+            report_problem("embedded worker", f"restarting after: {reason}")
+
+            def restart() -> None:
+                self._start_worker()
+                report_problem("embedded worker", None)
+
+            reactor.callLater(RESTART_DELAY_SECONDS, restart)
+            return
+        why = f"{reason}; {len(self.restarts) + 1} engine failures within {RESTART_WINDOW_SECONDS // 60} minutes"
+        logger.critical("stopping the server: %s", why)
+        report_problem("embedded worker", f"stopping: {why}")
+        self.worker_failure = why
+        reactor.callLater(STOP_NOTICE_SECONDS, reactor.stop)  # /health says why before the process is gone
 
     def _configure_chat(self, template: str | None, kwargs: str | None, reasoning: str | None) -> None:
         """Chat flags become settings (and env, for workers started from here); bad values stop the start."""

@@ -1,0 +1,111 @@
+"""The ledger tells the truth (real servers): a web process killed with -9 mid-stream still bills its
+streams what they were sent, and requests answered before they were metered (the door full) have their
+rows. The faults of the scale-out deployment (Redis, PostgreSQL, a worker killed) are checked the same way
+in their own tests (test_faults_services.py, test_faults_worker_death.py)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from .conftest import TINY_MODEL
+from .ledger_checks import TokenStream, row_of, sqlite_rows, wait_for_rows
+from .live_server import LiveServer, base_env
+from .test_failpoints_engine import load
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_streams_of_a_web_process_killed_with_9_are_billed_what_they_were_sent(hf_cache, tmp_path):
+    """Three streams under way, one queued (its 200 sent, no token yet) and a whole answer not sent yet."""
+    env = base_env(hf_cache, tmp_path, INFERENCE_LEDGER_REPLAY_SECONDS="1", INFERENCE_MAX_NUM_SEQS="3")
+    live = LiveServer(env, tmp_path, name="killed")
+    load(live)
+    finished = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=3)
+    finished.start()
+    finished.join(60)
+    streams = [TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480) for _ in range(3)]
+    for stream in streams:
+        stream.start()
+    for stream in streams:
+        stream.wait_for_tokens(5)
+    queued = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480)
+    whole = TokenStream(live.base_url, live.key, TINY_MODEL, max_tokens=480, stream=False)
+    for request in (queued, whole):
+        request.start()
+    deadline = time.monotonic() + 30
+    while (queued.status != 200 or "submitted for" not in live.log()[-2000:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the whole answer's job has started too
+    os.killpg(live.process.pid, signal.SIGKILL)
+    live.process.wait(10)
+    for request in (*streams, queued, whole):
+        request.join(30)
+    assert all(stream.error == "cut" for stream in (*streams, queued)) and queued.tokens == 0 and whole.status == 0
+    again = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_LEDGER_REPLAY_SECONDS="1"), tmp_path, name="restarted")
+    try:
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), 6)
+        assert len(rows) == 6, rows  # one per request sent, the cut ones included
+        assert row_of(rows, finished.id)["completion_tokens"] == 3
+        for stream in streams:
+            row = row_of(rows, stream.id)
+            assert (row["status_code"], row["error_code"]) == (200, "server_lost"), row
+            assert row["completion_tokens"] == stream.tokens, (row, stream.tokens)
+        lost = sorted((row["status_code"], row["error_code"], row["completion_tokens"]) for row in rows
+                      if row["request_id"] not in {finished.id, *(stream.id for stream in streams)})
+        assert lost == [(200, "server_lost", 0), (502, "server_lost", 0)], rows  # the queued stream, the whole answer
+        assert "settled 5 requests a dead process left open" in again.log()
+    finally:
+        again.stop()
+
+
+def test_ten_times_capacity_gets_its_503s_within_a_second_one_log_line_and_a_row_each(hf_cache, tmp_path):
+    """10x what the engine runs and queues, at once: every refusal is a 503 `queue_full` within 1 s of its
+    request (answered at the door, before Django), none is reset, the log says so once at WARNING (no ERROR
+    line per 503), and each refused request has its ledger row, given its key and team."""
+    seqs, queue = 2, 4
+    clients = 10 * (seqs + queue)
+    env = base_env(hf_cache, tmp_path, INFERENCE_MAX_NUM_SEQS=str(seqs), INFERENCE_MAX_QUEUE=str(queue))
+    live = LiveServer(env, tmp_path, name="ten-times")
+
+    async def one(http: httpx.AsyncClient, index: int) -> tuple[int, float, str]:
+        body = {"model": TINY_MODEL, "prompt": f"Story {index}:", "max_tokens": 16, "ignore_eos": True, "stream": True}
+        started = time.monotonic()
+        async with http.stream("POST", f"{live.base_url}/v1/completions", headers=live.headers, json=body) as response:
+            answered = time.monotonic() - started
+            text = "".join([line async for line in response.aiter_lines()])
+        return response.status_code, answered, json.loads(text)["error"]["code"] if response.status_code != 200 else ""
+
+    async def everyone() -> list:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            return await asyncio.gather(*[one(http, i) for i in range(clients)], return_exceptions=True)
+
+    try:
+        load(live)
+        outcomes = asyncio.run(everyone())
+        failures = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+        assert not failures, failures[:3]  # no resets
+        refused = [(answered, code) for status, answered, code in outcomes if status == 503]
+        print(f"{clients} clients: {len(refused)} 503s, slowest {max(a for a, _ in refused):.2f}s")
+        assert len(refused) >= clients - 2 * (seqs + queue)
+        assert {code for _, code in refused} == {"queue_full"}
+        assert max(answered for answered, _ in refused) < 1.0
+        assert all(status in (200, 503) for status, _, _ in outcomes)
+        log = live.log()
+        assert "ERROR django.request" not in log
+        assert 1 <= log.count("answering 503 queue_full") <= 3  # once per burst, not per request
+        httpx.post(f"{live.base_url}/v1/completions", headers={"Authorization": "Bearer sk-nobody"}, timeout=30,
+                   json={"model": TINY_MODEL, "prompt": "x"})  # not a client: a 401, and no row
+        rows = wait_for_rows(lambda: sqlite_rows(tmp_path), clients)
+        assert len(rows) == clients
+        door = [row for row in rows if row["status_code"] == 503]
+        assert len(door) == len(refused) and {row["error_code"] for row in door} == {"queue_full"}
+        assert all(row["team_id"] is not None and row["key_id"] is not None for row in door)
+    finally:
+        live.stop()
