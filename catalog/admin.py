@@ -103,16 +103,17 @@ class CachedModelAdmin(admin.ModelAdmin):
     def size(self, obj: CachedModel) -> str:
         return filesizeformat(obj.size_on_disk)
 
-    @admin.display(description="tool / reasoning parser")
+    @admin.display(description="parsers")
     def parsers(self, obj: CachedModel) -> str:
-        """What its chat answers are parsed with: the override set here, else what its files (and the chat
-        template set here) say."""
+        """What its chat answers are parsed with (tool / reasoning): the override set here, else what its files
+        (and the chat template set here) say; which of them, on hover (the column stays narrow)."""
         snapshot = selectors.snapshot_path(obj.repo_id) if obj.chat_template else None
         chosen = selectors.effective_parsers(obj.detected_parsers or {}, obj.tool_parser, obj.reasoning_parser,
                                              obj.chat_template, snapshot)
         if not chosen:
             return ""
-        return f"{chosen['tool_parser']} / {chosen['reasoning_parser'] or 'none'} ({chosen['source']})"
+        return format_html('<span title="tool / reasoning parser, from: {}">{} / {}</span>', chosen["source"],
+                           chosen["tool_parser"], chosen["reasoning_parser"] or "none")
 
     @admin.display(description="last used")
     def last_used(self, obj: CachedModel):

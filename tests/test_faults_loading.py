@@ -113,8 +113,8 @@ def test_a_load_does_not_stall_other_streams(live):
     assert stream.events[-1][1] == "[DONE]" and '"error"' not in stream.events[-2][1]
 
 
-def test_a_crash_inside_generation_fails_its_batch_and_serving_goes_on(live):
-    # Loaded first, so the failing request joins the bystander's batch at once.
+def test_a_crash_inside_generation_fails_its_request_alone_and_serving_goes_on(live):
+    # Loaded first, so the failing request arrives while the bystander (another model) streams.
     load = httpx.post(f"{live.base_url}/load_model", headers=live.headers, json={"model": BROKEN}, timeout=120)
     assert '"status":"ready"' in load.text
     bystander = Stream(live, TINY_MODEL, max_tokens=400)
@@ -126,10 +126,10 @@ def test_a_crash_inside_generation_fails_its_batch_and_serving_goes_on(live):
     assert response.json()["error"]["code"] == "internal_error"
     bystander.join(60)
     assert not bystander.is_alive()
-    # The other stream in that batch ends cleanly: an OpenAI-shaped error event, then [DONE].
+    # The other model's stream goes on to its end: every token, no error event.
     assert bystander.events[-1][1] == "[DONE]"
-    error = json.loads(bystander.events[-2][1])["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert not any('"error"' in data for _, data in bystander.events)
+    assert json.loads(bystander.events[-2][1])["choices"][0]["finish_reason"] == "length"
     for _ in range(2):
         after = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=60,
                            json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4})

@@ -322,7 +322,8 @@ def transformers_chat(server, model: str, env: dict[str, str]) -> subprocess.Com
     cli = shutil.which("transformers", path=os.path.dirname(sys.executable)) or "transformers"
     return subprocess.run([cli, "chat", model, server.base_url, "max_new_tokens=6", "do_sample=False"],
                           input="Hello there\nn\nAnd again\nn\n!exit\n!exit\n!exit\n", capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "COLUMNS": "200", "TERM": "dumb", **env})
+                          env={**{k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},  # its client refuses
+                               "COLUMNS": "200", "TERM": "dumb", **env})                      # even a local URL offline
 
 
 def chat_requests(server) -> int:
