@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
+from workers.engine.processors import load_processor
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
 from protocol.dtypes import canonical_dtype
@@ -314,9 +315,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if kind in ("causal", "embedding", "cross_encoder"):
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision, **remote)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
-            from transformers import AutoProcessor
-
-            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil", **remote)
+            processor = _local_first(load_processor, repo_id, revision=revision, **remote)
             tokenizer = processor.tokenizer
         report("config", None)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
