@@ -4,9 +4,9 @@ Two servers, shared by every test here:
 - `keyed`: auth on with the operator's own key (`--auth-token-file`), pins a model whose repo carries its own code (`serve MODEL --trust-remote-code`), every
   model's attention `eager` (`--attn-implementation`), CORS for any origin (`--enable-cors`), and per-model
   settings from a config file (quantize one on load with torchao, ask bitsandbytes of another on this CPU).
-- `open`: auth off, pins a plain local model folder, quantizes every model on load (`--quantization`), and
-  sets forgather's server-wide request defaults (`--default-seed`, `--stop-sequences`, `--ignore-eos`), a dtype
-  alias and the log level.
+- `open`: auth off, pins a local model folder of a training run with its latest checkpoint's weights
+  (forgather's `-c`), quantizes every model on load (`--quantization`), and sets forgather's server-wide request
+  defaults (`--default-seed`, `--stop-sequences`, `--ignore-eos`), a dtype alias and the log level.
 """
 from __future__ import annotations
 
@@ -73,15 +73,23 @@ def keyed(options_cache, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def open_server(options_cache, tmp_path_factory):
-    """`serve FOLDER --no-auth --quantization torchao-int8 …`: a save_pretrained folder outside the cache, pinned."""
+    """`serve FOLDER -c --no-auth --quantization torchao-int8 …`: a training run's folder outside the cache, pinned
+    with its latest checkpoint's weights (forgather's layout: none at the top, an older checkpoint broken)."""
     work_dir = tmp_path_factory.mktemp("open")
     folder = work_dir / "my-model"
     shutil.copytree(snapshot_of(options_cache, TINY_MODEL), folder)  # the snapshot's links, copied as files
+    for step in (100, 200):
+        (folder / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+    (folder / "model.safetensors").rename(folder / "checkpoints" / "checkpoint-200" / "model.safetensors")
+    (folder / "checkpoints" / "checkpoint-100" / "model.safetensors").write_bytes(b"not the weights")
+    os.utime(folder / "checkpoints" / "checkpoint-100", (1, 1))  # saved long before checkpoint-200
+    config = work_dir / "server.yaml"
+    config.write_text("from-checkpoint: true\n")  # `-c`, as a config file says it
     template = work_dir / "moods.jinja"  # the tiny template, and first every message's `mood` (an extra field)
     template.write_text("{%- for m in messages %}{%- if m.mood is defined %}{{ '[' + m.mood + ']' }}{%- endif %}"
                         "{%- endfor %}" + CHAT_TEMPLATE_PATH.read_text())
     live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="open",
-                      extra_args=(str(folder), "--no-auth", "--quantization", "torchao-int8", "--default-seed", "7",
+                      extra_args=(str(folder), "--config", str(config), "--no-auth", "--quantization", "torchao-int8", "--default-seed", "7",
                                   "--stop-sequences", "a", "--ignore-eos", "--dtype", "fp32", "--log-level", "debug",
                                   "--pass-message-extras", "--chat-template", str(template)))
     yield live
@@ -186,10 +194,15 @@ def test_bitsandbytes_on_a_cpu_worker_is_refused_saying_why(keyed):
     assert "needs a CUDA GPU" in message and "torchao-int8" in message
 
 
-def test_serve_refuses_an_unknown_quantization_or_attention(options_cache, tmp_path):
+def test_serve_refuses_unknown_options_saying_why(options_cache, tmp_path):
     env = base_env(options_cache, tmp_path)
+    weightless = tmp_path / "run"  # a training run's folder before its first checkpoint
+    weightless.mkdir()
+    shutil.copy(snapshot_of(options_cache, TINY_MODEL) / "config.json", weightless)
     for flags, said in ((("--attn-implementation", "warp_speed"), "unknown attn_implementation"),
-                        (("--trust-remote-code",), "applies to the pinned model")):
+                        (("--trust-remote-code",), "applies to the pinned model"),
+                        ((TINY_MODEL, "--from-checkpoint"), "serves a local model folder's checkpoint"),
+                        ((str(weightless), "-c"), "holds no training checkpoint")):
         done = subprocess.run([sys.executable, "manage.py", "serve", "--port", "1", *flags], env=env,
                               cwd=str(ROOT), capture_output=True, text=True,
                               timeout=120)
@@ -222,6 +235,30 @@ def test_a_local_folder_is_served_pinned_and_quantized(open_server, reference):
     assert 1 <= result.usage.completion_tokens <= 4  # this server's stop sequence may end it sooner
     assert "quantized torchao-int8" in open_server.log()
     assert model["memory_bytes"] < 0.8 * model["size_bytes"]
+    assert "weights from the checkpoint" in open_server.log() and "checkpoint-200" in open_server.log()
+
+
+def test_the_latest_checkpoint_is_the_newest_that_holds_weights(tmp_path):
+    """forgather's manifest timestamp first, else the folder's mtime, then the step; the Trainer's layout too."""
+    from catalog.local_folders import latest_checkpoint
+
+    def checkpoint(name: str, saved: str | None = None, weights: str = "model.safetensors"):
+        path = tmp_path / name
+        path.mkdir(parents=True)
+        (path / weights).write_bytes(b"w")
+        if saved:
+            (path / "checkpoint_manifest.json").write_text(json.dumps({"timestamp": saved}))
+        return path
+
+    assert latest_checkpoint(tmp_path) is None
+    checkpoint("checkpoint-50", weights="optimizer.pt")  # holds no weights
+    trainer = checkpoint("checkpoint-40", weights="pytorch_model.bin")
+    assert latest_checkpoint(tmp_path) == trainer
+    older = checkpoint("checkpoints/checkpoint-900", saved="2026-01-01T00:00:00")
+    newer = checkpoint("checkpoints/checkpoint-300", saved="2026-02-01T00:00:00")
+    os.utime(trainer, (1, 1))
+    os.utime(older, (2**31, 2**31))  # its manifest wins over its mtime
+    assert latest_checkpoint(tmp_path) == newer
 
 
 def test_server_wide_request_defaults(open_server):
