@@ -28,6 +28,7 @@ from workers.tiny.variants import build_tiny_bf16_model, build_tiny_quantized_mo
 
 from .conftest import FROM_CACHE, TINY_MODEL, Reference, snapshot_of
 from .live_server import ROOT, LiveServer, base_env
+from .teams_setup import make_teams
 
 REMOTE = "local/tiny-remote"  # pinned, its own code trusted by the flag
 UNTRUSTED = "local/tiny-remote-untrusted"  # the same repo, never trusted
@@ -62,11 +63,13 @@ def keyed(options_cache, tmp_path_factory):
     token = work_dir / "token"
     token.write_text("operator-chosen-key-0123456789\n")
     token.chmod(0o600)
-    live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="keyed",
+    env = base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60")
+    live = LiveServer(env, work_dir, name="keyed",
                       extra_args=(REMOTE, "--trust-remote-code", "--attn-implementation", "eager", "--enable-cors",
                                   "--auth-token-file", str(token), "--config", str(config)))
     assert not live.key_file.exists()  # a given key is never written to the port's key file
     live.key, live.token_file = "operator-chosen-key-0123456789", token  # every test here sends it
+    live.env = env  # for teams made by the management commands
     yield live
     live.stop()
 
@@ -383,11 +386,26 @@ def test_transformers_chat_works_unchanged(which, request):
     assert 2 <= chat_requests(server) - before <= 4, server.log()[-3000:]
 
 
-def test_load_model_without_a_key_answers_only_a_loaded_model(keyed):
-    ready = httpx.post(f"{keyed.base_url}/load_model", json={"model": REMOTE}, timeout=30)
-    assert ready.status_code == 200 and '"status":"ready"' in ready.text.replace(" ", "")
-    refused = httpx.post(f"{keyed.base_url}/load_model", json={"model": BNB}, timeout=30)
-    assert refused.status_code == 401
+def load_model(server, body: dict, key: str | None = None) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/load_model", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def test_load_model_tells_a_caller_without_the_right_no_more_than_a_named_loaded_models_readiness(keyed):
+    """The deliberate exception (docs/teams.md): `ready` for a loaded model asked by name, nothing else; a model
+    some team may not use is not told of without a key, nor to a key of a team that may not use it."""
+    assert complete(keyed, model=TINY_MODEL).status_code == 200  # loaded now, beside the pinned model
+    ready = load_model(keyed, {"model": REMOTE})
+    assert ready.status_code == 200 and json.loads(ready.text.split("data: ", 1)[1]) == {
+        "status": "ready", "model": REMOTE, "cached": True}
+    for body in ({"model": BNB}, {}, {"model": REMOTE, "stream": True}, {"model": "local/" + "x" * 400}):
+        assert load_model(keyed, body).status_code == 401, body  # not loaded; the pinned model unnamed; more asked
+    secrets = make_teams(keyed.env, teams={"narrow": ["--models", REMOTE]}, keys={"narrow": ["--team", "narrow"]})
+    assert load_model(keyed, {"model": TINY_MODEL}).status_code == 401  # loaded, but not every team's
+    assert load_model(keyed, {"model": REMOTE}).status_code == 200  # still every team's
+    refused = load_model(keyed, {"model": TINY_MODEL}, key=secrets["narrow"])
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"  # as if unknown
+    assert load_model(keyed, {"model": REMOTE}, key=secrets["narrow"]).status_code == 200
 
 
 # --- Open WebUI: context errors in the request's terms, one reading of a model's context ---------------------
