@@ -33,6 +33,7 @@ from .teams_setup import make_teams
 REMOTE = "local/tiny-remote"  # pinned, its own code trusted by the flag
 UNTRUSTED = "local/tiny-remote-untrusted"  # the same repo, never trusted
 SAVED_INT8 = "local/tiny-llama-int8"  # saved quantized by torchao (quantization_config in config.json)
+UNANNOUNCED_INT8 = "local/tiny-llama-int8-no-config"  # the same weights, config.json without quantization_config
 ONLOAD_INT8 = "local/tiny-llama-onload-int8"  # quantized on load (its config-file entry)
 BNB = "local/tiny-llama-bnb"  # bitsandbytes asked on a CPU worker
 BF16 = "local/tiny-llama-bf16"  # saved in bfloat16, loaded as saved (dtype: checkpoint)
@@ -48,6 +49,7 @@ def options_cache(tmp_path_factory):
     build_tiny_remote_code_model(REMOTE, cache_dir=cache)
     build_tiny_remote_code_model(UNTRUSTED, cache_dir=cache)
     build_tiny_quantized_model(SAVED_INT8, cache_dir=cache)
+    build_tiny_quantized_model(UNANNOUNCED_INT8, cache_dir=cache, with_config=False)
     build_tiny_model(FIRST_RUN, size="tiny-long", cache_dir=cache)
     build_tiny_bf16_model(BF16, cache_dir=cache)
     return cache
@@ -165,6 +167,9 @@ def test_a_checkpoint_saved_quantized_loads_quantized(keyed, options_cache, refe
     saved = AutoModelForCausalLM.from_pretrained(SAVED_INT8, cache_dir=options_cache, **FROM_CACHE).eval()
     assert response.json()["choices"][0]["text"] == greedy_text(saved, reference, 8)
     assert "quantized torchao" in keyed.log()
+    refused = complete(keyed, model=UNANNOUNCED_INT8)  # transformers alone would load random weights in their place
+    assert refused.status_code == 503, refused.text
+    assert "saved quantized by torchao (Int8Tensor)" in refused.json()["error"]["message"]
 
 
 def test_quantized_on_load_holds_less_memory_than_the_same_model_unquantized(keyed, options_cache, reference):

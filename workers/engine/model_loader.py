@@ -30,7 +30,8 @@ from protocol.dtypes import canonical_dtype
 from protocol.load_options import check_attn_implementation
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
-from workers.engine.quantization import quant_method, quantization_config, release_checkpoint_map, tensor_bytes
+from workers.engine.quantization import (quant_method, quantization_config, release_checkpoint_map, tensor_bytes,
+                                         unannounced_quantized_type)
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -322,6 +323,11 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if options.attn_implementation:
             kwargs["attn_implementation"] = options.attn_implementation
         saved_quantized = getattr(config, "quantization_config", None)
+        unannounced = None if saved_quantized is not None else unannounced_quantized_type(repo_id, revision)
+        if unannounced is not None:
+            raise ModelLoadError(f"The model `{ref.key}`'s weights are saved quantized by torchao ({unannounced}) but "
+                                 "its config.json has no quantization_config, so they would load as random weights. "
+                                 "Add the quantization_config they were saved with (save_pretrained writes it).")
         if quantize is not None and saved_quantized is not None:
             raise ModelLoadError(f"The model `{ref.key}` is saved quantized already "
                                  f"({quant_method(saved_quantized)}); serve it without a quantization setting.")
