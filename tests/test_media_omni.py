@@ -73,6 +73,10 @@ def test_a_videos_frames_and_sound_track_both_reach_the_model(media_client, omni
                            + [("audio", media_files.decoded_samples(video))])
     assert expected != omni.greedy("What happens?", [("image", frame) for frame in frames[::2]])
     assert chat_ids(media_client, [part, text("What happens?")]) == expected
+    bare = media_client.responses.create(  # the seed's Responses shape: content items bare in `input`
+        model=TINY_OMNI, max_output_tokens=MAX_TOKENS, temperature=0,
+        input=[part, {"type": "input_text", "text": "What happens?"}])
+    assert bare.output_text == omni.decode(expected)
 
 
 def test_a_model_without_ears_still_refuses_audio_and_sees_a_videos_frames(media_server, media_client):
