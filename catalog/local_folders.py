@@ -1,10 +1,11 @@
 """A model folder on disk served as a cached model, optionally with the weights of one of its training checkpoints.
 
 `serve FOLDER` (and forgather's `-m FOLDER`) serves what `save_pretrained` wrote; `serve FOLDER -c` (forgather's
-`--from-checkpoint`) serves the folder's model with the weights of its latest training checkpoint, and
-`-c CHECKPOINT` those of one checkpoint (a run with no checkpoint: its own weights, as forgather): the config, tokenizer, generation config and any modeling code from
-the folder, the weights from the checkpoint. Both are linked (never copied) into the hub cache's layout, so the
-catalog, `/v1/models` and the workers load them as any other cached model (the same `from_pretrained`).
+`--from-checkpoint`) serves the folder's model with the weights of its latest training checkpoint (a run with
+none yet: its own weights, as forgather), and `-c CHECKPOINT` those of one checkpoint: the config, tokenizer,
+generation config and any modeling code from the folder, the weights from the checkpoint. Both are linked (never
+copied) into the hub cache's layout, so the catalog, `/v1/models` and the workers load them as any other cached
+model (the same `from_pretrained`).
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ MODEL_KEYS: dict[str, Any] = {
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
     "chat_template_kwargs": dict, "reasoning": str, "model_timeout": NUMBER, "log_level": str,
-    "model": str, "from_checkpoint": (bool, str), "trust_remote_code": bool, "quantization": str, "attn_implementation": str,
+    "model": str, "from_checkpoint": (bool, str), "trust_remote_code": bool, "quantization": str,
+    "attn_implementation": str,
     "enable_cors": bool, "cors_allow_origins": list, "auth_token_file": str, "default_seed": int, "stop_sequences": list, "ignore_eos": bool,
     "pass_message_extras": bool,
     "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int, "prefill_share": NUMBER},

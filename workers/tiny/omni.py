@@ -42,8 +42,8 @@ def build_tiny_omni(repo_id: str, cache_dir: str | os.PathLike | None = None, se
     """A Gemma4ForConditionalGeneration with its Gemma4Processor (PIL image processor, Gemma 4's audio
     feature extractor, the project's trained tokenizer with Gemma 4's named media tokens)."""
     import torch
-    from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig
-    from transformers import Gemma4VisionConfig, GenerationConfig
+    from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4Processor
+    from transformers import Gemma4TextConfig, Gemma4VisionConfig, GenerationConfig
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
@@ -53,8 +53,6 @@ def build_tiny_omni(repo_id: str, cache_dir: str | os.PathLike | None = None, se
     tokenizer.add_special_tokens({"additional_special_tokens": list(OMNI_TOKENS.values())})
     tokenizer._set_model_specific_special_tokens(OMNI_TOKENS)  # tokenizer.image_token etc., as Gemma 4's
     tokenizer.chat_template = omni_chat_template(tokenizer.chat_template)
-    from transformers import Gemma4Processor
-
     processor = without_video(Gemma4Processor)(
         feature_extractor=Gemma4AudioFeatureExtractor(feature_size=OMNI_MEL_BINS),
         image_processor=Gemma4ImageProcessorPil(patch_size=OMNI_PATCH_SIZE, max_soft_tokens=OMNI_SOFT_TOKENS,

@@ -10,8 +10,8 @@ from workers.tiny.omni import build_tiny_omni
 class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
-            "(audio-chat), a Gemma-4-shaped omni model (omni: images, video and audio), a Whisper, or a sentence-transformers embedding model (encoder: a BERT with mean pooling "
-            "and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
+            "(audio-chat), a Gemma-4-shaped omni model (omni: images, video and audio), a Whisper, or a "
+            "sentence-transformers embedding model (encoder: a BERT with mean pooling and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
             "or a LoRA adapter of a model already in the cache (lora, with --base).")
 
     def add_arguments(self, parser):
