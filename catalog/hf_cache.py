@@ -4,9 +4,7 @@ Plain huggingface_hub, no database: `catalog.selectors` and `catalog.services` b
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -200,29 +198,3 @@ def forget_scan() -> None:
         snapshots = list(_scans.values())
     for snapshot in snapshots:
         snapshot.forget()
-
-
-def link_local_model(folder: Path, cache_dir: str | Path | None = None) -> str:
-    """A model folder on disk (what `save_pretrained` writes) as the cached model `local/<folder name>`: its
-    files linked into the hub cache's layout (never copied), so the catalog, `/v1/models` and the workers see
-    it as any other cached model. Linking again after the folder changed makes a new snapshot."""
-    folder = Path(folder).expanduser().resolve()
-    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
-        raise ValueError(f"{folder} holds no config.json: not a model folder")
-    repo_id = f"local/{folder.name}"
-    repo = Path(cache_dir or hf_constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
-    files = sorted(path for path in folder.rglob("*") if path.is_file()
-                   and not any(part.startswith(".") for part in path.relative_to(folder).parts))
-    listing = "".join(f"{path.relative_to(folder)}\0{path.stat().st_size}\0{path.stat().st_mtime_ns}\n" for path in files)
-    commit = hashlib.sha1(f"{folder}\n{listing}".encode()).hexdigest()
-    snapshot = repo / "snapshots" / commit
-    for path in files:
-        link = snapshot / path.relative_to(folder)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink():
-            os.symlink(path, link)
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    forget_scan()
-    return repo_id

@@ -17,6 +17,7 @@ from catalog.config import web_config
 from catalog.errors import NoWorker
 from catalog.selectors import canonical_repo_id, live_workers, load_state
 from teams.errors import ModelNotAllowed
+from teams.selectors import open_to_every_team
 import protocol
 
 from .base import OpenAIView, resolve_model, sse_frame
@@ -47,18 +48,25 @@ def _no_worker() -> APIError:
                     code="no_worker", headers={"Retry-After": "5"})
 
 
-def _loaded(request) -> dict | None:
-    """`ready` for a model some live worker holds now, asked by anyone: it changes nothing and tells only that.
-    `transformers chat` posts here before every session without the key it sends to the API (and most
-    keys may not load models), so with the model loaded (pinned, preloaded, or in use) it works with auth on."""
+def _ready_without_the_right(request) -> dict | None:
+    """`ready` for a model some live worker holds now, told to a caller without a key or without manage_models:
+    a deliberate exception to the key rule (docs/teams.md). `transformers chat` posts `{"model": name}` here
+    before every session without the key it sends to the API (and most keys may not load models), so with the
+    model loaded (pinned, preloaded, or in use) it works with auth on. It changes nothing and tells no more than
+    that one bit about a name the caller already knows: the body must name the model and nothing else (the
+    pinned model is never assumed), and the model must be one this key's team may use, or, without a key, one
+    every team may use. Otherwise (None) the caller gets what it would have got without the exception."""
     data = request.data if isinstance(request.data, dict) else {}
-    name = data.get("model") or web_config().pinned_model
-    if not isinstance(name, str) or not name or set(data) - {"model"}:
+    name = data.get("model")
+    if not isinstance(name, str) or not 0 < len(name) <= 300 or set(data) != {"model"}:
         return None
     try:
-        state = load_state(canonical_repo_id(name))
+        repo_id = canonical_repo_id(name)
     except ValueError:
         return None
+    if not (request.auth.may_use(repo_id) if request.auth is not None else open_to_every_team(repo_id)):
+        return None
+    state = load_state(repo_id)
     if state is None or state["status"] != "loaded":
         return None
     return {"status": "ready", "model": name, "cached": True}
@@ -69,7 +77,7 @@ class LoadModelView(OpenAIView):
 
     async def post(self, request):
         if request.auth is None or (web_config().auth_enabled and not request.auth.may_manage_models):
-            ready = await database_sync_to_async(_loaded, thread_sensitive=False)(request)
+            ready = await database_sync_to_async(_ready_without_the_right, thread_sensitive=False)(request)
             if ready is not None:
                 return _event_stream(_frames(ready))
             if request.auth is None:  # anything else needs a key (before the name is even looked up)

@@ -25,6 +25,11 @@ def principal_for_key(key: APIKey) -> Principal:
     return Principal.of(key.team, key.user, key)
 
 
+def open_to_every_team(repo_id: str) -> bool:
+    """No team's model list leaves the model out: what may be told about it to a caller without a key."""
+    return all(not allowed or repo_id in allowed for allowed in Team.objects.values_list("allowed_models", flat=True))
+
+
 def team_for_user(user) -> Team | None:
     """A signed-in user's team: the one they own, else the one they joined first."""
     membership = (Membership.objects.select_related("team").filter(user=user)

@@ -148,18 +148,22 @@ def snapshot_of(cache: Path, repo_id: str) -> Path:
 TINY_VLM = "local/tiny-vlm"
 TINY_WHISPER = "local/tiny-whisper"
 TINY_AUDIO_LM = "local/tiny-audio-lm"
+TINY_OMNI = "local/tiny-omni"  # a Gemma 4: vision and audio encoders beside the text model
 
 
 @pytest.fixture(scope="session")
 def media_cache(tmp_path_factory) -> Path:
-    """A cache with the text model, the vision-language model, the audio-language model and the Whisper."""
+    """A cache with the text model, the vision-language model, the audio-language model, the Whisper and the
+    omni model."""
     from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
+    from workers.tiny.omni import build_tiny_omni
 
     cache = tmp_path_factory.mktemp("hf-media-cache")
     build_tiny_model(TINY_MODEL, size="tiny", cache_dir=cache)
     build_tiny_vlm(TINY_VLM, cache_dir=cache)
     build_tiny_whisper(TINY_WHISPER, cache_dir=cache)
     build_tiny_audio_lm(TINY_AUDIO_LM, cache_dir=cache)
+    build_tiny_omni(TINY_OMNI, cache_dir=cache)
     return cache
 
 

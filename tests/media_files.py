@@ -61,8 +61,10 @@ def video_frames(count: int, size: tuple[int, int] = (32, 32)) -> list[Image.Ima
     return [image(100 + i, size) for i in range(count)]
 
 
-def lossless_video_bytes(frames: list[Image.Image], fps: int = 4) -> bytes:
-    """Frames in a Matroska file with the lossless FFV1 codec: decoding gives the exact pixels back."""
+def lossless_video_bytes(frames: list[Image.Image], fps: int = 4, sound: np.ndarray | None = None,
+                         rate: int = 16000) -> bytes:
+    """Frames in a Matroska file with the lossless FFV1 codec: decoding gives the exact pixels back; with
+    `sound`, a mono 16-bit PCM track beside them."""
     import av
 
     out = io.BytesIO()
@@ -70,9 +72,28 @@ def lossless_video_bytes(frames: list[Image.Image], fps: int = 4) -> bytes:
         stream = container.add_stream("ffv1", rate=fps)
         stream.width, stream.height = frames[0].size
         stream.pix_fmt = "bgr0"
+        track = container.add_stream("pcm_s16le", rate=rate, layout="mono") if sound is not None else None
         for picture in frames:
             for packet in stream.encode(av.VideoFrame.from_image(picture).reformat(format="bgr0")):
                 container.mux(packet)
         for packet in stream.encode(None):
             container.mux(packet)
+        if track is not None:
+            samples = av.AudioFrame.from_ndarray((np.clip(sound, -1, 1) * 32767).astype(np.int16)[None, :],
+                                                 format="s16", layout="mono")
+            samples.sample_rate = rate
+            for packet in [*track.encode(samples), *track.encode(None)]:
+                container.mux(packet)
     return out.getvalue()
+
+
+def decoded_samples(data: bytes, rate: int = 16000) -> np.ndarray:
+    """A file's (first) audio track decoded with PyAV (FFmpeg) to mono float32 at `rate`, as any player would."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        pieces = [out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
+                  for out in resampler.resample(frame)]
+        pieces += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
+    return np.concatenate(pieces)

@@ -1,6 +1,8 @@
 """The reference a media-chat test compares the server with: the model's own greedy `generate`
-on what its processor makes of one user message (text + images or audio), no server involved."""
+on what its processor makes of one user message (text + images, audio or both), no server involved."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from transformers import AutoProcessor
@@ -9,16 +11,18 @@ from .conftest import FROM_CACHE
 
 
 class ProcessorReference:
-    """`part` is the content-part type the processor's chat template takes ("image", "audio")."""
+    """`part` is the content-part type the processor's chat template takes ("image", "audio") for a bare
+    media item; an item given as a `(type, item)` pair is a part of that type (an omni model's mixes)."""
 
-    def __init__(self, repo_id: str, model_class, part: str, cache, max_tokens: int) -> None:
-        self.processor = AutoProcessor.from_pretrained(repo_id, cache_dir=cache, local_files_only=True)
+    def __init__(self, repo_id: str, model_class, part: str, cache, max_tokens: int, processor: Any = None) -> None:
+        self.processor = processor or AutoProcessor.from_pretrained(repo_id, cache_dir=cache, local_files_only=True)
         self.model = model_class.from_pretrained(repo_id, cache_dir=cache, **FROM_CACHE).eval()
         self.part = part
         self.max_tokens = max_tokens
 
     def greedy(self, text: str, media: list) -> list[int]:
-        content = [{"type": self.part, self.part: item} for item in media] + [{"type": "text", "text": text}]
+        pairs = [item if isinstance(item, tuple) else (self.part, item) for item in media]
+        content = [{"type": kind, kind: item} for kind, item in pairs] + [{"type": "text", "text": text}]
         owner = self.processor if media else self.processor.tokenizer
         inputs = owner.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                            tokenize=True, return_dict=True, return_tensors="pt")

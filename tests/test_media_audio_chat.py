@@ -25,24 +25,11 @@ from .processor_reference import ProcessorReference
 from .test_errors import assert_openai_error
 
 MAX_TOKENS = 12
-RATE = 16000
 
 
 def wav_samples(data: bytes) -> np.ndarray:
     with wave.open(io.BytesIO(data)) as handle:
         return np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2").astype(np.float32) / 32768
-
-
-def mp3_samples(data: bytes) -> np.ndarray:
-    """The mp3 decoded with PyAV (FFmpeg) to mono float32 at 16 kHz, as any player would."""
-    import av
-
-    with av.open(io.BytesIO(data)) as container:
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
-        pieces = [out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
-                  for out in resampler.resample(frame)]
-        pieces += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
-    return np.concatenate(pieces)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +63,7 @@ def test_audio_chat_equals_generate(media_client, audio_lm):
     assert audio_lm.greedy("Compare.", [wav_samples(high), wav_samples(low)]) != two
     mp3 = media_files.mp3_bytes(media_files.tone(1.5, 550))
     assert chat_ids(media_client, audio_message("And this?", (mp3, "mp3"))) == audio_lm.greedy(
-        "And this?", [mp3_samples(mp3)])
+        "And this?", [media_files.decoded_samples(mp3)])
 
 
 def test_audio_chat_streams_the_same_text(media_client, audio_lm):

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 from transformers import AutoModelForImageTextToText
 
 from . import media_files
-from .conftest import TINY_AUDIO_LM, TINY_MODEL, TINY_VLM, TINY_WHISPER
+from .conftest import TINY_AUDIO_LM, TINY_MODEL, TINY_OMNI, TINY_VLM, TINY_WHISPER
 from .processor_reference import ProcessorReference
 from .test_errors import assert_openai_error
 
@@ -200,5 +200,5 @@ def test_bad_media_are_openai_errors_and_the_server_keeps_serving(media_server, 
 def test_models_list_their_modalities(media_client):
     listed = {model.id: model.model_extra["modalities"] for model in media_client.models.list()}
     assert listed == {TINY_MODEL: ["text"], TINY_VLM: ["text", "image", "video"], TINY_WHISPER: ["audio"],
-                      TINY_AUDIO_LM: ["text", "audio"]}
+                      TINY_AUDIO_LM: ["text", "audio"], TINY_OMNI: ["text", "image", "video", "audio"]}
     assert media_client.models.retrieve(TINY_VLM).model_extra["modalities"] == ["text", "image", "video"]

@@ -4,9 +4,9 @@ Two servers, shared by every test here:
 - `keyed`: auth on with the operator's own key (`--auth-token-file`), pins a model whose repo carries its own code (`serve MODEL --trust-remote-code`), every
   model's attention `eager` (`--attn-implementation`), CORS for any origin (`--enable-cors`), and per-model
   settings from a config file (quantize one on load with torchao, ask bitsandbytes of another on this CPU).
-- `open`: auth off, pins a plain local model folder, quantizes every model on load (`--quantization`), and
-  sets forgather's server-wide request defaults (`--default-seed`, `--stop-sequences`, `--ignore-eos`), a dtype
-  alias and the log level.
+- `open`: auth off, pins a local model folder of a training run with its latest checkpoint's weights
+  (forgather's `-c`), quantizes every model on load (`--quantization`), and sets forgather's server-wide request
+  defaults (`--default-seed`, `--stop-sequences`, `--ignore-eos`), a dtype alias and the log level.
 """
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ from workers.tiny.variants import build_tiny_bf16_model, build_tiny_quantized_mo
 
 from .conftest import FROM_CACHE, TINY_MODEL, Reference, snapshot_of
 from .live_server import ROOT, LiveServer, base_env
+from .teams_setup import make_teams
 
 REMOTE = "local/tiny-remote"  # pinned, its own code trusted by the flag
 UNTRUSTED = "local/tiny-remote-untrusted"  # the same repo, never trusted
 SAVED_INT8 = "local/tiny-llama-int8"  # saved quantized by torchao (quantization_config in config.json)
+UNANNOUNCED_INT8 = "local/tiny-llama-int8-no-config"  # the same weights, config.json without quantization_config
 ONLOAD_INT8 = "local/tiny-llama-onload-int8"  # quantized on load (its config-file entry)
 BNB = "local/tiny-llama-bnb"  # bitsandbytes asked on a CPU worker
 BF16 = "local/tiny-llama-bf16"  # saved in bfloat16, loaded as saved (dtype: checkpoint)
@@ -47,6 +49,7 @@ def options_cache(tmp_path_factory):
     build_tiny_remote_code_model(REMOTE, cache_dir=cache)
     build_tiny_remote_code_model(UNTRUSTED, cache_dir=cache)
     build_tiny_quantized_model(SAVED_INT8, cache_dir=cache)
+    build_tiny_quantized_model(UNANNOUNCED_INT8, cache_dir=cache, with_config=False)
     build_tiny_model(FIRST_RUN, size="tiny-long", cache_dir=cache)
     build_tiny_bf16_model(BF16, cache_dir=cache)
     return cache
@@ -62,26 +65,36 @@ def keyed(options_cache, tmp_path_factory):
     token = work_dir / "token"
     token.write_text("operator-chosen-key-0123456789\n")
     token.chmod(0o600)
-    live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="keyed",
+    env = base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60")
+    live = LiveServer(env, work_dir, name="keyed",
                       extra_args=(REMOTE, "--trust-remote-code", "--attn-implementation", "eager", "--enable-cors",
                                   "--auth-token-file", str(token), "--config", str(config)))
     assert not live.key_file.exists()  # a given key is never written to the port's key file
     live.key, live.token_file = "operator-chosen-key-0123456789", token  # every test here sends it
+    live.env = env  # for teams made by the management commands
     yield live
     live.stop()
 
 
 @pytest.fixture(scope="module")
 def open_server(options_cache, tmp_path_factory):
-    """`serve FOLDER --no-auth --quantization torchao-int8 …`: a save_pretrained folder outside the cache, pinned."""
+    """`serve FOLDER -c --no-auth --quantization torchao-int8 …`: a training run's folder outside the cache, pinned
+    with its latest checkpoint's weights (forgather's layout: none at the top, an older checkpoint broken)."""
     work_dir = tmp_path_factory.mktemp("open")
     folder = work_dir / "my-model"
     shutil.copytree(snapshot_of(options_cache, TINY_MODEL), folder)  # the snapshot's links, copied as files
+    for step in (100, 200):
+        (folder / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+    (folder / "model.safetensors").rename(folder / "checkpoints" / "checkpoint-200" / "model.safetensors")
+    (folder / "checkpoints" / "checkpoint-100" / "model.safetensors").write_bytes(b"not the weights")
+    os.utime(folder / "checkpoints" / "checkpoint-100", (1, 1))  # saved long before checkpoint-200
+    config = work_dir / "server.yaml"
+    config.write_text("from-checkpoint: true\n")  # `-c`, as a config file says it
     template = work_dir / "moods.jinja"  # the tiny template, and first every message's `mood` (an extra field)
     template.write_text("{%- for m in messages %}{%- if m.mood is defined %}{{ '[' + m.mood + ']' }}{%- endif %}"
                         "{%- endfor %}" + CHAT_TEMPLATE_PATH.read_text())
     live = LiveServer(base_env(options_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="60"), work_dir, name="open",
-                      extra_args=(str(folder), "--no-auth", "--quantization", "torchao-int8", "--default-seed", "7",
+                      extra_args=(str(folder), "--config", str(config), "--no-auth", "--quantization", "torchao-int8", "--default-seed", "7",
                                   "--stop-sequences", "a", "--ignore-eos", "--dtype", "fp32", "--log-level", "debug",
                                   "--pass-message-extras", "--chat-template", str(template)))
     yield live
@@ -154,6 +167,9 @@ def test_a_checkpoint_saved_quantized_loads_quantized(keyed, options_cache, refe
     saved = AutoModelForCausalLM.from_pretrained(SAVED_INT8, cache_dir=options_cache, **FROM_CACHE).eval()
     assert response.json()["choices"][0]["text"] == greedy_text(saved, reference, 8)
     assert "quantized torchao" in keyed.log()
+    refused = complete(keyed, model=UNANNOUNCED_INT8)  # transformers alone would load random weights in their place
+    assert refused.status_code == 503, refused.text
+    assert "saved quantized by torchao (Int8Tensor)" in refused.json()["error"]["message"]
 
 
 def test_quantized_on_load_holds_less_memory_than_the_same_model_unquantized(keyed, options_cache, reference):
@@ -186,10 +202,15 @@ def test_bitsandbytes_on_a_cpu_worker_is_refused_saying_why(keyed):
     assert "needs a CUDA GPU" in message and "torchao-int8" in message
 
 
-def test_serve_refuses_an_unknown_quantization_or_attention(options_cache, tmp_path):
+def test_serve_refuses_unknown_options_saying_why(options_cache, tmp_path):
     env = base_env(options_cache, tmp_path)
+    weightless = tmp_path / "run"  # a training run's folder before its first checkpoint
+    weightless.mkdir()
+    shutil.copy(snapshot_of(options_cache, TINY_MODEL) / "config.json", weightless)
     for flags, said in ((("--attn-implementation", "warp_speed"), "unknown attn_implementation"),
-                        (("--trust-remote-code",), "applies to the pinned model")):
+                        (("--trust-remote-code",), "applies to the pinned model"),
+                        ((TINY_MODEL, "--from-checkpoint"), "serves a local model folder's checkpoint"),
+                        ((str(weightless), "-c"), "holds no training checkpoint")):
         done = subprocess.run([sys.executable, "manage.py", "serve", "--port", "1", *flags], env=env,
                               cwd=str(ROOT), capture_output=True, text=True,
                               timeout=120)
@@ -222,6 +243,30 @@ def test_a_local_folder_is_served_pinned_and_quantized(open_server, reference):
     assert 1 <= result.usage.completion_tokens <= 4  # this server's stop sequence may end it sooner
     assert "quantized torchao-int8" in open_server.log()
     assert model["memory_bytes"] < 0.8 * model["size_bytes"]
+    assert "weights from the checkpoint" in open_server.log() and "checkpoint-200" in open_server.log()
+
+
+def test_the_latest_checkpoint_is_the_newest_that_holds_weights(tmp_path):
+    """forgather's manifest timestamp first, else the folder's mtime, then the step; the Trainer's layout too."""
+    from catalog.local_folders import latest_checkpoint
+
+    def checkpoint(name: str, saved: str | None = None, weights: str = "model.safetensors"):
+        path = tmp_path / name
+        path.mkdir(parents=True)
+        (path / weights).write_bytes(b"w")
+        if saved:
+            (path / "checkpoint_manifest.json").write_text(json.dumps({"timestamp": saved}))
+        return path
+
+    assert latest_checkpoint(tmp_path) is None
+    checkpoint("checkpoint-50", weights="optimizer.pt")  # holds no weights
+    trainer = checkpoint("checkpoint-40", weights="pytorch_model.bin")
+    assert latest_checkpoint(tmp_path) == trainer
+    older = checkpoint("checkpoints/checkpoint-900", saved="2026-01-01T00:00:00")
+    newer = checkpoint("checkpoints/checkpoint-300", saved="2026-02-01T00:00:00")
+    os.utime(trainer, (1, 1))
+    os.utime(older, (2**31, 2**31))  # its manifest wins over its mtime
+    assert latest_checkpoint(tmp_path) == newer
 
 
 def test_server_wide_request_defaults(open_server):
@@ -347,11 +392,26 @@ def test_transformers_chat_works_unchanged(which, request):
     assert 2 <= chat_requests(server) - before <= 4, server.log()[-3000:]
 
 
-def test_load_model_without_a_key_answers_only_a_loaded_model(keyed):
-    ready = httpx.post(f"{keyed.base_url}/load_model", json={"model": REMOTE}, timeout=30)
-    assert ready.status_code == 200 and '"status":"ready"' in ready.text.replace(" ", "")
-    refused = httpx.post(f"{keyed.base_url}/load_model", json={"model": BNB}, timeout=30)
-    assert refused.status_code == 401
+def load_model(server, body: dict, key: str | None = None) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/load_model", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def test_load_model_tells_a_caller_without_the_right_no_more_than_a_named_loaded_models_readiness(keyed):
+    """The deliberate exception (docs/teams.md): `ready` for a loaded model asked by name, nothing else; a model
+    some team may not use is not told of without a key, nor to a key of a team that may not use it."""
+    assert complete(keyed, model=TINY_MODEL).status_code == 200  # loaded now, beside the pinned model
+    ready = load_model(keyed, {"model": REMOTE})
+    assert ready.status_code == 200 and json.loads(ready.text.split("data: ", 1)[1]) == {
+        "status": "ready", "model": REMOTE, "cached": True}
+    for body in ({"model": BNB}, {}, {"model": REMOTE, "stream": True}, {"model": "local/" + "x" * 400}):
+        assert load_model(keyed, body).status_code == 401, body  # not loaded; the pinned model unnamed; more asked
+    secrets = make_teams(keyed.env, teams={"narrow": ["--models", REMOTE]}, keys={"narrow": ["--team", "narrow"]})
+    assert load_model(keyed, {"model": TINY_MODEL}).status_code == 401  # loaded, but not every team's
+    assert load_model(keyed, {"model": REMOTE}).status_code == 200  # still every team's
+    refused = load_model(keyed, {"model": TINY_MODEL}, key=secrets["narrow"])
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"  # as if unknown
+    assert load_model(keyed, {"model": REMOTE}, key=secrets["narrow"]).status_code == 200
 
 
 # --- Open WebUI: context errors in the request's terms, one reading of a model's context ---------------------

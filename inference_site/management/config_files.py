@@ -30,7 +30,8 @@ MODEL_KEYS: dict[str, Any] = {
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
     "chat_template_kwargs": dict, "reasoning": str, "model_timeout": NUMBER, "log_level": str,
-    "model": str, "trust_remote_code": bool, "quantization": str, "attn_implementation": str,
+    "model": str, "from_checkpoint": (bool, str), "trust_remote_code": bool, "quantization": str,
+    "attn_implementation": str,
     "enable_cors": bool, "cors_allow_origins": list, "auth_token_file": str, "default_seed": int, "stop_sequences": list, "ignore_eos": bool,
     "pass_message_extras": bool,
     "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int, "prefill_share": NUMBER},
@@ -50,6 +51,8 @@ def _type_name(expected) -> str:
         return "a list of mappings"
     if expected is NUMBER:
         return "a number"
+    if isinstance(expected, tuple):
+        return " or ".join(_type_name(one) for one in expected)
     return {int: "an integer", bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}[expected]
 
 
@@ -70,7 +73,7 @@ def _check(value, expected, where: str):
         if not isinstance(value, list):
             raise CommandError(f"{where}: expected {_type_name(expected)}.")
         return [_check(item, expected[0], f"{where}[{index}]") for index, item in enumerate(value)]
-    wrong_bool = isinstance(value, bool) and expected is not bool
+    wrong_bool = isinstance(value, bool) and bool not in (expected if isinstance(expected, tuple) else (expected,))
     if wrong_bool or not isinstance(value, expected):
         raise CommandError(f"{where}: expected {_type_name(expected)}, got {value!r}.")
     return value

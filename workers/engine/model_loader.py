@@ -23,13 +23,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
+from workers.engine.processors import load_processor
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
 from protocol.dtypes import canonical_dtype
 from protocol.load_options import check_attn_implementation
 from protocol.modalities import Kind, input_modalities, model_kind
 from protocol import ModelRef
-from workers.engine.quantization import quant_method, quantization_config, release_checkpoint_map, tensor_bytes
+from workers.engine.quantization import (quant_method, quantization_config, release_checkpoint_map, tensor_bytes,
+                                         unannounced_quantized_type)
 from workers.engine.sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -314,15 +316,18 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if kind in ("causal", "embedding", "cross_encoder"):
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision, **remote)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
-            from transformers import AutoProcessor
-
-            processor = _local_first(AutoProcessor.from_pretrained, repo_id, revision=revision, backend="pil", **remote)
+            processor = _local_first(load_processor, repo_id, revision=revision, **remote)
             tokenizer = processor.tokenizer
         report("config", None)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
         if options.attn_implementation:
             kwargs["attn_implementation"] = options.attn_implementation
         saved_quantized = getattr(config, "quantization_config", None)
+        unannounced = None if saved_quantized is not None else unannounced_quantized_type(repo_id, revision)
+        if unannounced is not None:
+            raise ModelLoadError(f"The model `{ref.key}`'s weights are saved quantized by torchao ({unannounced}) but "
+                                 "its config.json has no quantization_config, so they would load as random weights. "
+                                 "Add the quantization_config they were saved with (save_pretrained writes it).")
         if quantize is not None and saved_quantized is not None:
             raise ModelLoadError(f"The model `{ref.key}` is saved quantized already "
                                  f"({quant_method(saved_quantized)}); serve it without a quantization setting.")

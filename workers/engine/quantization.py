@@ -1,9 +1,13 @@
 """Quantized models on the worker: transformers' config for quantizing on load, what quantized weights hold.
 
 torchao's int8 weight-only runs on CPU and CUDA; bitsandbytes' 4/8-bit only on CUDA (refused elsewhere, saying
-so). A checkpoint saved quantized needs none of this to load: its config.json's `quantization_config` does it.
+so). A checkpoint saved quantized needs none of this to load: its config.json's `quantization_config` does it;
+one whose weights are quantized without that block is refused (transformers would load random weights).
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -63,6 +67,47 @@ def release_checkpoint_map(model: torch.nn.Module) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: the allocator keeps what it keeps
         pass
+
+
+def unannounced_quantized_type(repo_id: str, revision: str) -> str | None:
+    """The torchao tensor type (Int8Tensor, Int4Tensor…) the repo's safetensors say a weight was saved as, read
+    from their headers alone; None if every tensor is a plain one. forgather finds a quantized checkpoint this way
+    too; transformers only from config.json's `quantization_config`, and without it loads random weights in place."""
+    from safetensors import safe_open
+
+    for path in _safetensors_files(repo_id, revision):
+        try:
+            with safe_open(path, "pt") as handle:
+                metadata = handle.metadata() or {}
+        except Exception:  # noqa: BLE001 - an unreadable file: from_pretrained says why when it reads it
+            continue
+        for value in metadata.values():
+            try:
+                kind = json.loads(value).get("_type") if value.startswith("{") else None
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(kind, str) and kind != "Tensor":
+                return kind
+    return None
+
+
+def _safetensors_files(repo_id: str, revision: str) -> list[str]:
+    """The repo's safetensors weight files in the cache: the index's shards, or the one file ([] if neither)."""
+    from transformers.utils import cached_file
+
+    def cached(name: str) -> str | None:
+        return cached_file(repo_id, name, revision=revision, local_files_only=True,
+                           _raise_exceptions_for_missing_entries=False)
+
+    index = cached("model.safetensors.index.json")
+    if index:
+        try:
+            shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return []
+        return [path for path in map(cached, shards) if path]
+    single = cached("model.safetensors")
+    return [single] if single else []
 
 
 def quant_method(config) -> str:

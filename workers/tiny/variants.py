@@ -27,9 +27,11 @@ class TinyRemoteForCausalLM(LlamaForCausalLM):
 '''
 
 
-def build_tiny_quantized_model(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
+def build_tiny_quantized_model(repo_id: str, cache_dir: str | os.PathLike | None = None,
+                               with_config: bool = True) -> Path:
     """The tiny Llama quantized int8 weight-only with torchao and saved so: config.json carries the
-    `quantization_config` that makes `from_pretrained` load it quantized (as forgather's finalized models)."""
+    `quantization_config` that makes `from_pretrained` load it quantized (as forgather's finalized models);
+    `with_config=False` leaves it out (only the weights' safetensors metadata says they are quantized)."""
     import torch
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
@@ -42,6 +44,10 @@ def build_tiny_quantized_model(repo_id: str, cache_dir: str | os.PathLike | None
         out = Path(tmp) / "out"
         model.save_pretrained(out, safe_serialization=True)
         AutoTokenizer.from_pretrained(source).save_pretrained(out)
+        if not with_config:
+            config = json.loads((out / "config.json").read_text())
+            del config["quantization_config"]
+            (out / "config.json").write_text(json.dumps(config, indent=2))
         return _install_into_cache(out, cache, repo_id)
 
 

@@ -14,7 +14,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from catalog.config import set_inference
-from catalog.hf_cache import cached_served_models, link_local_model
+from catalog.hf_cache import cached_served_models
+from catalog.local_folders import link_local_model
 from inference_site import edge
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
@@ -59,6 +60,10 @@ class Command(BaseCommand):
                             help="pin a model (a repo id or a local model folder): loaded at start, never unloaded, "
                                  "and the model of requests that name none")
         parser.add_argument("-m", "--model", help="the same as MODEL")
+        parser.add_argument("-c", "--from-checkpoint", nargs="?", const=True, metavar="CHECKPOINT",
+                            help="serve the pinned model folder with the weights of its latest training checkpoint "
+                                 "(FOLDER/checkpoints/checkpoint-*, as forgather saves them, or the Trainer's "
+                                 "FOLDER/checkpoint-*), or of this checkpoint folder")
         parser.add_argument("--trust-remote-code", action="store_true", default=None,
                             help="let the pinned model's repo run its own Python code (other models: the catalog admin)")
         parser.add_argument("--quantization", choices=QUANTIZATIONS,
@@ -99,7 +104,8 @@ class Command(BaseCommand):
         config = load_config(options["config"], SERVER_KEYS) if options.get("config") else {}
         options = merged_options(options, {**config, **config.get("batching", {})}, {"host": "127.0.0.1", "port": 8000})
         host, port = options["host"], options["port"]
-        options["model"] = self._pinned_model(options.get("pinned_model") or options.get("model"))
+        options["model"] = self._pinned_model(options.get("pinned_model") or options.get("model"),
+                                              options.get("from_checkpoint"))
         if options.get("trust_remote_code") and not options["model"]:
             raise CommandError("--trust-remote-code applies to the pinned model (serve MODEL --trust-remote-code); "
                                "other models take it from their catalog row (admin, or a config file's models:).")
@@ -293,17 +299,23 @@ class Command(BaseCommand):
             raise CommandError(f"--config: models: {'; '.join(exc.messages)}") from exc
         self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
 
-    def _pinned_model(self, name: str | None) -> str:
-        """The pinned model's name: a local model folder is linked into the cache as `local/<folder>`; a repo that
-        is neither cached nor downloadable stops the start (the worker downloads one that is not cached)."""
+    def _pinned_model(self, name: str | None, checkpoint: str | bool | None) -> str:
+        """The pinned model's name: a local model folder is linked into the cache as `local/<folder>` (with a
+        checkpoint's weights where asked); a repo that is neither cached nor downloadable stops the start (the
+        worker downloads one that is not cached)."""
+        if checkpoint and not (name and Path(name).expanduser().is_dir()):
+            raise CommandError("--from-checkpoint serves a local model folder's checkpoint: serve FOLDER -c "
+                               f"[CHECKPOINT] ({name or 'no model'} is not a folder)")
         if not name:
             return ""
         if Path(name).expanduser().is_dir():
             try:
-                linked = link_local_model(Path(name))
+                linked = link_local_model(Path(name), checkpoint=Path(checkpoint) if isinstance(checkpoint, str)
+                                          else checkpoint)
             except ValueError as exc:
-                raise CommandError(f"MODEL: {exc}") from None
-            self.stdout.write(f"Serving the folder {name} as {linked}")
+                raise CommandError(f"{'--from-checkpoint' if checkpoint else 'MODEL'}: {exc}") from None
+            self.stdout.write(f"Serving the folder {name} as {linked}"
+                              + (" with a training checkpoint's weights (see the log)" if checkpoint else ""))
             return linked
         from protocol import ModelRef
         from protocol.hub import hub_reachable

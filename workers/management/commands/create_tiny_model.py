@@ -4,19 +4,20 @@ from workers.tiny.builders import build_tiny_model
 from workers.tiny.encoder import build_tiny_cross_encoder, build_tiny_encoder
 from workers.tiny.lora import build_tiny_lora
 from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
+from workers.tiny.omni import build_tiny_omni
 
 
 class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
-            "(audio-chat), a Whisper, or a sentence-transformers embedding model (encoder: a BERT with mean pooling "
-            "and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
+            "(audio-chat), a Gemma-4-shaped omni model (omni: images, video and audio), a Whisper, or a "
+            "sentence-transformers embedding model (encoder: a BERT with mean pooling and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
             "or a LoRA adapter of a model already in the cache (lora, with --base).")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
-        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "whisper", "encoder", "cross-encoder",
-                                                       "lora"], default="llama")
+        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "omni", "whisper", "encoder",
+                                                       "cross-encoder", "lora"], default="llama")
         parser.add_argument("--size", choices=["tiny", "tiny-long", "small"], default="tiny",
                             help="llama only (tiny-long: tiny with a 32k context, what serve builds on a first run)")
         parser.add_argument("--seed", type=int, default=0)
@@ -29,6 +30,8 @@ class Command(BaseCommand):
             path = build_tiny_vlm(name, seed=seed)
         elif arch == "audio-chat":
             path = build_tiny_audio_lm(name, seed=seed)
+        elif arch == "omni":
+            path = build_tiny_omni(name, seed=seed)
         elif arch == "encoder":
             path = build_tiny_encoder(name, seed=seed)
         elif arch == "cross-encoder":
