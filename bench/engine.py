@@ -198,7 +198,7 @@ def measure(model_id: str, args: argparse.Namespace, engine: EngineProcess) -> d
         print(f"  {model_id}: {rounds[-1]}", flush=True)
     keys = rounds[0].keys()
     return {"model": model_id, "streams": args.requests, "max_tokens": args.max_tokens,
-            **{key: statistics.median(r[key] for r in rounds) for key in keys}, "rounds": rounds}
+            **{key: round(statistics.median(r[key] for r in rounds), 3) for key in keys}, "rounds": rounds}
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from workers.tiny.builders import build_tiny_model
+from workers.tiny.families import FAMILIES, build_tiny_family
 from workers.tiny.encoder import build_tiny_cross_encoder, build_tiny_encoder
 from workers.tiny.lora import build_tiny_lora
 from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
@@ -12,7 +13,9 @@ class Command(BaseCommand):
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
             "(audio-chat), a Gemma-4-shaped omni model (omni: images, video and audio), a Whisper, or a "
             "sentence-transformers embedding model (encoder: a BERT with mean pooling and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
-            "or a LoRA adapter of a model already in the cache (lora, with --base).")
+            "or a LoRA adapter of a model already in the cache (lora, with --base); --family NAME builds a causal "
+            "LM of that architecture family instead (mistral, gemma3, gpt-oss, deepseek-v3, qwen3.5, jamba, "
+            "mamba…: workers/tiny/families.py).")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
@@ -22,9 +25,15 @@ class Command(BaseCommand):
                             help="llama only (tiny-long: tiny with a 32k context, what serve builds on a first run)")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--base", default="local/tiny-llama", help="lora only: the base model's repo id")
+        parser.add_argument("--family", choices=sorted(FAMILIES),
+                            help="a causal LM of this architecture family (its features on: sliding windows, MLA, "
+                                 "linear attention, Mamba…), in place of --arch")
 
-    def handle(self, *args, name: str, arch: str, size: str, seed: int, base: str, **options):
-        if arch == "lora":
+    def handle(self, *args, name: str, arch: str, size: str, seed: int, base: str, family: str | None = None,
+               **options):
+        if family is not None:
+            path, arch = build_tiny_family(family, name, seed=seed), family
+        elif arch == "lora":
             path = build_tiny_lora(name, base, seed=seed)
         elif arch == "llava":
             path = build_tiny_vlm(name, seed=seed)
