@@ -54,5 +54,7 @@ def logging_config(log_format: str, level: str) -> dict:
                                  "filters": ["request_id"]}},
         "root": {"handlers": ["console"], "level": level},
         # Django's own 4xx warnings would repeat the guard's access line; 5xx still log with a traceback.
-        "loggers": {"django.request": {"level": "ERROR"}},
+        # torchao, which transformers imports when it is installed, warns at every start that its CUDA and
+        # Triton kernels cannot load on a CPU machine: nothing a user can act on.
+        "loggers": {"django.request": {"level": "ERROR"}, "torchao": {"level": "ERROR"}},
     }
