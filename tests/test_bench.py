@@ -105,16 +105,14 @@ def test_fairness_scenario_runs_every_phase_with_the_servers_settings(hf_cache, 
 
 
 def test_engine_scenario_reports_the_engine_against_raw_and_the_floor(hf_cache, tmp_path):
-    """The engine in-process against raw padded generate and the bare forward loop, on the tiny model and
-    (--families) on one model per kind of cache."""
-    report = run_scenario(hf_cache, tmp_path, "--scenario", "engine")
-    assert report["errors"] == 0 and [row["model"] for row in report["rows"]] == ["local/tiny-llama"]
-    assert report["engine_over_raw"] > 0 and report["engine_over_floor"] > 0 and "host_us_per_row_step" in report
-    row = report["rows"][0]
-    assert row["streams"] == 8 and row["batch_mean"] > 0 and row["floor_step_ms"] > 0
-    families = run_scenario(hf_cache, tmp_path / "families", "--scenario", "engine", "--families")
-    assert [row["cache"] for row in families["rows"]] == ["full attention", "full (MLA)"]
-    assert all(row["engine_tokens_per_s"] > 0 and row["raw_tokens_per_s"] > 0 for row in families["rows"])
+    """The engine in its own process against raw padded generate and the bare forward loop, a row per kind of
+    cache (--families; quick: the first two kinds)."""
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "engine", "--families")
+    assert report["errors"] == 0 and [row["cache"] for row in report["rows"]] == ["full attention", "full (MLA)"]
+    for row in report["rows"]:
+        assert row["streams"] == 8 and row["batch_mean"] > 0 and row["floor_step_ms"] > 0, row
+        assert row["engine_tokens_per_s"] > 0 and row["raw_tokens_per_s"] > 0, row
+        assert row["engine_over_raw"] > 0 and row["engine_over_floor"] > 0 and "host_us_per_row_step" in row, row
 
 
 def test_parsing_scenario_reports_each_familys_share_of_the_stream(hf_cache, tmp_path):
