@@ -4,7 +4,6 @@ unthrottled logins and bearer-key guessing."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import sqlite3

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ..conftest import TINY_MODEL
-from .conftest import log_in, screenshot
+from .conftest import screenshot
 from .pages import ANSWER, low_contrast, store_conversation
 
 

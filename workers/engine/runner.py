@@ -14,12 +14,13 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
 from workers.engine.adapters import adapter_names
 from workers.engine.lora_batch import dense_lora
 from workers.engine.kv.prefix_cache import PrefixCache
 from workers.engine.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
 from workers.engine.kv.slab import SlabKV, static_attention
-from workers.engine.kv.specs import SLIDING, STATE, cache_spec
+from workers.engine.kv.specs import SLIDING, cache_spec
 from workers.engine.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 from workers.engine.static_decode import StaticDecode
