@@ -76,7 +76,7 @@ def floor_loop(model, prompts: list[list[int]], tokens: int) -> tuple[float, flo
     over a static cache (a dynamic one where the model has no static form)."""
     from transformers import DynamicCache, StaticCache
 
-    from workers.engine.kv.specs import forward_arguments
+    from workers.engine.execution.kv.specs import forward_arguments
 
     cache_arg, takes_positions = forward_arguments(model)
     pad = model.generation_config.pad_token_id or 0
@@ -117,7 +117,7 @@ def _serve_engine(requests: int, connection) -> None:
     """The child process: an Engine answering into a dict, running what the pipe asks, until None."""
     import protocol
     from workers.engine.config import EngineConfig
-    from workers.engine.engine import Engine
+    from workers.engine.core.engine import Engine
 
     done, finished, errors = threading.Condition(), set(), []
 

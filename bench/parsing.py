@@ -1,6 +1,6 @@
 """`python -m bench.run --scenario parsing`: what splitting a chat answer costs per streamed token.
 
-The worker parses every chat and Responses answer as its family writes it (workers/engine/parsing):
+The worker parses every chat and Responses answer as its family writes it (workers/engine/output/parsing):
 each step's new text goes through the choice's parser. Two figures, from one run:
 
 - the parser's cost per token, per family: a realistic answer (reasoning, content and a tool call,
@@ -81,7 +81,7 @@ def answer_text(family: str, tokenizer, tokens: int) -> str:
 
 def parser_for(family: str):
     from protocol.output_formats import ParserChoice
-    from workers.engine.parsing.factory import OutputFormat, make_parser
+    from workers.engine.output.parsing.factory import OutputFormat, make_parser
     from workers.tiny.chat_formats import QWEN_RESPONSE_TEMPLATE
 
     tool, reasoning, _ = ANSWERS[family]

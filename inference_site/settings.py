@@ -294,7 +294,7 @@ INFERENCE = {
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
-    # SDPA's cuDNN backend on CUDA (off: flash / memory-efficient kernels; see workers/engine/model_loader.py).
+    # SDPA's cuDNN backend on CUDA (off: flash / memory-efficient kernels; see workers/engine/models/model_loader.py).
     "CUDNN_ATTENTION": env_bool("INFERENCE_CUDNN_ATTENTION", False),
     "STATIC_DECODE": os.environ.get("INFERENCE_STATIC_DECODE", "auto"),
     "CUDA_GRAPHS": env_bool("INFERENCE_CUDA_GRAPHS", True),
@@ -304,7 +304,7 @@ INFERENCE = {
     "ATTN_IMPLEMENTATION": os.environ.get("INFERENCE_ATTN_IMPLEMENTATION", ""),
     # Continuous batching: sequences decoded together, requests that may wait beyond them
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
-    # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/prefill_pacing.py).
+    # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/core/prefill_pacing.py).
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 0),  # 0: fit the device (256 on CUDA, 32 on CPU)
     # Rows batch-priority work may hold while interactive work runs or waits; -1: fit the device
     # (every slot on CUDA, 2 on CPU). Below the slots, batch prompts are not prefilled beside interactive decode.
@@ -331,7 +331,7 @@ INFERENCE = {
     "KV_BUDGET_MB": env_float("INFERENCE_KV_BUDGET_MB", 0.0),
     # Keys/values of recent prompts kept per model for later prompts that start the same way (MiB; 0: off).
     "PREFIX_CACHE_MB": env_float("INFERENCE_PREFIX_CACHE_MB", 512.0),
-    # /v1/embeddings inputs pooled in one forward per engine step (workers/engine/embedding.py).
+    # /v1/embeddings inputs pooled in one forward per engine step (workers/engine/tasks/embedding.py).
     "EMBEDDING_BATCH": env_int("INFERENCE_EMBEDDING_BATCH", 32),
     "STREAM_INTERVAL": env_int("INFERENCE_STREAM_INTERVAL", 1),
     # Server-wide request defaults (forgather's): the seed of a request that sends none (""/unset: none,

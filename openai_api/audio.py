@@ -1,6 +1,6 @@
 """`POST /v1/audio/transcriptions` and `/v1/audio/translations`: OpenAI's Audio API over speech-to-text models.
 
-The worker transcribes the upload in windows (workers.engine.transcription), one ChoiceDelta per
+The worker transcribes the upload in windows (workers.engine.tasks.transcription), one ChoiceDelta per
 window; here they become the text, the segments (and words) of `verbose_json`, SRT or WebVTT cues, or the
 `transcript.text.delta` / `transcript.text.done` events of a stream. Uploads stay in memory
 (the body limit bounds them): nothing of a request is ever written to disk.

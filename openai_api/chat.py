@@ -1,6 +1,6 @@
 """`POST /v1/chat/completions`: messages rendered by the worker's chat template, its answer shaped here.
 
-The worker's parser (workers/engine/parsing, the model family's format) splits the answer into parts:
+The worker's parser (workers/engine/output/parsing, the model family's format) splits the answer into parts:
 reasoning, content, tool calls and their arguments; this module turns them into OpenAI's message or
 its chunks (a call's index, id and name first, then its arguments), so it never needs the tokenizer.
 """

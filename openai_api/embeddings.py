@@ -1,6 +1,6 @@
 """`POST /v1/embeddings`: OpenAI's Embeddings API over sentence-transformers models in the cache.
 
-The worker pools each input (workers.engine.embedding) and answers once with every vector; here
+The worker pools each input (workers.engine.tasks.embedding) and answers once with every vector; here
 they become OpenAI's list of `embedding` objects, as floats or as base64 of little-endian float32
 (what the openai SDK sends for by default and decodes itself). Metered like any job: the inputs'
 tokens count against the team's tokens, the request against its rpm.

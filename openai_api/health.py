@@ -54,7 +54,7 @@ async def _worker_problem(timeout: float) -> str | None:
     """Ping the group of workers; any answer from a worker whose engine is alive will do.
 
     A worker answers from its event loop but reports its engine thread's own liveness
-    (workers/engine/supervision.py): a dead or stalled engine is named here, never counted as healthy.
+    (workers/engine/core/supervision.py): a dead or stalled engine is named here, never counted as healthy.
     """
     layer = get_channel_layer()
     sick: dict[str, str] = {}

@@ -1,6 +1,6 @@
 """`GET /metrics`: Prometheus text for the whole deployment, for a bearer key or an allow-listed address.
 
-What it shows: the engine's vLLM-named metrics (workers.engine.metrics), HTTP requests by route and
+What it shows: the engine's vLLM-named metrics (workers.engine.core.metrics), HTTP requests by route and
 status (counted by the ASGI guard through `observe_http`), and from the catalog, which every
 web and worker process shares: workers by status and the models loaded on live workers.
 With PROMETHEUS_MULTIPROC_DIR set (several processes on one host), the values of every process

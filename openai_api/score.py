@@ -1,6 +1,6 @@
 """`POST /v1/score` and `POST /v1/rerank` (vLLM's, Cohere's and Jina's): a score per text pair.
 
-Both send one job of text pairs; the worker (workers.engine.pair_scoring) answers one `score` per
+Both send one job of text pairs; the worker (workers.engine.tasks.pair_scoring) answers one `score` per
 pair — a cross-encoder's (sigmoid of its) logit, or an embedding model's cosine similarity of the two
 texts. Score answers them in vLLM's list of `score` objects; rerank orders the documents by them.
 Served where vLLM serves them: `/score` and `/v1/score`; `/rerank`, `/v1/rerank` and `/v2/rerank`.

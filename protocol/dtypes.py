@@ -1,7 +1,7 @@
 """The dtype names a model may be loaded in: the canonical ones and forgather's / torch's aliases.
 
 Plain Python (no torch): `serve --dtype`, the catalog's per-model dtype and the worker's loader
-(workers/engine/model_loader.resolve_dtype) read the one table.
+(workers/engine/models/model_loader.resolve_dtype) read the one table.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ class MediaPart(TypedDict):
     """An image, video or audio part of a user message's content list (the others: {"type": "text", "text"}).
 
     The worker reads `url` (data: or http(s)) into `data` bytes before its engine sees the job
-    (workers.engine.media_prompts); a video part is then also told how many `frames` to become.
+    (workers.engine.inputs.media_prompts); a video part is then also told how many `frames` to become.
     """
 
     type: Literal["image", "video", "audio"]
@@ -30,8 +30,8 @@ class MediaPart(TypedDict):
 
 
 class Conversation(TypedDict):
-    """A chat prompt, rendered by the worker's chat template (workers.engine.chat_templates), or by the
-    model's processor when a message holds MediaParts (workers.engine.media_prompts)."""
+    """A chat prompt, rendered by the worker's chat template (workers.engine.inputs.chat_templates), or by the
+    model's processor when a message holds MediaParts (workers.engine.inputs.media_prompts)."""
 
     messages: list[dict]
     tools: list[dict] | None
@@ -56,7 +56,7 @@ class TokenIdsPrompt(TypedDict):
 
 
 class AudioPrompt(TypedDict):
-    """Audio for a speech-to-text model (/v1/audio/transcriptions and /translations; workers.engine.transcription).
+    """Audio for a speech-to-text model (/v1/audio/transcriptions and /translations; workers.engine.tasks.transcription).
 
     Each ChoiceDelta of such a job is the text of one window of `window_seconds` (Started), in order.
     """
@@ -69,7 +69,7 @@ class AudioPrompt(TypedDict):
 
 
 class EmbeddingPrompt(TypedDict):
-    """One input of /v1/embeddings (workers.engine.embedding): text or token ids, pooled into one vector.
+    """One input of /v1/embeddings (workers.engine.tasks.embedding): text or token ids, pooled into one vector.
 
     Its ChoiceDelta carries the vector as `embedding` (no text, no tokens generated).
     """
@@ -79,7 +79,7 @@ class EmbeddingPrompt(TypedDict):
 
 
 class PairPrompt(TypedDict):
-    """One pair of /v1/score or /v1/rerank (workers.engine.pair_scoring): scored by a cross-encoder over the
+    """One pair of /v1/score or /v1/rerank (workers.engine.tasks.pair_scoring): scored by a cross-encoder over the
     pair as the tokenizer's text pair, or by an embedding model as the cosine of the two texts' vectors.
 
     Its ChoiceDelta carries the number as `score`.
@@ -94,7 +94,7 @@ Prompt = (str | list[int] | Conversation | TextPrompt | TokenIdsPrompt | AudioPr
 
 
 class TeamRef(TypedDict):
-    """Whose job it is, for the engine's fair share (workers/engine/fair_share.py): the team's name and
+    """Whose job it is, for the engine's fair share (workers/engine/core/fair_share.py): the team's name and
     its weight (teams' `share`, > 0; equal shares get equal parts of a full box)."""
 
     name: str
@@ -184,7 +184,7 @@ class Word(TypedDict):
 
 
 class Part(TypedDict):
-    """One piece of a chat answer as its family's parser split it (workers/engine/parsing), in order:
+    """One piece of a chat answer as its family's parser split it (workers/engine/output/parsing), in order:
     "content" / "reasoning" text, a "tool_call" opening (its `index` among the answer's calls, `id`,
     `name`), then its "arguments" fragments (`index`, `text`; joined, the arguments' JSON)."""
 

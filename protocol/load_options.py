@@ -1,7 +1,7 @@
 """How a model is loaded beyond device and dtype: quantization, its own code, the attention kernel.
 
 Plain Python, the one list of each choice: the catalog's admin fields, `serve`'s flags and config
-file, and the worker's loader (workers/engine/model_loader.py) all read them from here.
+file, and the worker's loader (workers/engine/models/model_loader.py) all read them from here.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which tool-call and reasoning format a model writes: the parser names (vLLM's) and how one is chosen.
 
 Plain Python, read by both sides: the catalog shows what a model's files say (catalog/hf_cache.py),
-the worker parses with it (workers/engine/parsing). The choice, first match wins:
+the worker parses with it (workers/engine/output/parsing). The choice, first match wins:
 
 1. the catalog's override for the model (admin or config file: `tool_parser` / `reasoning_parser`);
 2. the tokenizer's own `response_template` (transformers' parser: `parse_response`), shown as

@@ -49,9 +49,9 @@ class JobParams:
     num_beams: int = 1  # > 1: beam search (Hugging Face's generate), beside the continuous batch
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # True, False or "never", as Hugging Face's
-    structured: Structured | None = None  # a grammar the output must match (workers.engine.grammars)
+    structured: Structured | None = None  # a grammar the output must match (workers.engine.sample.grammars)
     # Chat and Responses: the answer split into reasoning, content and tool calls as the model's family
-    # writes them (ChoiceDelta.parts; workers/engine/parsing), tool calls read when `parse_tools`.
+    # writes them (ChoiceDelta.parts; workers/engine/output/parsing), tool calls read when `parse_tools`.
     parse_output: bool = False
     parse_tools: bool = False
     parallel_tool_calls: bool = True  # False: an answer's first call only

@@ -194,10 +194,10 @@ def redis_server(tmp_path_factory):
 
 @contextmanager
 def engine_running(hf_cache: Path, emit: Callable[[str, dict], None], config) -> Iterator:
-    """A real engine (workers.engine.engine.Engine) over the tests' cache, emitting to `emit`, stopped after."""
+    """A real engine (workers.engine.core.engine.Engine) over the tests' cache, emitting to `emit`, stopped after."""
     from huggingface_hub import constants
 
-    from workers.engine.engine import Engine
+    from workers.engine.core.engine import Engine
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))

@@ -1,8 +1,8 @@
-"""Test helper: a parser of the worker's (workers/engine/parsing) run over a whole text at once, and its parts joined."""
+"""Test helper: a parser of the worker's (workers/engine/output/parsing) run over a whole text at once, and its parts joined."""
 from __future__ import annotations
 
-from workers.engine.parsing.families import REASONING_FORMATS, TOOL_FORMATS
-from workers.engine.parsing.regions import RegionParser
+from workers.engine.output.parsing.families import REASONING_FORMATS, TOOL_FORMATS
+from workers.engine.output.parsing.regions import RegionParser
 
 
 def joined(parts: list[dict]) -> tuple[str, str, list[tuple[str, str]]]:

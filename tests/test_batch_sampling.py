@@ -13,9 +13,9 @@ import torch
 from transformers import AutoTokenizer
 
 from protocol import JobParams
-from workers.engine.batch_sampling import choose_batch
-from workers.engine.detokenizer import IncrementalText
-from workers.engine.sampling import Sampler, SamplingParams
+from workers.engine.sample.batch_sampling import choose_batch
+from workers.engine.output.detokenizer import IncrementalText
+from workers.engine.sample.sampling import Sampler, SamplingParams
 
 from .conftest import TINY_MODEL
 
@@ -135,7 +135,7 @@ def test_each_row_is_warped_exactly_as_hugging_face_warps_it_alone():
     """Per-row top-k / top-p / min-p over a batch equal Hugging Face's warpers on each row (bit for bit)."""
     from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from workers.engine.batch_sampling import _min_p, _top_k, _top_p
+    from workers.engine.sample.batch_sampling import _min_p, _top_k, _top_p
 
     torch.manual_seed(7)
     scores = torch.randn(5, VOCAB) * 2

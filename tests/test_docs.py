@@ -266,7 +266,7 @@ def where_is_problems(row: str) -> list[str]:
 
 FAKE_PAGE = """# A page that lies
 
-Read `workers/engine/bogus.py` and `deploy/nowhere.conf`; `workers/engine/scheduler.py` is real.
+Read `workers/engine/bogus.py` and `deploy/nowhere.conf`; `workers/engine/core/scheduler.py` is real.
 Set `INFERENCE_BOGUS_KNOB` (but `INFERENCE_MAX_NUM_SEQS` is real), then run `manage.py frobnicate`,
 `manage.py serve --no-such-flag`, and `python -m bench.nothing`. See [there](nowhere.md) and [here](#no-heading).
 
@@ -292,12 +292,12 @@ def test_the_checker_reports_what_is_wrong():
 
 def test_the_checker_reads_a_layout_tree():
     page = "```text\n./\n├── workers/\n│   ├── engine/\n│   │   └── scheduler.py\n│   └── nothing.py\n└── manage.py\n```\n"
-    assert tree_paths(page) == ["workers/", "workers/engine/", "workers/engine/scheduler.py",
+    assert tree_paths(page) == ["workers/", "workers/engine/", "workers/engine/core/scheduler.py",
                                 "workers/nothing.py", "manage.py"]
     assert check_doc(page, "tree") == ["tree: no such file: nothing.py", "tree: no such file: workers/nothing.py"]
 
 
 def test_the_where_is_checker_reports_a_wrong_pointer():
-    assert where_is_problems("| the sampler | `workers/engine/sampling.py` `Sampler` |") == []
-    assert where_is_problems("| x | `workers/engine/sampling.py` `NoSuchThing` |") == [
-        "NoSuchThing is not defined in workers/engine/sampling.py"]
+    assert where_is_problems("| the sampler | `workers/engine/sample/sampling.py` `Sampler` |") == []
+    assert where_is_problems("| x | `workers/engine/sample/sampling.py` `NoSuchThing` |") == [
+        "NoSuchThing is not defined in workers/engine/sample/sampling.py"]

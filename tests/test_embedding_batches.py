@@ -1,4 +1,4 @@
-"""How the worker batches embedding inputs (workers.engine.embedding.advance_embeddings), on the real tiny encoder.
+"""How the worker batches embedding inputs (workers.engine.tasks.embedding.advance_embeddings), on the real tiny encoder.
 
 A request's inputs are sorted by length across all of them, as sentence-transformers' `encode` sorts a
 call's inputs, so a large request pads no more than `encode` would; newer requests' inputs join a forward
@@ -27,7 +27,7 @@ def texts(count: int, offset: int = 0) -> list[str]:
 def encoder(embed_cache):
     from huggingface_hub import constants
 
-    from workers.engine.model_loader import load_model
+    from workers.engine.models.model_loader import load_model
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(constants, "HF_HUB_CACHE", str(embed_cache[0]))
@@ -35,7 +35,7 @@ def encoder(embed_cache):
 
 
 def job(encoder, name: str, inputs: list[str]):
-    from workers.engine.embedding import EmbeddingJob
+    from workers.engine.tasks.embedding import EmbeddingJob
 
     return EmbeddingJob({"request_id": name, "reply_channel": "nowhere",
                          "prompts": [{"embed": text} for text in inputs]}, encoder)
@@ -43,7 +43,7 @@ def job(encoder, name: str, inputs: list[str]):
 
 def run_forwards(encoder, jobs: list, batch: int) -> list[list[tuple[str, int]]]:
     """Every forward's rows as (request id, input index), run until each job is done."""
-    from workers.engine.embedding import advance_embeddings
+    from workers.engine.tasks.embedding import advance_embeddings
 
     forwards: list[list[tuple[str, int]]] = []
     while any(j.left for j in jobs):
@@ -78,7 +78,7 @@ def test_one_large_request_pads_as_encode_does(encoder, embed_cache):
 
 
 def test_short_inputs_are_not_overtaken_for_ever_by_newer_long_ones(encoder):
-    from workers.engine.embedding import OVERTAKEN_AT_MOST, advance_embeddings
+    from workers.engine.tasks.embedding import OVERTAKEN_AT_MOST, advance_embeddings
 
     batch = 4
     short = job(encoder, "short", ["map"] * 12)

@@ -9,7 +9,7 @@ import pytest
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
+from workers.engine.core.engine import Engine
 
 from .conftest import TINY_MODEL, engine_running
 from .outbox import Outbox
@@ -103,7 +103,7 @@ def test_cudnn_attention_is_off_on_cuda_unless_asked_for_and_untouched_elsewhere
     """INFERENCE_CUDNN_ATTENTION: torch's SDPA flag for cuDNN is set only for a CUDA device."""
     import torch
 
-    from workers.engine.model_loader import set_attention_backends
+    from workers.engine.models.model_loader import set_attention_backends
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:

@@ -17,8 +17,8 @@ from prometheus_client import REGISTRY
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
-from workers.engine.fair_share import FairQueue
+from workers.engine.core.engine import Engine
+from workers.engine.core.fair_share import FairQueue
 
 from .conftest import TINY_MODEL, engine_running
 

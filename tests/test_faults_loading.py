@@ -171,7 +171,7 @@ def test_cached_models_of_every_kind_load_without_asking_the_hub(tmp_path):
     env.update(HF_HUB_CACHE=str(tmp_path), HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}")
     code = ("import sys\n"
             "from protocol import ModelRef\n"
-            "from workers.engine.model_loader import load_model\n"
+            "from workers.engine.models.model_loader import load_model\n"
             "print(*(load_model(ModelRef.parse(name)).kind for name in sys.argv[1:]))\n")
     try:
         result = subprocess.run([sys.executable, "-c", code, *models], env=env, cwd=ROOT, capture_output=True,

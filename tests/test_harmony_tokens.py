@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.engine.parsing import harmony
-from workers.engine.parsing.harmony import HarmonyTextParser, HarmonyTokenParser
+from workers.engine.output.parsing import harmony
+from workers.engine.output.parsing.harmony import HarmonyTextParser, HarmonyTokenParser
 
 from .parse_whole import joined
 
@@ -52,7 +52,7 @@ def gpt_oss_tokenizer(vocabulary: Path):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from workers.engine.token_text import byte_level_decoder
+    from workers.engine.output.token_text import byte_level_decoder
 
     char_of = {byte: char for char, byte in byte_level_decoder().items()}
     vocab = {}

@@ -12,9 +12,9 @@ from transformers import DynamicCache
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.kv import stores
-from workers.engine.kv.slab import SlabKV, attends_with_sdpa
-from workers.engine.kv.specs import cache_spec
+from workers.engine.execution.kv import stores
+from workers.engine.execution.kv.slab import SlabKV, attends_with_sdpa
+from workers.engine.execution.kv.specs import cache_spec
 from workers.tiny.families import build_tiny_families
 
 from workers.tiny.builders import build_tiny_alibi_model, build_tiny_model

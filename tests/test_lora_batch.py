@@ -1,4 +1,4 @@
-"""workers/engine/lora_batch.py in-process: a mixed batch's adapter terms in two matmuls per layer equal
+"""workers/engine/models/lora_batch.py in-process: a mixed batch's adapter terms in two matmuls per layer equal
 peft's own mixed-adapter forward, the base's rows stay the base's, and what it cannot serve goes to peft."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from huggingface_hub import snapshot_download
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from workers.engine.adapters import BASE_ROW, _no_active_adapter
-from workers.engine.lora_batch import dense_lora
+from workers.engine.models.adapters import BASE_ROW, _no_active_adapter
+from workers.engine.models.lora_batch import dense_lora
 from workers.tiny.lora import TARGETS
 
 from .conftest import TINY_MODEL

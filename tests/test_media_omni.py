@@ -26,7 +26,7 @@ MAX_TOKENS = 12
 def omni(media_cache) -> ProcessorReference:
     from transformers import Gemma4Processor
 
-    from workers.engine.processors import NoVideoProcessor, without_video
+    from workers.engine.models.processors import NoVideoProcessor, without_video
 
     where = dict(cache_dir=media_cache, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(TINY_OMNI, **where)

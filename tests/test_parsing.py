@@ -1,4 +1,4 @@
-"""The worker's output parsers (workers/engine/parsing) on hand-written answers of every family: whole and
+"""The worker's output parsers (workers/engine/output/parsing) on hand-written answers of every family: whole and
 fed one character at a time (a long call's arguments streaming in fragments), malformed and cut ones too
 (nothing raises, a cut call ends as far as it was written); the forced-call grammars accept the very
 text their family's parser reads; which parser a model's files choose."""
@@ -11,13 +11,13 @@ import llguidance.hf
 import pytest
 
 from protocol.output_formats import ParserChoice, choose_parsers, detect_parsers
-from workers.engine.parsing.families import REASONING_FORMATS, TOOL_FORMATS
-from workers.engine.parsing.reading import NAME
-from workers.engine.parsing.harmony import HarmonyTextParser, harmony_encoding, write_vocabulary
-from workers.engine.parsing.regions import RegionParser
-from workers.engine.parsing.template import TemplateParser
-from workers.engine.parsing.tool_grammars import banned_markers, tool_call_grammar
-from workers.engine.parsing.factory import OutputFormat
+from workers.engine.output.parsing.families import REASONING_FORMATS, TOOL_FORMATS
+from workers.engine.output.parsing.reading import NAME
+from workers.engine.output.parsing.harmony import HarmonyTextParser, harmony_encoding, write_vocabulary
+from workers.engine.output.parsing.regions import RegionParser
+from workers.engine.output.parsing.template import TemplateParser
+from workers.engine.output.parsing.tool_grammars import banned_markers, tool_call_grammar
+from workers.engine.output.parsing.factory import OutputFormat
 from workers.tiny.chat_formats import QWEN_RESPONSE_TEMPLATE
 
 from .parse_whole import joined, parse_text
@@ -163,7 +163,7 @@ def test_priming_continues_a_prefilled_block():
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    from workers.engine.parsing.parts import Calls
+    from workers.engine.output.parsing.parts import Calls
 
     parser = RegionParser(None, TOOL_FORMATS["mistral"], True, {}, Calls(limit=1))
     assert len(joined(parser.feed(ANSWERS["mistral_named"][2]) + parser.finish())[2]) == 1
@@ -329,7 +329,7 @@ def test_a_response_template_wins_and_overrides_win_over_all():
 
 
 def test_a_familys_markers_are_kept_and_its_other_special_tokens_hidden(ll_tokenizer):
-    from workers.engine.parsing import output_format
+    from workers.engine.output.parsing import output_format
     from workers.tiny.chat_formats import format_tokenizer
 
     tokenizer = format_tokenizer("llama3_json", ll_tokenizer[0])
@@ -348,7 +348,7 @@ def test_random_marker_soup_never_raises():
     well-formed parts (a call's arguments are a JSON object, or the text stayed content), never raises."""
     import random
 
-    from workers.engine.parsing.factory import INNER_MARKERS
+    from workers.engine.output.parsing.factory import INNER_MARKERS
 
     rng = random.Random(7)
     pieces = ['{"name": "f", "arguments": {', "}", "[", "]", '"', "(", ")", "x=1", ", ", "\n", "Paris", "call:f{",

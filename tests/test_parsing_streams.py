@@ -1,4 +1,4 @@
-"""Tool calls streamed by the worker's parsers (workers/engine/parsing/reading.py): fed one character at a
+"""Tool calls streamed by the worker's parsers (workers/engine/output/parsing/reading.py): fed one character at a
 time, a call opens as soon as its name is read and its arguments follow in many fragments, joined to exactly
 what the whole text gives, for every format; unusual but valid shapes read alike both ways."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from workers.engine.parsing.families import TOOL_FORMATS
-from workers.engine.parsing.harmony import HarmonyTextParser
-from workers.engine.parsing.regions import RegionParser
+from workers.engine.output.parsing.families import TOOL_FORMATS
+from workers.engine.output.parsing.harmony import HarmonyTextParser
+from workers.engine.output.parsing.regions import RegionParser
 
 from .parse_whole import joined
 from .test_parsing import assert_well_formed, both_ways, region_parser

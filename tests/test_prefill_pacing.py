@@ -1,7 +1,7 @@
 """The prefill budget per engine step: a share of one decode step's time while streams run, everything otherwise."""
 from __future__ import annotations
 
-from workers.engine.prefill_pacing import LEAST_TOKENS, PrefillPacer
+from workers.engine.core.prefill_pacing import LEAST_TOKENS, PrefillPacer
 
 
 def test_with_nothing_to_decode_or_nothing_measured_a_step_takes_the_whole_chunk():
@@ -39,7 +39,7 @@ def test_the_budget_stays_between_the_floor_and_the_chunk():
 
 def test_the_share_setting_reaches_the_engines_pacer(settings):
     from workers.engine.config import EngineConfig
-    from workers.engine.engine import Engine
+    from workers.engine.core.engine import Engine
 
     config = EngineConfig.from_settings({**settings.INFERENCE, "PREFILL_SHARE": 0.25})
     assert Engine(lambda channel, message: None, config).scheduler.pacer.share == 0.25

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.kv.prefix_cache import BLOCK_TOKENS
+from workers.engine.execution.kv.prefix_cache import BLOCK_TOKENS
 
 from .conftest import TINY_MODEL, engine_running
 from .test_engine import Outbox, finished

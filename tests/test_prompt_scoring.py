@@ -9,8 +9,8 @@ import torch
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.prompt_scoring import PrefixOffsets
-from workers.engine.token_text import TokenText, settled_length
+from workers.engine.inputs.prompt_scoring import PrefixOffsets
+from workers.engine.output.token_text import TokenText, settled_length
 
 from .conftest import TINY_MODEL, engine_running
 from .test_engine import Outbox, finished

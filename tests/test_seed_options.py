@@ -491,7 +491,7 @@ def test_download_progress_reports_bytes_as_they_arrive():
     progress-bar factory (no hub here to download from)."""
     from huggingface_hub.utils.tqdm import _create_progress_bar
 
-    from workers.engine import model_loader
+    from workers.engine.models import model_loader
 
     events = []
     bar_class = model_loader.bytes_progress(lambda stage, value=None: events.append((stage, value)))

@@ -1,4 +1,4 @@
-"""The decode step as one static program (workers/engine/static_decode.py), proven on CPU: it runs eagerly here,
+"""The decode step as one static program (workers/engine/execution/static_decode.py), proven on CPU: it runs eagerly here,
 forced on (`static_decode="on"`), and must give exactly the tokens of the step over the window and of
 `model.generate`, for every kind of cache, across joins, leaves, pauses and prefix hits, with seeded sampling,
 logprobs, grammars and several choices. The capture itself (CUDA graphs) is checked by the `gpu`-marked tests,

@@ -17,7 +17,7 @@ import torch
 
 import protocol
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
+from workers.engine.core.engine import Engine
 
 from .conftest import TINY_MODEL, engine_running
 from .test_engine import Outbox, finished

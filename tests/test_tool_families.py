@@ -17,7 +17,7 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from workers.engine.parsing.tool_grammars import LarkText
+from workers.engine.output.parsing.tool_grammars import LarkText
 from workers.tiny.builders import train_tokenizer
 from workers.tiny.chat_formats import FORMATS, build_chat_format_model
 from workers.tiny.families import build_tiny_family

@@ -36,7 +36,7 @@ class EmbeddingRequestSerializer(RejectUnknownFieldsMixin, serializers.Serialize
         return [{"embed": item, "dimensions": data.get("dimensions")} for item in data["input"]]
 
     def job_params(self) -> JobParams:
-        """Nothing is generated: the worker pools each input's hidden states (workers.engine.embedding)."""
+        """Nothing is generated: the worker pools each input's hidden states (workers.engine.tasks.embedding)."""
         return JobParams(max_tokens=0)
 
     def usage_tags(self) -> dict:

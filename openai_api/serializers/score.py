@@ -3,7 +3,7 @@
 Score takes two sides under any of vLLM's names — `text_1`/`text_2`, `queries`/`documents`,
 `queries`/`items` or `data_1`/`data_2` — each a string or a list of strings, paired as vLLM pairs
 them: 1:1, 1:N (the one first text against every second text) or N:N (element by element). Both
-become one job of `PairPrompt`s (workers.engine.pair_scoring answers one score per pair).
+become one job of `PairPrompt`s (workers.engine.tasks.pair_scoring answers one score per pair).
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class ScoreRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         return pair_prompts(data["pairs"], data["use_activation"])
 
     def job_params(self) -> JobParams:
-        """Nothing is generated: the worker scores each pair (workers.engine.pair_scoring)."""
+        """Nothing is generated: the worker scores each pair (workers.engine.tasks.pair_scoring)."""
         return JobParams(max_tokens=0)
 
     def usage_tags(self) -> dict:

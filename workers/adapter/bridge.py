@@ -41,7 +41,7 @@ class EngineBridge:
 
     def __init__(self, layer, name: str, config: EngineConfig, model_settings: dict[str, protocol.ModelSettings],
                  record_change: RecordChange, keepalive_seconds: float = 1.0) -> None:
-        from workers.engine.engine import Engine  # torch is imported only once a worker really starts
+        from workers.engine.core.engine import Engine  # torch is imported only once a worker really starts
 
         self.layer = layer
         self.name = name
@@ -85,7 +85,7 @@ class EngineBridge:
     def submit(self, job: protocol.SubmitMessage, acknowledged: bool = False) -> None:
         """Admit a job, or refuse it at once when the worker is full (bounded admission)."""
         if self.dead.done():
-            from workers.engine.supervision import engine_dead_message
+            from workers.engine.core.supervision import engine_dead_message
 
             self.send(job["reply_channel"], engine_dead_message(self.dead.result()))
             return
@@ -97,7 +97,7 @@ class EngineBridge:
         if not acknowledged:
             self.send(job["reply_channel"], protocol.accepted_message(self.name))
         self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
-        from workers.engine.media_prompts import job_has_media
+        from workers.engine.inputs.media_prompts import job_has_media
 
         if job_has_media(job):  # read on a thread of its own: the loop keeps carrying messages meanwhile
             task = watch(self._read_media_then_submit(job), f"reading the media of {job['request_id']}")
@@ -108,7 +108,7 @@ class EngineBridge:
 
     async def _read_media_then_submit(self, job: protocol.SubmitMessage) -> None:
         from workers.media.decoding import MediaError
-        from workers.engine.media_prompts import read_job_media
+        from workers.engine.inputs.media_prompts import read_job_media
 
         def read() -> None:
             failpoints.hit("media.read")

@@ -123,7 +123,7 @@ class InferenceConsumer(AsyncConsumer):
         """The bridge, torch imported in a thread first (once) so the loop keeps answering meanwhile."""
         if self._bridge is None:
             if self._engine_import is None:
-                self._engine_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "workers.engine.engine"))
+                self._engine_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "workers.engine.core.engine"))
             await asyncio.shield(self._engine_import)
         return self.bridge
 
@@ -291,7 +291,7 @@ class InferenceConsumer(AsyncConsumer):
 
     async def worker_ping(self, message: protocol.PingMessage) -> None:
         """/health asks: answered from the event loop with the engine thread's own liveness (its loop's
-        heartbeat, workers/engine/supervision.py), so a dead or stalled engine is reported, not hidden."""
+        heartbeat, workers/engine/core/supervision.py), so a dead or stalled engine is reported, not hidden."""
         problem = self._bridge.problem() if self._bridge is not None else None
         await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
 

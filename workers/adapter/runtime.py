@@ -36,7 +36,7 @@ async def run_worker(engine_first: bool = False) -> None:
     )
     logger.info("worker %s listening on channel %r", InferenceConsumer.worker_name, channel)
     if engine_first:
-        await asyncio.to_thread(importlib.import_module, "workers.engine.engine")
+        await asyncio.to_thread(importlib.import_module, "workers.engine.core.engine")
     receive = retrying(lambda: layer.receive(channel), f"worker channel {channel!r}")
     try:
         while True:

@@ -50,7 +50,7 @@ class EngineConfig:
     grammar_cache_size: int = 64  # compiled grammars kept (LRU)
     kv_budget_bytes: int | None = None  # KV cache the running sequences may reserve; None: no budget
     prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
-    max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/supervision.py)
+    max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/core/supervision.py)
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
     embedding_batch: int = 32  # embedding inputs per batched forward, one forward per engine step
     stream_interval: int = 1  # new tokens a stream gathers before its next message (1: every token as it comes)

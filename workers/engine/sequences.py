@@ -11,18 +11,18 @@ import torch
 import protocol
 from protocol import rest_of_context
 from protocol import ChoiceDelta, JobParams, Logprobs, Prompt, Started, Structured, SubmitMessage, Usage
-from workers.engine.chat_templates import render_fitting, render_prompt
+from workers.engine.inputs.chat_templates import render_fitting, render_prompt
 from workers.engine.config import TemplateSettings
-from workers.engine.constraints import Constraint
-from workers.engine.detokenizer import IncrementalText
+from workers.engine.sample.constraints import Constraint
+from workers.engine.output.detokenizer import IncrementalText
 from workers.engine.errors import JobError
-from workers.engine.model_loader import LoadedModel
-from workers.engine.parsing import make_parser
-from workers.engine.parsing.factory import open_reasoning
-from workers.engine.parsing.tool_grammars import banned_markers, in_family_syntax
-from workers.engine.prompt_scoring import PromptScorer
-from workers.engine.sampling import Sampler, SamplingParams, TokenChoice
-from workers.engine.token_text import TokenIdText, TokenText, settled_length
+from workers.engine.models.model_loader import LoadedModel
+from workers.engine.output.parsing import make_parser
+from workers.engine.output.parsing.factory import open_reasoning
+from workers.engine.output.parsing.tool_grammars import banned_markers, in_family_syntax
+from workers.engine.inputs.prompt_scoring import PromptScorer
+from workers.engine.sample.sampling import Sampler, SamplingParams, TokenChoice
+from workers.engine.output.token_text import TokenIdText, TokenText, settled_length
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Sequence:
         params = request.params
         self.stop_token_ids = set(params.stop_token_ids)
         self.include_stop = params.include_stop_str_in_output
-        # A parsed answer (workers/engine/parsing) keeps the special tokens its family's markers are.
+        # A parsed answer (workers/engine/output/parsing) keeps the special tokens its family's markers are.
         self.parser = parser
         keep_special = parser is not None and request.model.output_format.keep_special_tokens
         self.text = IncrementalText(request.model.tokenizer, stop, params.include_stop_str_in_output,
@@ -89,7 +89,7 @@ class Sequence:
         self.constraint: Constraint | None = None  # set once the request's grammar is compiled
         self.paused = False  # preempted: out of the batch with its keys/values in `state`, waiting to rejoin
 
-    # Who the scheduler serves it for (workers/engine/fair_share.py).
+    # Who the scheduler serves it for (workers/engine/core/fair_share.py).
     @property
     def team(self) -> str:
         return self.request.team
@@ -306,7 +306,7 @@ class GenerationJob:
 
     def _tokenize(self, prompt: Prompt, templates: TemplateSettings, max_tokens: int | None = None) -> list[int]:
         if isinstance(prompt, dict):  # a conversation to render, or text with tokenizer options
-            from workers.engine.media_prompts import has_media, render_media_conversation
+            from workers.engine.inputs.media_prompts import has_media, render_media_conversation
 
             if has_media(prompt):
                 rendered = render_media_conversation(self.model, prompt, templates)

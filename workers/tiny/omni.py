@@ -6,7 +6,7 @@ Gemma 4 is the omni family transformers runs best as a causal LM here: its visio
 decode does not give), and its image processor and audio feature extractor run on PIL and numpy. Its
 video processor needs torchvision, which does not run with this project's torch build: the processor is
 built here without one, and its `processor_config.json` names Gemma 4's as a hub repo's does, so the
-server loads it the way it loads a hub Gemma 4 (workers/engine/processors.py).
+server loads it the way it loads a hub Gemma 4 (workers/engine/models/processors.py).
 
 The shapes are the real architecture's, small: sliding and full layers, per-layer embeddings (PLE),
 bidirectional attention over each image's tokens, 3x3 pooling of 4-pixel patches (at most 70 image
@@ -47,7 +47,7 @@ def build_tiny_omni(repo_id: str, cache_dir: str | os.PathLike | None = None, se
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    from workers.engine.processors import NoVideoProcessor, without_video
+    from workers.engine.models.processors import NoVideoProcessor, without_video
 
     tokenizer = train_tokenizer(1024, OMNI_CONTEXT)
     tokenizer.add_special_tokens({"additional_special_tokens": list(OMNI_TOKENS.values())})

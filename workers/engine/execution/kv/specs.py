@@ -1,0 +1,189 @@
+"""What a model caches, layer by layer, and what the engine may therefore do with it.
+
+Every family keeps a different cache: full attention keeps every token's keys and
+values; a sliding-window layer needs only the last `window - 1`; MLA keeps a latent
+(keys) and a rotary part (values) of different widths; linear attention and Mamba
+layers keep one fixed-size state per row (a convolution window and a recurrent
+state), whatever the length. The spec is read off the model itself: the layer
+classes transformers' own cache builds from its config, and the shapes of one
+token's forward through it. Each kind has its own store in the running batch
+(workers/engine/execution/kv/stores.py) and its own rules: a recurrent state cannot be cut
+out of a padded batch nor reused from another prompt's prefix, so models with one
+prefill every prompt alone and skip the prefix cache; and some recurrent layers only
+continue a cached state one token at a time, so their prompts prefill whole (the
+engine measures which at load, `continues_chunks`).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
+
+logger = logging.getLogger(__name__)
+
+FULL, SLIDING, STATE, NONE, OTHER = "full", "sliding", "state", "none", "other"
+# Relative difference between a prompt's last logits prefilled whole and in two chunks below which the
+# model's recurrent layers continue their state across chunks (one that restarts differs by O(0.1-1));
+# half precision rounds differently for the two (a chunk's sums in another order).
+CHUNK_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6}
+CHUNK_TOLERANCE_HALF = 3e-2
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    kind: str  # FULL, SLIDING, STATE, NONE (no cache: shared KV, MLP-only), OTHER (a cache we cannot batch)
+    window: int = 0  # SLIDING: the window, in tokens (the layer keeps the last window - 1)
+    token_bytes: int = 0  # FULL/SLIDING: keys + values of one token
+    row_bytes: int = 0  # STATE: the fixed state of one row
+    latent: bool = False  # FULL: keys and values of different shapes (MLA's latent and rotary part)
+
+    def bytes_for(self, tokens: int) -> int:
+        if self.kind == SLIDING:
+            return min(tokens, self.window) * self.token_bytes
+        return tokens * self.token_bytes + self.row_bytes
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    layers: tuple[LayerSpec, ...]
+    cache_arg: str = "past_key_values"  # the forward's name for its cache (Mamba: cache_params)
+    takes_positions: bool = True  # the forward takes position_ids (ALiBi and Mamba models do not)
+    continues_chunks: bool = True  # a multi-token forward continues a cached state exactly
+    notes: tuple[str, ...] = field(default=())
+
+    def has(self, kind: str) -> bool:
+        return any(layer.kind == kind for layer in self.layers)
+
+    @property
+    def batchable(self) -> bool:
+        """Rows decode together in one forward (every layer's cache has a batch store)."""
+        return bool(self.layers) and not self.has(OTHER)
+
+    @property
+    def attends(self) -> bool:
+        return self.has(FULL) or self.has(SLIDING)
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """A prompt may start from the keys/values another prompt's prefix left (no recurrent state,
+        whose value at a block's end is not kept)."""
+        return self.batchable and not self.has(STATE)
+
+    @property
+    def prefills_padded(self) -> bool:
+        """Prompts may prefill together in one left-padded forward and be cut apart after (a recurrent
+        state cannot be cut out of a padded batch)."""
+        return self.batchable and not self.has(STATE)
+
+    def bytes_for(self, tokens: int) -> int:
+        """Cache bytes of one sequence of `tokens` tokens."""
+        return sum(layer.bytes_for(tokens) for layer in self.layers)
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for layer in self.layers:
+            label = (f"{layer.kind}({layer.window})" if layer.kind == SLIDING
+                     else "full (MLA)" if layer.latent else layer.kind)
+            counts[label] = counts.get(label, 0) + 1
+        return ", ".join(f"{n} {label}" for label, n in counts.items())
+
+
+def _layer_kind(layer) -> str:
+    if isinstance(layer, DummyLayer):
+        return NONE
+    if type(layer) is DynamicLayer:
+        return FULL
+    if type(layer) is DynamicSlidingWindowLayer:
+        return SLIDING
+    if type(layer) is LinearAttentionLayer:
+        return STATE
+    return OTHER
+
+
+def _nbytes(tensor: torch.Tensor | None) -> int:
+    """Bytes of a tensor holding one row (and, for keys/values, one token)."""
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+
+def forward_arguments(model) -> tuple[str, bool]:
+    """(the forward's name for its cache, whether it takes position_ids)."""
+    parameters = inspect.signature(model.forward).parameters
+    cache_arg = "past_key_values" if "past_key_values" in parameters or "cache_params" not in parameters else "cache_params"
+    return cache_arg, "position_ids" in parameters
+
+
+def cache_spec(model, device: torch.device) -> CacheSpec:
+    """The model's cache, layer by layer, read off one token's forward through transformers' own cache
+    for its config; for a model with recurrent layers, also whether they continue a state across chunks."""
+    cache_arg, takes_positions = forward_arguments(model)
+    config = model.config
+    cache = DynamicCache(config=config)
+    kinds = [_layer_kind(layer) for layer in cache.layers]
+    if not kinds:  # a config transformers builds no layers for: decode row by row
+        return CacheSpec((LayerSpec(OTHER),), cache_arg, takes_positions, notes=("no layer types in its config",))
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[_probe_token(model)]], device=device), use_cache=True,
+                  logits_to_keep=1, **{cache_arg: cache})
+    except Exception as exc:  # e.g. a model whose forward needs more than token ids: sizes unknown
+        logger.warning("%s: could not read its cache's shapes (%s); sizing it from the config",
+                       getattr(config, "name_or_path", ""), exc)
+        return _spec_from_config(config, kinds, cache_arg, takes_positions)
+    layers = []
+    for kind, layer in zip(kinds, cache.layers):
+        if kind in (FULL, SLIDING):
+            window = getattr(layer, "sliding_window", 0) if kind == SLIDING else 0
+            layers.append(LayerSpec(kind, window, _nbytes(layer.keys) + _nbytes(layer.values),
+                                    latent=layer.keys.shape != layer.values.shape))
+        elif kind == STATE:
+            state = sum(_nbytes(t) for t in (*layer.conv_states.values(), *layer.recurrent_states.values()))
+            layers.append(LayerSpec(kind, row_bytes=state))
+        else:
+            layers.append(LayerSpec(kind))
+    spec = CacheSpec(tuple(layers), cache_arg, takes_positions)
+    if spec.has(STATE) and spec.batchable:
+        resumes = _continues_chunks(model, device, cache_arg)
+        spec = CacheSpec(spec.layers, cache_arg, takes_positions, resumes,
+                         () if resumes else ("its recurrent layers restart on a multi-token chunk: prompts prefill whole",))
+    return spec
+
+
+def _probe_token(model) -> int:
+    vocab = model.config.get_text_config().vocab_size
+    return min(5, vocab - 1)
+
+
+def _continues_chunks(model, device: torch.device, cache_arg: str) -> bool:
+    """Whether a prompt prefilled in two chunks gives the logits it gives whole (recurrent layers that
+    only continue their state one token at a time restart it on a longer chunk)."""
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, 24), generator=generator).to(device)
+    with torch.inference_mode():
+        whole = model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                      **{cache_arg: DynamicCache(config=model.config)}).logits[0, -1].float()
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :12], use_cache=True, logits_to_keep=1, **{cache_arg: cache})
+        chunked = model(input_ids=ids[:, 12:], use_cache=True, logits_to_keep=1, **{cache_arg: cache},
+                        **({"position_ids": torch.arange(12, 24, device=device)[None]}
+                           if forward_arguments(model)[1] else {})).logits[0, -1].float()
+    tolerance = CHUNK_TOLERANCE.get(model.dtype, CHUNK_TOLERANCE_HALF)
+    return bool((whole - chunked).norm() <= tolerance * whole.norm())
+
+
+def _spec_from_config(config, kinds: list[str], cache_arg: str, takes_positions: bool) -> CacheSpec:
+    """Sizes from the config when no forward could be run (plain attention layers assumed; a recurrent
+    layer's state counted as nothing, and its chunks prefilled whole)."""
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    element = torch.finfo(getattr(text, "dtype", None) or torch.float32).bits // 8
+    token = 2 * heads * head_dim * element
+    window = getattr(text, "sliding_window", None) or 0
+    layers = tuple(LayerSpec(kind, window if kind == SLIDING else 0, token if kind in (FULL, SLIDING) else 0)
+                   for kind in kinds)
+    return CacheSpec(layers, cache_arg, takes_positions, continues_chunks=STATE not in kinds)

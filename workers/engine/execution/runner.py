@@ -1,0 +1,299 @@
+"""The model's forward passes for the engine: prefill newcomers, then one batched decode step.
+
+A newcomer is prefilled alone, in chunks of at most `prefill_chunk` tokens per
+engine step so running streams never stall for long; its cache then joins the
+left-padded batch, and every running sequence advances by one token per step.
+What the model caches (workers/engine/execution/kv/specs.py) decides the rest: recurrent
+layers that restart on a multi-token chunk prefill whole; a recurrent state is
+never cut out of a padded prefill nor taken from the prefix cache; a cache of a
+kind the batch has no store for decodes row by row.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from workers.engine.models.adapters import adapter_names
+from workers.engine.models.lora_batch import dense_lora
+from workers.engine.execution.kv.prefix_cache import PrefixCache
+from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
+from workers.engine.execution.kv.slab import SlabKV, static_attention
+from workers.engine.execution.kv.specs import SLIDING, cache_spec
+from workers.engine.models.model_loader import LoadedModel
+from workers.engine.sequences import Sequence
+from workers.engine.execution.static_decode import StaticDecode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What every model's runner is told (from the engine's config)."""
+
+    prefill_chunk: int = 256
+    prefix_cache_bytes: int = 0
+    max_rows: int = 32
+    static_decode: bool = False  # decode steps as one static program (workers/engine/execution/static_decode.py)
+    cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, settings: RunnerSettings = RunnerSettings()) -> None:
+        self.loaded = loaded
+        self.prefill_chunk = max(1, settings.prefill_chunk)
+        self.spec = spec = cache_spec(loaded.model, loaded.device)
+        self.prefix_cache = (PrefixCache(loaded.model.config, settings.prefix_cache_bytes)
+                             if settings.prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
+        # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
+        row_slots = settings.max_rows if loaded.device.type == "cpu" else 4
+        self.batch = SlabKV(loaded.model.config, spec, loaded.device, row_slots)
+        # LoRA rows pick their adapter per row, which a fixed program over a bucket cannot.
+        self.static: StaticDecode | None = None
+        if settings.static_decode and spec.batchable and loaded.peft is None and static_attention(loaded.model.config):
+            self.batch.zeroed = True
+            self.batch.dtype = loaded.model.dtype
+            self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
+        self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
+        self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
+        declined = [what for what, served in (("decoding in one batch", spec.batchable),
+                                              ("prefix reuse", spec.reuses_prefixes),
+                                              ("padded prefills of several prompts", spec.prefills_padded),
+                                              ("chunked prefill", spec.continues_chunks)) if not served]
+        logger.info("%s: cache of %s%s%s", loaded.model_id, spec.describe(),
+                    f"; without {', '.join(declined)}" if declined else "",
+                    f" ({'; '.join(spec.notes)})" if spec.notes else "")
+
+    def _forward(self, rows: list[Sequence], **inputs):
+        """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
+        (workers/engine/models/lora_batch.py; peft's mixed forward for variants it does not serve), so adapters
+        and the base share the batch."""
+        names = adapter_names(rows) if self.loaded.peft is not None else None
+        if names is None:
+            return self.loaded.model(**inputs)
+        stacked = dense_lora(self.loaded.peft)
+        if stacked.serves():
+            with stacked.rows(names):
+                return self.loaded.model(**inputs)
+        return self.loaded.peft(**inputs, adapter_names=names)
+
+    def _static_forward(self, **inputs) -> torch.Tensor:
+        return self.loaded.model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Cache bytes of one sequence of `tokens` tokens, over every layer of its kind."""
+        return self.spec.bytes_for(tokens)
+
+    def _cache_inputs(self, cache, positions: range | None = None) -> dict:
+        """The forward's cache argument and, where the model takes them, explicit positions (models such
+        as Bamba count from 0 at every call without them)."""
+        inputs = {self.spec.cache_arg: cache}
+        if positions is not None and self.spec.takes_positions:
+            inputs["position_ids"] = torch.tensor([list(positions)], device=self.loaded.device)
+        return inputs
+
+    def _cache_of(self, output):
+        cache = getattr(output, self.spec.cache_arg, None)
+        return cache if cache is not None else output.past_key_values
+
+    @property
+    def running(self) -> int:
+        return len(self.batch_rows) + len(self.solo_rows)
+
+    @property
+    def rows(self) -> list[Sequence]:
+        return [*self.batch_rows, *self.solo_rows]
+
+    # --- prefill -----------------------------------------------------------
+    def attach_prefix(self, seq: Sequence) -> int | None:
+        """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
+        cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
+        if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs
+                or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
+            return None
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, getattr(seq.request.model, "adapter", None))
+        return seq.prefilled
+
+    def remember_prefix(self, seq: Sequence) -> None:
+        """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
+        if self.prefix_cache is not None and seq.state is not None and seq.media_inputs is None:
+            # keyed by adapter: the same tokens give other keys/values under a LoRA adapter
+            self.prefix_cache.remember(seq.prompt_ids, seq.state, getattr(seq.request.model, "adapter", None))
+
+    def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
+        """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
+        if seq.state is None:
+            seq.state = new_row_cache(self.loaded.model.config, self.spec)
+            seq.prefilled = 0
+        remaining = len(seq.prompt_ids) - seq.prefilled
+        # Media features need their placeholder tokens in the same forward, and recurrent layers that
+        # restart on a multi-token chunk need the whole prompt in one: one chunk.
+        whole = seq.media_inputs is not None or not self.spec.continues_chunks
+        take = remaining if whole else min(remaining, budget, self.prefill_chunk)
+        if take <= 0:
+            return 0, None
+        chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
+        output = self._forward(
+            [seq], input_ids=torch.tensor([chunk], device=self.loaded.device),
+            use_cache=True,
+            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
+            **self._cache_inputs(seq.state, None if seq.media_inputs is not None else range(seq.prefilled, seq.prefilled + take)),
+            **self._media_tensors(seq),
+        )
+        seq.state = self._cache_of(output)
+        seq.prefilled += take
+        done = seq.prefilled == len(seq.prompt_ids)
+        if seq.wants_prompt_logprobs:
+            seq.record_prompt_chunk(output.logits[0], last=done)
+        return take, output.logits[0, -1] if done else None
+
+    def _media_tensors(self, seq: Sequence) -> dict:
+        """The processor's tensors for the model's forward, floating ones in the model's dtype."""
+        if seq.media_inputs is None:
+            return {}
+        dtype = self.loaded.model.dtype
+        return {key: value.to(self.loaded.device, dtype=dtype if value.is_floating_point() else value.dtype)
+                for key, value in seq.media_inputs.items()}
+
+    def prefills_together(self, seq: Sequence) -> bool:
+        """Whether this prompt may prefill in one padded forward with others: not when the model keeps a
+        recurrent state (it cannot be cut apart after), nor, with sliding windows, after a cached start
+        (its padding would sit inside the row, and a window of columns would no longer be one of tokens)."""
+        return self.spec.prefills_padded and not (self.spec.has(SLIDING) and seq.prefilled)
+
+    def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
+        """The rest of several newcomers' prompts in one forward; each keeps its own cache rows.
+
+        A newcomer may start from a cached start (`prefilled`: a prefix-cache hit); the cached
+        keys/values are stacked right-aligned and the rests left-padded after them, the padding masked
+        out (the scheduler keeps it small: `cached_start_groups`) and cut away again when each row
+        takes its cache."""
+        if len(sequences) == 1:
+            seq = sequences[0]
+            return [self.prefill(seq, len(seq.prompt_ids) - seq.prefilled)[1]]
+        device, config = self.loaded.device, self.loaded.model.config
+        cached = [seq.prefilled for seq in sequences]
+        longest_cached = max(cached)
+        rests = [seq.prompt_ids[start:] for seq, start in zip(sequences, cached)]
+        lengths = [len(rest) for rest in rests]
+        width = max(lengths)
+        pad = self.loaded.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([[pad] * (width - n) + rest for rest, n in zip(rests, lengths)], device=device)
+        new_mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
+        mask = torch.tensor([[0] * (longest_cached - c) + [1] * c + row for c, row in zip(cached, new_mask.tolist())],
+                            device=device)
+        past = (stack_right_aligned(config, [seq.state for seq in sequences], cached) if longest_cached
+                else new_row_cache(config, self.spec))
+        output = self._forward(
+            sequences, input_ids=input_ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1,
+            position_ids=torch.tensor(cached, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0),
+        )
+        for row, (seq, start, length) in enumerate(zip(sequences, cached, lengths)):
+            seq.state = row_columns(config, output.past_key_values, row, longest_cached - start, start, length)
+            seq.prefilled = start + length
+        return list(output.logits[:, -1])
+
+    def share_prefill(self, source: Sequence, sibling: Sequence) -> None:
+        """A sibling choice of the same prompt starts from a copy of the prefilled cache."""
+        if sibling.max_tokens > 0:
+            sibling.state = clone_cache(source.state)
+        sibling.prefilled = len(sibling.prompt_ids)
+        if sibling.wants_prompt_logprobs:
+            sibling.copy_prompt_logprobs(source)
+
+    def join(self, sequences: list[Sequence]) -> None:
+        """Prefilled sequences start decoding with the running batch from the next forward."""
+        if not sequences:
+            return
+        if not self.spec.batchable:
+            self.solo_rows.extend(sequences)
+            return
+        self.batch.add([seq.state for seq in sequences], [cached_tokens(seq) for seq in sequences])
+        for seq in sequences:
+            seq.state = None  # its keys/values now live in the batch
+        self.batch_rows.extend(sequences)
+
+    def pause(self, sequences: list[Sequence]) -> None:
+        """Take running sequences out of the batch, each keeping its keys/values (`seq.state`) to rejoin
+        later exactly where it stopped (`join`): preemption by the scheduler, nothing recomputed."""
+        leaving = {id(seq) for seq in sequences}
+        rows = [i for i, seq in enumerate(self.batch_rows) if id(seq) in leaving]
+        for row in rows:
+            self.batch_rows[row].state = self.batch.row_cache(row)
+        if rows:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(rows)]
+        self.solo_rows = [seq for seq in self.solo_rows if id(seq) not in leaving]  # solo rows keep their state
+
+    # --- decode ------------------------------------------------------------
+    def _check_prepared_mask(self, last_tokens: list[int]):
+        """The first padded decode step runs twice: with the slab's 4D mask, then with the 2D mask that
+        transformers turns into its own (whose output the step keeps, and whose keys/values overwrite the
+        trial's in the same column). Later steps hand the model the 4D mask only if both gave the same
+        logits: a model that reads the 2D mask for more than attention (ALiBi biases, positions) does not."""
+        try:
+            trial = self._forward(self.batch_rows, **self.batch.decode_inputs(last_tokens, prepared_mask=True),
+                                  use_cache=True, logits_to_keep=1).logits
+            why_not = "it gave other logits"
+        except Exception as exc:  # e.g. a model that builds ALiBi biases from the 2D mask
+            trial, why_not = None, f"it failed: {exc}"
+        output = self._forward(self.batch_rows, **self.batch.decode_inputs(last_tokens, prepared_mask=False),
+                               use_cache=True, logits_to_keep=1)
+        self.batch.prepared_mask = trial is not None and torch.equal(trial, output.logits)
+        logger.info("%s: padded decode steps %s", self.loaded.model_id, "hand SDPA its 4D mask" if self.batch.prepared_mask
+                    else f"keep the 2D mask (the 4D one: {why_not})")
+        return output
+
+    def abandon(self) -> list[Sequence]:
+        """Forget every running row (after a failed step, whose writes to the batch may be half done);
+        returns them, for their requests to fail."""
+        rows = self.rows
+        self.batch_rows, self.solo_rows = [], []
+        self.batch.clear()
+        return rows
+
+    def _decode_over_window(self, last_tokens: list[int]) -> torch.Tensor:
+        """One decode step over the batch's window (its shapes change every step); logits [rows, vocab]."""
+        if self.batch.prepared_mask is None and self.batch.padded:
+            output = self._check_prepared_mask(last_tokens)
+        else:
+            inputs = self.batch.decode_inputs(last_tokens)
+            output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
+        return output.logits[:, -1, :]
+
+    def drop_finished(self) -> None:
+        dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
+        if dead:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
+        self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
+
+    def decode(self) -> tuple[list[Sequence], torch.Tensor | None]:
+        """One token's scores for every running sequence: (the rows, their [rows, vocab] logits)."""
+        rows: list[Sequence] = []
+        logits: list[torch.Tensor] = []
+        if self.batch_rows:
+            last_tokens = [seq.completion_ids[-1] for seq in self.batch_rows]
+            if self.static is not None and self.static.serves(len(self.batch_rows)):
+                logits.append(self.static.step(last_tokens, lambda: self._decode_over_window(last_tokens)))
+            else:
+                logits.append(self._decode_over_window(last_tokens))
+            self.batch.advance()
+            rows.extend(self.batch_rows)
+        for seq in self.solo_rows:
+            position = cached_tokens(seq)
+            output = self._forward(
+                [seq], input_ids=torch.tensor([seq.completion_ids[-1:]], device=self.loaded.device),
+                use_cache=True, logits_to_keep=1, **self._cache_inputs(seq.state, range(position, position + 1)),
+            )
+            seq.state = self._cache_of(output)
+            rows.append(seq)
+            logits.append(output.logits[:, -1, :])
+        if not logits:
+            return rows, None
+        return rows, logits[0] if len(logits) == 1 else torch.cat(logits)
+
+
+def cached_tokens(seq: Sequence) -> int:
+    """Tokens a prefilled sequence's cache holds: its prompt and every sampled token but the last (the
+    next decode step feeds that one)."""
+    return len(seq.prompt_ids) + max(0, len(seq.completion_ids) - 1)

@@ -1,0 +1,1 @@
+"""A job's input processing: chat templates, media prompts, prompt scoring."""

@@ -1,0 +1,1 @@
+"""Which models a worker holds and how they load: manager, loader, quantization, LoRA adapters."""

@@ -1,0 +1,1 @@
+"""Choosing tokens: batched sampling, per-row processors, grammars (llguidance), beam search."""

@@ -1,0 +1,1 @@
+"""Job kinds beside generation: embeddings, pair scores, transcription."""
