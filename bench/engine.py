@@ -136,6 +136,7 @@ def _serve_engine(requests: int, connection) -> None:
             model_id, prompts, tokens = asked
             replies = [f"reply.{uuid.uuid4().hex}" for _ in prompts]
             before = engine_counters()
+            clock_before = engine.scheduler.clock.snapshot()
             started = time.perf_counter()
             for reply, prompt in zip(replies, prompts):
                 engine.submit(protocol.submit_message(
@@ -145,7 +146,9 @@ def _serve_engine(requests: int, connection) -> None:
                 answered = done.wait_for(lambda: finished.issuperset(replies), 900)
             seconds = time.perf_counter() - started
             connection.send({"seconds": seconds if answered else None, "errors": len(errors),
-                             **{key: value - before[key] for key, value in engine_counters().items()}})
+                             **{key: value - before[key] for key, value in engine_counters().items()},
+                             "clock": {key: value - clock_before[key]
+                                       for key, value in engine.scheduler.clock.snapshot().items()}})
     finally:
         engine.stop()
 
@@ -194,11 +197,19 @@ def measure(model_id: str, args: argparse.Namespace, engine: EngineProcess) -> d
                        "engine_tokens_per_s": round(tokens / engine_s, 1), "engine_over_raw": round(raw_s / engine_s, 3),
                        "engine_over_floor": round(floor_s / engine_s, 3), "engine_step_ms": round(step_ms, 3),
                        "floor_step_ms": round(floor_step_ms, 3), "batch_mean": round(batch, 1),
-                       "host_us_per_row_step": round((step_ms - floor_step_ms) * 1000 / max(1.0, batch), 1)})
+                       "host_us_per_row_step": round((step_ms - floor_step_ms) * 1000 / max(1.0, batch), 1),
+                       "split_ms": step_split(ran["clock"])})
         print(f"  {model_id}: {rounds[-1]}", flush=True)
     keys = rounds[0].keys()
     return {"model": model_id, "streams": args.requests, "max_tokens": args.max_tokens,
-            **{key: round(statistics.median(r[key] for r in rounds), 3) for key in keys}, "rounds": rounds}
+            **{key: round(statistics.median(r[key] for r in rounds), 3) for key in keys if key != "split_ms"},
+            "split_ms": rounds[len(rounds) // 2]["split_ms"], "rounds": rounds}
+
+
+def step_split(clock: dict) -> dict[str, float]:
+    """Milliseconds per step in each phase (workers/engine/step_clock.py), from the clock's sums over a run."""
+    steps = max(1, clock.pop("steps", 0))
+    return {phase: round(seconds / steps * 1000, 3) for phase, seconds in clock.items()}
 
 
 def main(argv: list[str]) -> None:
@@ -230,5 +241,5 @@ def main(argv: list[str]) -> None:
     for row in rows:
         print(f"{row.get('cache', row['model'])}: engine {row['engine_tokens_per_s']} tok/s = "
               f"{row['engine_over_raw']}x raw generate, {row['engine_over_floor']}x the floor; "
-              f"host {row['host_us_per_row_step']} us/row/step")
+              f"host {row['host_us_per_row_step']} us/row/step; a step's ms by phase {row['split_ms']}")
     print(f"written to {args.out / 'engine.json'}")

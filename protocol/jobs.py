@@ -143,6 +143,7 @@ class Started(TypedDict):
     prompt_tokens: list[int]  # per prompt
     prompt_token_ids: list[list[int]]
     max_model_len: int
+    max_tokens: NotRequired[int]  # the completion's most tokens, resolved once by the worker (a generation job's)
     audio_seconds: NotRequired[float]  # an AudioPrompt's length
     window_seconds: NotRequired[int]  # an AudioPrompt is transcribed in windows this long
     language: NotRequired[str]  # an AudioPrompt's language, named ("english"): asked for or detected

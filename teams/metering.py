@@ -89,7 +89,8 @@ class RequestMeter:
         """Reserve what the job may use, now that the worker has counted the prompt exactly."""
         prompt = started.get("prompt_tokens") or []
         if self.ticket.counts_tokens:
-            tokens = reservation_size(prompt, max_tokens, n, started.get("max_model_len"))
+            resolved = started.get("max_tokens", max_tokens)  # the worker resolves a generation job's once
+            tokens = reservation_size(prompt, resolved, n, started.get("max_model_len"))
             try:
                 await limiter().reserve(self.ticket, tokens)
             except LimitExceeded:

@@ -69,7 +69,7 @@ def test_what_ran_while_the_engine_was_idle_does_not_cost_it_threads():
 def test_only_the_engine_thread_runs_torch_on_several_threads():
     """The loader and beam-search threads keep their torch work on themselves: a second OpenMP team in
     the worker makes the engine's every operator wait on sleeping threads (workers/engine/cpu_share.py)."""
-    from workers.engine.sample.beam_search import BeamRunner
+    from workers.engine.tasks.beam_search import BeamRunner
     from workers.engine.core.loading import Loader
 
     mine = torch.get_num_threads()

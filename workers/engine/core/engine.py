@@ -26,7 +26,7 @@ import torch
 
 import protocol
 from protocol import failpoints
-from workers.engine.sample.beam_search import BeamRunner
+from workers.engine.tasks.beam_search import BeamRunner
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_share import ThreadGovernor
 from workers.engine.errors import JobError, ModelLoadError
@@ -39,7 +39,9 @@ from workers.engine.core.model_manager import ModelManager
 from workers.engine.execution.runner import RunnerSettings
 from protocol import ModelRef
 from workers.engine.core.scheduler import Scheduler
-from workers.engine.sequences import GenerationJob
+from workers.engine.inputs.generation_job import GenerationJob
+from workers.engine.output.processor import OutputProcessor
+from workers.engine.sequences import Handover
 from workers.engine.core.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
 from workers.engine.tasks.transcription import Transcription, is_audio_prompt
 from workers.engine.tasks.embedding import EmbeddingJob, PooledJob, advance_embeddings, is_embedding_prompt
@@ -81,7 +83,10 @@ class Engine:
         self.grammars = PendingGrammars(GrammarCompiler(config.grammar_timeout, config.grammar_cache_size),
                                         lambda: self._inbox.put(WAKE))
         self.beams = BeamRunner(lambda request_id: self._inbox.put({"type": BEAM_DONE, "request_id": request_id}))
-        self.requests: dict[str, GenerationJob] = {}
+        self.requests: dict[str, GenerationJob] = {}  # every job running here (generation and the others)
+        self.task_jobs: dict[str, object] = {}  # the jobs that are not generation (embeddings, scores, transcriptions)
+        self.handover = Handover()  # this step's tokens and ended choices, for the output thread
+        self._stopped: queue.SimpleQueue = queue.SimpleQueue()  # choices a stop string ended (from the output thread)
         self.scheduler = Scheduler(self.runners, self.metrics, config)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled: dict[str, float] = {}
@@ -90,10 +95,13 @@ class Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.threads: ThreadGovernor | None = None  # torch's thread count, chosen on the engine thread
+        self.output = OutputProcessor(emit, self.jobs.done, self._answered_well, self.metrics.tokens,
+                                      self._stopped.put, engine_fault_message, config.stream_interval)
 
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            self.output.start()
             self._thread = threading.Thread(target=self._run, name="inference-engine", daemon=True)
             self._thread.start()
 
@@ -103,6 +111,7 @@ class Engine:
         self.loader.stop()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.output.stop(timeout)
         self.grammars.compiler.shutdown()
         self.beams.shutdown()
 
@@ -117,7 +126,7 @@ class Engine:
 
     def problem(self) -> str | None:
         """Why this engine cannot serve (dead, its thread ended, its loop stalled), or None."""
-        return self.supervisor.problem(self._thread)
+        return self.supervisor.problem(self._thread) or self.output.problem()
 
     def stats(self) -> dict[str, int]:
         """Counters for monitoring, safe to read from any thread (a snapshot, not a transaction)."""
@@ -221,10 +230,13 @@ class Engine:
         """After a fault outside one request's work: every job held hears `message`, and is forgotten
         (the loop's state may be half-updated; nothing of those jobs is trusted again)."""
         for request in list(self.requests.values()):
+            request.closed = True  # the output thread says nothing more of it
             for seq in request.sequences:
                 seq.abort()
             self.metrics.forget(request)
         self.requests.clear()
+        self.task_jobs.clear()
+        self.handover.take()
         self.scheduler.waiting.clear()
         now = time.monotonic()
         for request_id, reply in self.jobs.take_all().items():
@@ -266,7 +278,9 @@ class Engine:
             self._job_done(request_id)
             return
         request = self.requests.pop(request_id, None)
+        self.task_jobs.pop(request_id, None)
         if request is not None:
+            request.closed = True
             for seq in request.sequences:
                 seq.abort()
             self._job_done(request_id)
@@ -308,10 +322,9 @@ class Engine:
             elif is_pair_prompt(job["prompts"][0]):
                 request = pair_job(job, model)
             else:
-                request = GenerationJob(job, model, self.config.templates)
+                request = GenerationJob(job, model, self.config.templates, self.handover)
             request.model_name = model.base_key or name  # an adapter's rows run in its base's batch
             request.served_name = name
-            self._finish_empty_sequences(request)
         except JobError as exc:
             self._refuse(job, exc.message_dict())
             return
@@ -329,12 +342,19 @@ class Engine:
 
     def _start(self, request: GenerationJob) -> None:
         self.emit(request.reply_channel, request.started_message())
+        if not isinstance(request, GenerationJob):  # a task: advanced and published by the engine thread
+            self.requests[request.request_id] = self.task_jobs[request.request_id] = request
+            self._publish(request)
+            return
         if request.beam is not None:
+            request.hand_over_to(Handover())  # its tokens come from the beam thread, handed over at its end
+            self._finish_empty_sequences(request)
             self.beams.submit(request)  # beside the batch, in a thread of its own
             return
+        self._finish_empty_sequences(request)
         self.requests[request.request_id] = request
         self.scheduler.enqueue([seq for seq in request.sequences if not seq.finished])
-        self._publish(request)
+        self._hand_over()
 
     def _check_compiles(self) -> None:
         """Admit requests whose grammar is ready; refuse those whose grammar failed or took too long."""
@@ -350,12 +370,11 @@ class Engine:
         if finished is None:  # cancelled meanwhile
             return
         request, error = finished
-        self.requests[request_id] = request
         if error is not None:
             logger.error("beam search failed for %s", request_id, exc_info=error)
             self._fail(request)
             return
-        self._publish(request)
+        self.output.step(request.sequences[0].handover.take(), time.monotonic())
 
     def _refuse(self, job: dict, message: dict) -> None:
         self._job_done(job["request_id"])
@@ -378,34 +397,81 @@ class Engine:
         the others join it from the next step.
         """
         started = time.perf_counter()
+        clock = self.scheduler.clock
+        clock.start()
+        self._take_stopped()
         self.scheduler.admit()
-        if self.scheduler.prefill(self.scheduler.decoding(), first=True):
-            self._publish_all()
+        clock.lap("schedule")
+        first = self.scheduler.prefill(self.scheduler.decoding(), first=True)
+        clock.lap("prefill")
+        if first:
+            self._hand_over()
+            clock.lap("hand_over")
         decoded = self.scheduler.decode()
-        for request in list(self.requests.values()):
+        if self.task_jobs:
+            self._advance_tasks()
+            clock.lap("tasks")
+        self._hand_over()
+        clock.lap("hand_over")
+        second = self.scheduler.prefill(bool(decoded))
+        clock.lap("prefill")
+        if second:
+            self._hand_over()
+            clock.lap("hand_over")
+        clock.steps += 1
+        self.metrics.step_took(time.perf_counter() - started)
+
+    def _advance_tasks(self) -> None:
+        """Transcriptions by one audio window, embeddings and pair scores by one batched forward per model,
+        between the batch's decode steps; each publishes what it has."""
+        for request in list(self.task_jobs.values()):
             if isinstance(request, Transcription):
                 try:
-                    request.advance()  # one audio window per step, between the batch's decode steps
+                    request.advance()
                 except Exception:  # this job fails alone; the batch goes on
                     logger.exception("transcription %s failed", request.request_id)
                     self._fail(request)
-        embeddings = [request for request in self.requests.values() if isinstance(request, PooledJob)]
+        embeddings = [request for request in self.task_jobs.values() if isinstance(request, PooledJob)]
         if embeddings:
-            try:  # one batched forward per embedding model, between the batch's decode steps
+            try:
                 advance_embeddings(embeddings, self.config.embedding_batch)
             except Exception:
                 logger.exception("embedding forward failed")
                 for request in embeddings:
                     self._fail(request)
-        self._publish_all()
-        if self.scheduler.prefill(bool(decoded)):
-            self._publish_all()
-        self.metrics.step_took(time.perf_counter() - started)
-
-    def _publish_all(self) -> None:
-        self._fail_broken()
-        for request in list(self.requests.values()):
+        for request in list(self.task_jobs.values()):
             self._publish(request)
+
+    def _hand_over(self) -> None:
+        """This step's tokens and ended choices go to the output thread in one list; generation jobs the
+        engine is done with leave it (the output thread still has their last messages to send)."""
+        self._fail_broken()
+        entries = self.handover.take()
+        if not entries:
+            return
+        self.output.step(entries, time.monotonic())
+        for seq, _token, _logprob, _top, reason in entries:
+            if reason is not None:
+                self._retire(seq.request)
+
+    def _retire(self, request) -> None:
+        if request.finished and self.requests.get(request.request_id) is request:
+            del self.requests[request.request_id]
+
+    def _take_stopped(self) -> None:
+        """Choices the output thread ended on a stop string stop decoding here too."""
+        while True:
+            try:
+                seq = self._stopped.get_nowait()
+            except queue.Empty:
+                return
+            seq.stopped_by_text()
+            self._retire(seq.request)
+
+    def _answered_well(self, request, usage: dict) -> None:
+        """The output thread sent a generation job's last message."""
+        self.manager.touch(request.model_name)  # idle time counts from the last request's end
+        self.metrics.finished(request, usage)
 
     def _fail_broken(self) -> None:
         """Requests one of whose forwards raised fail alone (their rows are already out of the batch);
@@ -419,12 +485,16 @@ class Engine:
 
     def _fail(self, request: GenerationJob, message: dict | None = None) -> None:
         self.requests.pop(request.request_id, None)
+        self.task_jobs.pop(request.request_id, None)
         for seq in request.sequences:
             seq.abort()
-        self._job_done(request.request_id)
         self.metrics.forget(request)
-        self.emit(request.reply_channel, message or protocol.error_message(
-            500, "Generation failed on the worker.", None, "internal_error"))
+        message = message or protocol.error_message(500, "Generation failed on the worker.", None, "internal_error")
+        if isinstance(request, GenerationJob):
+            self.output.fail(request, message)  # after what it was already due, in order
+            return
+        self._job_done(request.request_id)
+        self.emit(request.reply_channel, message)
 
     def _publish(self, request: GenerationJob) -> None:
         """Publish what is due; a failure here stops this request alone, never its neighbours in the batch."""
@@ -437,9 +507,9 @@ class Engine:
             except Exception:  # the client hears the silence instead (the web side's worker-silence bound)
                 logger.exception("telling %s of its failure failed", request.request_id)
 
-    def _publish_due(self, request: GenerationJob) -> None:
-        """A message per request when it has something due: its first token at once, then (streamed) its
-        new deltas every `stream_interval` tokens, and everything with the usage when it is done."""
+    def _publish_due(self, request) -> None:
+        """A task's message when it has something due: its first result at once, then (streamed) its new
+        deltas, and everything with the usage when it is done (generation jobs: the output thread's)."""
         if request.request_id not in self.requests:
             return
         failpoints.hit("engine.publish")
@@ -448,6 +518,7 @@ class Engine:
         deltas = request.take_deltas()
         if request.finished:
             self.requests.pop(request.request_id, None)
+            self.task_jobs.pop(request.request_id, None)
             self._job_done(request.request_id)
             self.manager.touch(request.model_name)  # idle time counts from the last request's end
             usage = request.usage()

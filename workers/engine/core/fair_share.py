@@ -105,13 +105,9 @@ class FairQueue:
         else:
             self.counters.setdefault(seq.team, 0.0)
 
-    def charge_step(self, decoded: list[Queued]) -> None:
-        """One generated token for each decoded sequence, summed per team first."""
-        per_team: dict[str, tuple[int, float]] = {}
-        for seq in decoded:
-            count, share = per_team.get(seq.team, (0, seq.share))
-            per_team[seq.team] = (count + 1, share)
-        for team, (count, share) in per_team.items():
+    def charge_teams(self, teams: list[tuple[str, int, float]]) -> None:
+        """One generated token for each row a team holds: (team, rows, share) per team."""
+        for team, count, share in teams:
             self.counters[team] = self.counters.get(team, 0.0) + DECODE_WEIGHT * count / max(share, 1e-6)
 
     def charge(self, seq: Queued, prompt_tokens: int = 0, generated: int = 0) -> None:

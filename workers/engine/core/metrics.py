@@ -58,6 +58,20 @@ MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on 
                        buckets=LOAD_BUCKETS)
 
 
+def observe_many(histogram, value: float, count: int) -> None:
+    """`histogram.observe(value)` `count` times, at the cost of one (prometheus-client's Histogram child:
+    its sum and the bucket the value falls in; every observation after the first alike)."""
+    if count == 1 or not hasattr(histogram, "_upper_bounds"):
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    histogram._sum.inc(value * count)
+    for bucket, bound in zip(histogram._buckets, histogram._upper_bounds):
+        if value <= bound:
+            bucket.inc(count)
+            break
+
+
 def team_label(team: str) -> str:
     """A team's label: its name; jobs that name none (auth off, a worker's own) count as "default"."""
     return team or "default"
@@ -86,25 +100,32 @@ class EngineMetrics:
             QUEUE.labels(label(request.model_name)).observe(time.monotonic() - request.arrived)
 
     def tokens(self, sequences, now: float | None = None) -> None:
-        """Each of `sequences` just took one token."""
+        """Each of `sequences` just took one token (the output thread's, once per step). Rows whose last token
+        came at the same moment (a batch's previous step) share one inter-token gap: observed once, counted
+        for each."""
         now = time.monotonic() if now is None else now
         last_token = self._last_token
-        per_team = Tally(seq.request.team for seq in sequences if hasattr(seq.request, "team"))
-        for team, count in per_team.items():
-            TEAM_TOKENS.labels(team_label(team)).inc(count)
+        teams: Tally = Tally()
+        gaps: Tally = Tally()  # (model, when its last token came) -> rows
         for seq in sequences:
             request = seq.request
-            last = last_token.get(id(seq))
+            teams[request.team] += 1
+            key = id(seq)
+            last = last_token.get(key)
             if last is not None:
-                itl = self._itl.get(request.model_name)
-                if itl is None:
-                    itl = self._itl[request.model_name] = ITL.labels(label(request.model_name))
-                itl.observe(now - last)
+                gaps[(request.model_name, last)] += 1
             elif request.request_id not in self._first_token:
                 self._first_token.add(request.request_id)
                 TTFT.labels(label(request.model_name)).observe(now - request.arrived)
-                TEAM_TTFT.labels(team_label(getattr(request, "team", ""))).observe(now - request.arrived)
-            last_token[id(seq)] = now
+                TEAM_TTFT.labels(team_label(request.team)).observe(now - request.arrived)
+            last_token[key] = now
+        for team, count in teams.items():
+            TEAM_TOKENS.labels(team_label(team)).inc(count)
+        for (model, last), count in gaps.items():
+            itl = self._itl.get(model)
+            if itl is None:
+                itl = self._itl[model] = ITL.labels(label(model))
+            observe_many(itl, now - last, count)
 
     @staticmethod
     def preempted(seq) -> None:
@@ -133,7 +154,8 @@ class EngineMetrics:
         E2E.labels(model).observe(time.monotonic() - request.arrived)
         PROMPT_TOKENS.labels(model).inc(usage["prompt_tokens"])
         GENERATION_TOKENS.labels(model).inc(usage["completion_tokens"])
-        reason = request.sequences[0].finish_reason if request.sequences else None  # a transcription has none
+        first = request.sequences[0] if request.sequences else None  # a transcription has none
+        reason = getattr(getattr(first, "output", None), "finish_reason", None) or getattr(first, "finish_reason", None)
         SUCCESS.labels(model, reason or "stop").inc()
         self.forget(request)
 

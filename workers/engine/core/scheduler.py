@@ -18,13 +18,14 @@ from typing import TypeVar
 import torch
 
 from workers.engine.config import EngineConfig
-from workers.engine.sample.batch_sampling import choose_batch
+from workers.engine.execution.input_batch import InputBatch
 from workers.engine.sample.constraints import masks_for
 from workers.engine.core.fair_share import FairQueue
 from workers.engine.core.metrics import EngineMetrics
 from workers.engine.core.prefill_pacing import PrefillPacer
 from workers.engine.execution.runner import ModelRunner
 from workers.engine.sequences import Sequence
+from workers.engine.step_clock import StepClock
 
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Scheduler:
         self._budget_left: int | None = None  # prompt tokens left for this step after the first prefill
         # Sequences whose forward (or sampling) raised, with why: the engine fails their requests alone.
         self.failures: list[tuple[Sequence, Exception]] = []
+        self.clock = StepClock()  # where each step's time goes (workers/engine/step_clock.py)
 
     def take_failures(self) -> list[tuple[Sequence, Exception]]:
         failures, self.failures = self.failures, []
@@ -91,17 +93,16 @@ class Scheduler:
         """Whether rows will decode this step (streams wait on it)."""
         return any(runner.running for runner in self.runners.values())
 
-    def decode(self) -> list[Sequence]:
-        """Give every running sequence its next token (after `admit`)."""
-        decoded: list[Sequence] = []
+    def decode(self) -> int:
+        """Give every running sequence its next token (after `admit`); how many rows decoded."""
+        decoded = 0
         started = time.perf_counter()
         for runner in self.runners.values():
-            rows = self._attempt([], lambda runner=runner: _decode_and_sample(runner), runner)
-            if rows is not FAILED:
-                decoded.extend(rows)
-        self.metrics.step(len(decoded))
-        self.metrics.tokens(decoded)
-        self.waiting.charge_step(decoded)
+            rows = self._attempt([], lambda runner=runner: _decode_and_sample(runner, self.clock), runner)
+            if rows is not FAILED and rows is not None:
+                decoded += len(rows)
+                self.waiting.charge_teams(rows.teams)
+        self.metrics.step(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)
         return decoded
@@ -275,9 +276,9 @@ class Scheduler:
                 continue
             members = [member for member, _ in pairs]
             runner = self.runners[name]
-            if self._attempt(members, lambda: sample_rows(members, torch.stack([logits for _, logits in pairs]))) is FAILED:
+            if self._attempt(members, lambda: sample_rows(InputBatch(members),
+                                                          torch.stack([logits for _, logits in pairs]))) is FAILED:
                 continue
-            self.metrics.tokens(members)
             self._attempt(members, lambda: runner.join([member for member in members if not member.finished]), runner)
 
     def _share_prefill(self, seq: Sequence, group: list[Sequence]) -> None:
@@ -292,10 +293,12 @@ class Scheduler:
                 member.finish("length")
 
 
-def _decode_and_sample(runner: ModelRunner) -> list[Sequence]:
-    rows, logits = runner.decode()
-    if rows:
-        sample_rows(rows, logits)
+def _decode_and_sample(runner: ModelRunner, clock: StepClock) -> InputBatch | None:
+    rows, logits = runner.decode(clock)
+    if logits is None:
+        return None
+    sample_rows(rows, logits)
+    clock.lap("sample")
     return rows
 
 
@@ -317,12 +320,22 @@ def cached_start_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
     return groups
 
 
-def sample_rows(sequences: list[Sequence], logits: torch.Tensor) -> None:
+def sample_rows(batch: InputBatch, logits: torch.Tensor) -> None:
     """Each row takes its next token from its row of `logits` ([rows, vocab]): the constrained rows'
-    grammar masks filled together, then every row's choice made in one batched pass
-    (batch_sampling.choose_batch)."""
-    masks = masks_for([seq.constraint for seq in sequences], logits.shape[-1])
-    choices = choose_batch([seq.sampler for seq in sequences], logits,
-                           [(seq.prompt_ids, seq.completion_ids) for seq in sequences], masks)
-    for seq, choice in zip(sequences, choices):
-        seq.accept(choice)
+    grammar masks filled together, then every row's choice made in one batched pass (the batch's
+    sampling columns, workers/engine/sample/batch_sampling.py); each row's own work after it is an
+    append and a few set lookups (Sequence.take)."""
+    rows = batch.rows
+    masks = (masks_for([seq.constraint for seq in rows], logits.shape[-1]) if batch.constrained
+             else batch.no_masks)
+    ids, logprobs, alone = batch.sampling.pick(logits, batch.generated() or [], batch.history, masks)
+    if not logprobs and not alone:
+        for seq, token_id in zip(rows, ids):
+            seq.take(token_id)
+        return
+    for i, (seq, token_id) in enumerate(zip(rows, ids)):
+        if i in alone:
+            seq.accept(alone[i])
+        else:
+            logprob, top = logprobs.get(i, (None, ()))
+            seq.take(token_id, logprob, top)

@@ -23,6 +23,8 @@ from workers.engine.execution.kv.slab import SlabKV, static_attention
 from workers.engine.execution.kv.specs import SLIDING, cache_spec
 from workers.engine.models.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
+from workers.engine.step_clock import StepClock
+from workers.engine.execution.input_batch import InputBatch
 from workers.engine.execution.static_decode import StaticDecode
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class ModelRunner:
             self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
+        self._view: InputBatch | None = None  # the persistent batch's view of the rows, until they change
         declined = [what for what, served in (("decoding in one batch", spec.batchable),
                                               ("prefix reuse", spec.reuses_prefixes),
                                               ("padded prefills of several prompts", spec.prefills_padded),
@@ -104,6 +107,12 @@ class ModelRunner:
     @property
     def rows(self) -> list[Sequence]:
         return [*self.batch_rows, *self.solo_rows]
+
+    def view(self) -> InputBatch:
+        """The running rows as a step reads them, rebuilt only after rows joined, paused or left."""
+        if self._view is None:
+            self._view = InputBatch(self.rows, self.loaded.device)
+        return self._view
 
     # --- prefill -----------------------------------------------------------
     def attach_prefix(self, seq: Sequence) -> int | None:
@@ -200,12 +209,13 @@ class ModelRunner:
             sibling.state = clone_cache(source.state)
         sibling.prefilled = len(sibling.prompt_ids)
         if sibling.wants_prompt_logprobs:
-            sibling.copy_prompt_logprobs(source)
+            sibling.output.copy_prompt_scores(source.output)
 
     def join(self, sequences: list[Sequence]) -> None:
         """Prefilled sequences start decoding with the running batch from the next forward."""
         if not sequences:
             return
+        self._view = None
         if not self.spec.batchable:
             self.solo_rows.extend(sequences)
             return
@@ -218,6 +228,7 @@ class ModelRunner:
         """Take running sequences out of the batch, each keeping its keys/values (`seq.state`) to rejoin
         later exactly where it stopped (`join`): preemption by the scheduler, nothing recomputed."""
         leaving = {id(seq) for seq in sequences}
+        self._view = None
         rows = [i for i, seq in enumerate(self.batch_rows) if id(seq) in leaving]
         for row in rows:
             self.batch_rows[row].state = self.batch.row_cache(row)
@@ -248,16 +259,18 @@ class ModelRunner:
         """Forget every running row (after a failed step, whose writes to the batch may be half done);
         returns them, for their requests to fail."""
         rows = self.rows
-        self.batch_rows, self.solo_rows = [], []
+        self.batch_rows, self.solo_rows, self._view = [], [], None
         self.batch.clear()
         return rows
 
-    def _decode_over_window(self, last_tokens: list[int]) -> torch.Tensor:
+    def _decode_over_window(self, last_tokens: list[int], clock: StepClock | None = None) -> torch.Tensor:
         """One decode step over the batch's window (its shapes change every step); logits [rows, vocab]."""
         if self.batch.prepared_mask is None and self.batch.padded:
             output = self._check_prepared_mask(last_tokens)
         else:
             inputs = self.batch.decode_inputs(last_tokens)
+            if clock is not None:
+                clock.lap("prepare")
             output = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=1)  # writes the slab in place
         return output.logits[:, -1, :]
 
@@ -265,20 +278,31 @@ class ModelRunner:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
         if dead:
             self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
-        self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
+            self._view = None
+        if self.solo_rows and any(seq.finished for seq in self.solo_rows):
+            self.solo_rows = [seq for seq in self.solo_rows if not seq.finished]
+            self._view = None
 
-    def decode(self) -> tuple[list[Sequence], torch.Tensor | None]:
-        """One token's scores for every running sequence: (the rows, their [rows, vocab] logits)."""
-        rows: list[Sequence] = []
+    def _last_tokens(self, rows: InputBatch) -> torch.Tensor | list[int]:
+        """The batch rows' last tokens: the previous step's drawn tensor while the rows are the same (no
+        copy to the device), else read off the sequences."""
+        drawn = rows.sampling.drawn
+        if drawn is not None:
+            return drawn[:len(self.batch_rows)]
+        return [seq.completion_ids[-1] for seq in self.batch_rows]
+
+    def decode(self, clock: StepClock | None = None) -> tuple[InputBatch, torch.Tensor | None]:
+        """One token's scores for every running sequence: (the rows, their [rows, vocab] logits); `clock`
+        counts the time of its inputs (`prepare`) and of the model (`forward`)."""
+        rows = self.view()
         logits: list[torch.Tensor] = []
         if self.batch_rows:
-            last_tokens = [seq.completion_ids[-1] for seq in self.batch_rows]
             if self.static is not None and self.static.serves(len(self.batch_rows)):
+                last_tokens = [seq.completion_ids[-1] for seq in self.batch_rows]
                 logits.append(self.static.step(last_tokens, lambda: self._decode_over_window(last_tokens)))
             else:
-                logits.append(self._decode_over_window(last_tokens))
+                logits.append(self._decode_over_window(self._last_tokens(rows), clock))
             self.batch.advance()
-            rows.extend(self.batch_rows)
         for seq in self.solo_rows:
             position = cached_tokens(seq)
             output = self._forward(
@@ -286,8 +310,9 @@ class ModelRunner:
                 use_cache=True, logits_to_keep=1, **self._cache_inputs(seq.state, range(position, position + 1)),
             )
             seq.state = self._cache_of(output)
-            rows.append(seq)
             logits.append(output.logits[:, -1, :])
+        if clock is not None:
+            clock.lap("forward")
         if not logits:
             return rows, None
         return rows, logits[0] if len(logits) == 1 else torch.cat(logits)

@@ -3,29 +3,38 @@
 Text that could still grow into a stop string (or an unfinished UTF-8
 character) is held back until the next token settles it.
 
-Each token re-decodes only a short window (the tokens since the last settled point, with the
-one before them as context), as TGI and vLLM do, not the whole completion: a step's cost stays
-flat however long the answer grows. The window's text equals the whole decode's tail.
+Where the tokenizer is a plain `tokenizers` one, the text comes from its own incremental decoder
+(`tokenizers.decoders.DecodeStream`, what TGI streams with: one call into Rust per token); otherwise
+each token re-decodes only a short window (the tokens since the last settled point, with the one
+before them as context), as vLLM does. Either way a step's cost stays flat however long the answer
+grows, and the text equals the whole decode's at every token (an unfinished character as "\ufffd").
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT_CHAR = "\ufffd"
+
+
+def _plain_backend(tokenizer: PreTrainedTokenizerBase, spaces_between_special_tokens: bool):
+    """The Rust tokenizer, where the transformers class adds nothing to its decode; else None."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    backend = getattr(tokenizer, "_tokenizer", None)
+    plain = (isinstance(tokenizer, TokenizersBackend) and backend is not None and spaces_between_special_tokens
+             and type(tokenizer).decode is TokenizersBackend.decode and type(tokenizer)._decode is TokenizersBackend._decode)
+    return backend if plain else None
 
 
 def text_decoder(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True) -> Callable[[list[int]], str]:
     """`tokenizer.decode(ids, clean_up_tokenization_spaces=False, ...)`, called on the Rust tokenizer
     directly where the class adds nothing to it (the Python wrapper costs more than the decode)."""
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-    backend = getattr(tokenizer, "_tokenizer", None)
-    plain = (isinstance(tokenizer, TokenizersBackend) and backend is not None and spaces_between_special_tokens
-             and type(tokenizer).decode is TokenizersBackend.decode and type(tokenizer)._decode is TokenizersBackend._decode)
-    if plain:
+    backend = _plain_backend(tokenizer, spaces_between_special_tokens)
+    if backend is not None:
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
     options = {"skip_special_tokens": skip_special_tokens}
     if not spaces_between_special_tokens:  # the default; fast tokenizers take it only when set
@@ -40,6 +49,12 @@ class IncrementalText:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str], include_stop: bool = False,
                  skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
         self.decode = text_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+        backend = _plain_backend(tokenizer, spaces_between_special_tokens)
+        self._stream = None
+        if backend is not None:
+            stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+            self._stream = lambda token_id: stream.step(backend, token_id)
+        self._fed = 0  # tokens given to the stream
         self.include_stop = include_stop
         self.stop = [s for s in stop if s]
         self.emitted = 0  # characters of the decoded completion already handed out
@@ -50,6 +65,9 @@ class IncrementalText:
         self._context_text = ""  # decode(ids[_context:_read])
 
     def _advance(self, completion_ids: list[int]) -> None:
+        if self._stream is not None:
+            self._advance_stream(completion_ids)
+            return
         window = self.decode(completion_ids[self._context:])
         piece = window[len(self._context_text):]
         if piece and not piece.endswith(REPLACEMENT_CHAR):
@@ -59,6 +77,22 @@ class IncrementalText:
             self._context_text = self.decode(completion_ids[self._context:self._read])
         else:
             self.text = self._settled + piece
+
+    def _advance_stream(self, completion_ids: list[int]) -> None:
+        """The stream's pieces; while it holds an unfinished character back, the text shows it as the whole
+        decode does, from a window after the last piece."""
+        for position in range(self._fed, len(completion_ids)):
+            piece = self._stream(completion_ids[position])
+            if piece is not None:
+                self._settled += piece
+                self._read = position + 1
+        self._fed = len(completion_ids)
+        if self._read == len(completion_ids):
+            self.text = self._settled
+            return
+        start = max(0, self._read - 1)
+        window = self.decode(completion_ids[start:])
+        self.text = self._settled + window[len(self.decode(completion_ids[start:self._read])):]
 
     def _held_back(self, text: str) -> int:
         hold = 0

@@ -38,6 +38,8 @@ class SlabKV:
         plain = all(layer.kind in (FULL, NONE) for layer in spec.layers)
         self.prepared_mask: bool | None = None if plain and attends_with_sdpa(config) else False
         self.lengths: list[int] = []  # real tokens cached per row = the next token's position
+        self._positions: torch.Tensor | None = None  # `lengths` as the decode step's position ids, kept by step
+        self._shortest = 0  # min(lengths), kept with them (whether a row is padded)
         self.start = self.end = 0
         self.cache = DynamicCache(config=config)  # the model's view: its layers are the stores
         self.cache.layers = self.stores
@@ -135,6 +137,7 @@ class SlabKV:
                     store.place(row, layer, length)
             self.mask[row, self.end - length:self.end] = True
             self.lengths.append(length)
+        self._rows_changed()
 
     def _pad(self, rows: slice, begin: int, end: int) -> None:
         """Columns [begin, end) of these rows are left padding: masked out, and finite."""
@@ -166,6 +169,7 @@ class SlabKV:
             order[hole] = mover
         self.lengths = self.lengths[:remaining]
         self.start = self.end - max(self.lengths) if self.lengths else self.end
+        self._rows_changed()
         return order
 
     def row_cache(self, row: int) -> DynamicCache:
@@ -177,7 +181,11 @@ class SlabKV:
     @property
     def padded(self) -> bool:
         """Whether some row is shorter than the window (its left columns are padding)."""
-        return bool(self.lengths) and min(self.lengths) < self.length
+        return bool(self.lengths) and self._shortest < self.length
+
+    def _rows_changed(self) -> None:
+        self._positions = None
+        self._shortest = min(self.lengths) if self.lengths else 0
 
     def decode_inputs(self, last_tokens: list[int], prepared_mask: bool | None = None) -> dict:
         """Model kwargs for one decode step: each row's last token at its own position.
@@ -189,15 +197,17 @@ class SlabKV:
         own (a window's). A model of recurrent layers alone gets none: a decoded token is never padding."""
         self._ensure(self.rows, 0, 1)
         self.mask[:self.rows, self.end] = True
-        inputs = {"input_ids": torch.tensor(last_tokens, device=self.device).unsqueeze(1),
-                  self.spec.cache_arg: self.cache}
+        ids = last_tokens if isinstance(last_tokens, torch.Tensor) else torch.tensor(last_tokens, device=self.device)
+        inputs = {"input_ids": ids.unsqueeze(1), self.spec.cache_arg: self.cache}
         if self.spec.attends:
             mask = self.mask[:self.rows, self.start:self.end + 1]
             if (self.prepared_mask if prepared_mask is None else prepared_mask) and self.padded:
                 mask = mask[:, None, None, :]
             inputs["attention_mask"] = mask
         if self.spec.takes_positions:
-            inputs["position_ids"] = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
+            if self._positions is None:
+                self._positions = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
+            inputs["position_ids"] = self._positions
         return inputs
 
     def static_inputs(self, last_tokens: list[int], bucket: int) -> dict:
@@ -246,12 +256,16 @@ class SlabKV:
         """After a decode step: every row has one more real token cached."""
         self.end += 1
         self.lengths = [length + 1 for length in self.lengths]
+        self._shortest += 1
+        if self._positions is not None:
+            self._positions += 1
         for store in self._live_stores():
             store.advance()
 
     def clear(self) -> None:
         """Forget every row (after a failed step, whose writes may be half done)."""
         self.lengths = []
+        self._rows_changed()
         self.start = self.end
 
 

@@ -16,7 +16,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from workers.engine.cpu_share import torch_on_one_thread
 from workers.engine.sample.sampling import TokenChoice
-from workers.engine.sequences import GenerationJob
+from workers.engine.inputs.generation_job import GenerationJob
 
 
 class _Cancelled(StoppingCriteria):
