@@ -19,7 +19,8 @@ import torch
 
 from workers.engine.config import EngineConfig
 from workers.engine.execution.input_batch import InputBatch
-from workers.engine.sample.constraints import masks_for
+from workers.engine.execution.runner import sample_batch
+from workers.engine.plan import DecodePlan
 from workers.engine.core.fair_share import FairQueue
 from workers.engine.core.metrics import EngineMetrics
 from workers.engine.core.prefill_pacing import PrefillPacer
@@ -294,12 +295,13 @@ class Scheduler:
 
 
 def _decode_and_sample(runner: ModelRunner, clock: StepClock) -> InputBatch | None:
-    rows, logits = runner.decode(clock)
-    if logits is None:
+    """The model's decode step as a plan for its runner; the output applied to the rows."""
+    if not runner.running:
         return None
-    sample_rows(rows, logits)
+    output = runner.execute(DecodePlan(runner.view(), clock))
+    output.apply()
     clock.lap("sample")
-    return rows
+    return output.rows
 
 
 def cached_start_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
@@ -321,21 +323,5 @@ def cached_start_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
 
 
 def sample_rows(batch: InputBatch, logits: torch.Tensor) -> None:
-    """Each row takes its next token from its row of `logits` ([rows, vocab]): the constrained rows'
-    grammar masks filled together, then every row's choice made in one batched pass (the batch's
-    sampling columns, workers/engine/sample/batch_sampling.py); each row's own work after it is an
-    append and a few set lookups (Sequence.take)."""
-    rows = batch.rows
-    masks = (masks_for([seq.constraint for seq in rows], logits.shape[-1]) if batch.constrained
-             else batch.no_masks)
-    ids, logprobs, alone = batch.sampling.pick(logits, batch.generated() or [], batch.history, masks)
-    if not logprobs and not alone:
-        for seq, token_id in zip(rows, ids):
-            seq.take(token_id)
-        return
-    for i, (seq, token_id) in enumerate(zip(rows, ids)):
-        if i in alone:
-            seq.accept(alone[i])
-        else:
-            logprob, top = logprobs.get(i, (None, ()))
-            seq.take(token_id, logprob, top)
+    """Each row takes its next token from its row of `logits` ([rows, vocab]) (a prefill's first tokens)."""
+    sample_batch(batch, logits).apply()

@@ -25,6 +25,8 @@ from workers.engine.models.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 from workers.engine.step_clock import StepClock
 from workers.engine.execution.input_batch import InputBatch
+from workers.engine.plan import DecodePlan, StepOutput
+from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
 
 logger = logging.getLogger(__name__)
@@ -291,6 +293,13 @@ class ModelRunner:
             return drawn[:len(self.batch_rows)]
         return [seq.completion_ids[-1] for seq in self.batch_rows]
 
+    def execute(self, plan: DecodePlan) -> StepOutput:
+        """Run a decode plan: one forward over its rows, one batched sample; the tokens chosen come back."""
+        if plan.rows is not self._view:
+            raise ValueError("a decode plan for rows this runner does not hold")
+        rows, logits = self.decode(plan.clock)
+        return sample_batch(rows, logits)
+
     def decode(self, clock: StepClock | None = None) -> tuple[InputBatch, torch.Tensor | None]:
         """One token's scores for every running sequence: (the rows, their [rows, vocab] logits); `clock`
         counts the time of its inputs (`prepare`) and of the model (`forward`)."""
@@ -322,3 +331,14 @@ def cached_tokens(seq: Sequence) -> int:
     """Tokens a prefilled sequence's cache holds: its prompt and every sampled token but the last (the
     next decode step feeds that one)."""
     return len(seq.prompt_ids) + max(0, len(seq.completion_ids) - 1)
+
+
+def sample_batch(batch: InputBatch, logits: torch.Tensor) -> StepOutput:
+    """Every row's next token from its row of `logits` ([rows, vocab]): the constrained rows' grammar masks
+    filled together, then every choice made in one batched pass (the batch's sampling columns,
+    workers/engine/sample/batch_sampling.py)."""
+    rows = batch.rows
+    masks = (masks_for([seq.constraint for seq in rows], logits.shape[-1]) if batch.constrained
+             else batch.no_masks)
+    ids, logprobs, alone = batch.sampling.pick(logits, batch.generated() or [], batch.history, masks)
+    return StepOutput(batch, ids, logprobs, alone)

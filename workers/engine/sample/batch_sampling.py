@@ -146,7 +146,7 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
     """Each row's first highest score, as `torch.argmax` picks it; on the CPU through numpy, whose argmax is
     5-8x faster than torch's CPU kernel here (64 rows x 1k-150k vocabulary) and picks the same index."""
     if scores.device.type == "cpu" and scores.dtype == torch.float32:
-        return torch.from_numpy(numpy.argmax(scores.numpy(), axis=-1))
+        return torch.from_numpy(numpy.argmax(scores.detach().numpy(), axis=-1))
     return scores.argmax(-1)
 
 
