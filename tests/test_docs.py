@@ -291,8 +291,8 @@ def test_the_checker_reports_what_is_wrong():
 
 
 def test_the_checker_reads_a_layout_tree():
-    page = "```text\n./\n├── workers/\n│   ├── engine/\n│   │   └── scheduler.py\n│   └── nothing.py\n└── manage.py\n```\n"
-    assert tree_paths(page) == ["workers/", "workers/engine/", "workers/engine/core/scheduler.py",
+    page = "```text\n./\n├── workers/\n│   ├── engine/\n│   │   └── plan.py\n│   └── nothing.py\n└── manage.py\n```\n"
+    assert tree_paths(page) == ["workers/", "workers/engine/", "workers/engine/plan.py",
                                 "workers/nothing.py", "manage.py"]
     assert check_doc(page, "tree") == ["tree: no such file: nothing.py", "tree: no such file: workers/nothing.py"]
 

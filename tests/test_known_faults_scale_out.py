@@ -39,7 +39,7 @@ def test_a_job_the_web_side_gave_up_on_never_runs_on_a_worker_whose_clock_is_beh
                               json={"model": TINY_MODEL, "prompt": "fresh", "max_tokens": 2})
         assert response.status_code == 200, response.text
         time.sleep(1)
-        finished = [line for line in worker.log().splitlines() if "INFO workers.engine.core.engine" in line and " finished " in line]
+        finished = [line for line in worker.log().splitlines() if "INFO workers.engine.output.processor" in line and " finished " in line]
         assert len(finished) == 1, f"the worker ran a job nobody waits for: {finished}"
         assert response.json()["id"] in finished[0]
     finally:

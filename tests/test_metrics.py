@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 
@@ -60,6 +61,13 @@ def test_engine_metrics_move_with_the_requests_served(warm_server, client):
     assert value(after, "inference_workers", 'status="online"') == 1
     assert value(after, "inference_model_loaded", MODEL_LABEL) == 1
     assert value(after, "inference_model_load_seconds_count") >= 1
+    # The engine's time by step phase (workers/engine/step_clock.py), published as it goes.
+    deadline = time.monotonic() + 10
+    while delta("inference_step_phase_seconds_total", 'phase="forward"') <= 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        after = scrape(server)
+    assert delta("inference_step_phase_seconds_total", 'phase="forward"') > 0
+    assert delta("inference_step_phase_seconds_total", 'phase="sample"') > 0
 
 
 def test_metrics_need_a_key_or_an_allowed_address(hf_cache, tmp_path):

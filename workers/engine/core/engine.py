@@ -223,6 +223,7 @@ class Engine:
         if not self.requests or time.monotonic() - self._gauges_set >= GAUGE_SECONDS:
             self._gauges_set = time.monotonic()
             self.metrics.queues(self.requests.values(), self.scheduler.waiting)
+            self.metrics.step_phases(self.scheduler.clock)
             self.metrics.teams(self.scheduler.in_flight(), self.scheduler.waiting)
         return busy
 

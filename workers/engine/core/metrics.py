@@ -54,6 +54,8 @@ TEAM_TTFT = Histogram("inference_team_time_to_first_token_seconds", "Time from a
 TEAM_PREEMPTED = Counter("inference_team_preemptions", "Sequences of the team paused to give their slot to others.", TEAM)
 STEP = Histogram("inference_step_seconds", "Wall time of one engine step: decode, publish, prefill.",
                  buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0))
+STEP_PHASE = Counter("inference_step_phase_seconds", "Engine time by phase of its steps (workers/engine/step_clock.py).",
+                     ["phase"])
 MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on a worker.", MODEL,
                        buckets=LOAD_BUCKETS)
 
@@ -92,6 +94,7 @@ class EngineMetrics:
         self._gauges: dict[str, tuple[int, int]] = {}  # model -> (running, waiting) last set
         self._team_gauges: dict[str, tuple[int, int]] = {}
         self._itl: dict[str, object] = {}  # model key -> its ITL histogram child (labels() costs per call)
+        self._phases_counted: dict[str, float] = {}  # the step clock's sums already added to STEP_PHASE
 
     def scheduled(self, request) -> None:
         """A choice of `request` leaves the waiting queue for prefill."""
@@ -148,6 +151,14 @@ class EngineMetrics:
 
     def step_took(self, seconds: float) -> None:
         STEP.observe(seconds)
+
+    def step_phases(self, clock) -> None:
+        """The step clock's time by phase since the last call, onto `inference_step_phase_seconds`."""
+        for phase, seconds in clock.seconds.items():
+            added = seconds - self._phases_counted.get(phase, 0.0)
+            if added > 0:
+                STEP_PHASE.labels(phase).inc(added)
+                self._phases_counted[phase] = seconds
 
     def finished(self, request, usage: dict) -> None:
         model = label(request.model_name)

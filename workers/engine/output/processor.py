@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import protocol
+from protocol import failpoints
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class OutputProcessor:
         if request.closed:
             return
         try:
+            failpoints.hit("engine.publish")
             done = ended and request.answered_in_full
             if request.answered and not done and not request.due(self.stream_interval):
                 return  # held: deltas pile up meanwhile (a non-streamed answer until the end)
@@ -144,8 +146,8 @@ class OutputProcessor:
                 if not self.answered(request.request_id):
                     return
                 usage = request.usage()
+                self.finished(request, usage)  # counted before the client can see it (and scrape /metrics)
                 self.emit(request.reply_channel, protocol.done_message(deltas, usage))
-                self.finished(request, usage)
                 logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
                             usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
             elif deltas:
