@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import tempfile
@@ -62,6 +63,31 @@ def engine_counters(base_url: str) -> dict[str, float]:
     return found
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every process below it, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grown = {pid}, True
+    while grown:
+        below = {child for child, parent in parents.items() if parent in tree} - tree
+        grown = bool(below)
+        tree |= below
+    total = 0.0
+    for member in tree:
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def per_step(before: dict[str, float], after: dict[str, float]) -> dict:
     steps = after["inference_step_seconds_count"] - before["inference_step_seconds_count"]
     batches = after["inference_batch_size_count"] - before["inference_batch_size_count"]
@@ -106,23 +132,36 @@ def main(argv: list[str]) -> None:
     try:
         asyncio.run(non_streaming(server.base_url, args.model, prompts[:4], 8))  # loads the model
         for index in range(args.rounds):
+            raw_cpu = time.process_time()
             raw_tps = raw.batch_tokens_per_s(args.max_tokens)
+            raw_cpu = time.process_time() - raw_cpu
             before = engine_counters(server.base_url)
+            cpu_before = tree_cpu_seconds(server.pid)
             plain = asyncio.run(non_streaming(server.base_url, args.model, prompts, args.max_tokens))
+            cpu_middle = tree_cpu_seconds(server.pid)
             middle = engine_counters(server.base_url)
             streamed = streaming(server.base_url, args.model, prompts, args.max_tokens)
+            cpu_after = tree_cpu_seconds(server.pid)
             after = engine_counters(server.base_url)
+            tokens = args.requests * args.max_tokens
+            cpu = {"raw_cpu_ms_per_1k_tokens": round(raw_cpu * 1e6 / tokens, 1),
+                   "ours_cpu_ms_per_1k_tokens": round((cpu_middle - cpu_before) * 1e6 / plain["tokens"], 1),
+                   "ours_streaming_cpu_ms_per_1k_tokens": round((cpu_after - cpu_middle) * 1e6 / streamed["tokens"], 1)}
+            cpu["cpu_per_token_vs_raw"] = round(cpu["ours_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
+            cpu["streaming_cpu_per_token_vs_raw"] = round(
+                cpu["ours_streaming_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
             admitted = asyncio.run(non_streaming(server.base_url, args.model, prompts, 1))
             row = {"raw_tokens_per_s": raw_tps, "non_streaming": {**plain, **per_step(before, middle)},
                    "streaming": {**streamed, **per_step(middle, after)},
-                   "one_token_burst_ms": round(1000 * admitted["wall_s"], 1)}
+                   "one_token_burst_ms": round(1000 * admitted["wall_s"], 1), **cpu}
             row["non_streaming_vs_raw"] = round(plain["tokens_per_s"] / raw_tps, 3)
             row["streaming_vs_raw"] = round(streamed["tokens_per_s"] / raw_tps, 3)
             rounds.append(row)
             print(f"round {index + 1}: raw {raw_tps} tok/s; ours {plain['tokens_per_s']} "
                   f"({row['non_streaming_vs_raw']}x), streaming {streamed['tokens_per_s']} ({row['streaming_vs_raw']}x), "
                   f"TTFT p95 {streamed['ttft_p95_ms']} ms; step {row['non_streaming']['step_ms_mean']} ms "
-                  f"at batch {row['non_streaming']['batch_mean']}; {args.requests} one-token requests {row['one_token_burst_ms']} ms",
+                  f"at batch {row['non_streaming']['batch_mean']}; {args.requests} one-token requests {row['one_token_burst_ms']} ms; "
+                  f"CPU per token vs raw {cpu['cpu_per_token_vs_raw']}x (streaming {cpu['streaming_cpu_per_token_vs_raw']}x)",
                   flush=True)
     finally:
         server.stop()
@@ -130,7 +169,8 @@ def main(argv: list[str]) -> None:
     summary = {
         "scenario": "overhead", "model": args.model, "device": args.device, "requests": args.requests,
         "max_tokens": args.max_tokens, "rounds": rounds,
-        "median": {key: statistics.median(r[key] for r in rounds) for key in ("non_streaming_vs_raw", "streaming_vs_raw")},
+        "median": {key: statistics.median(r[key] for r in rounds) for key in (
+            "non_streaming_vs_raw", "streaming_vs_raw", "cpu_per_token_vs_raw", "streaming_cpu_per_token_vs_raw")},
         "median_ttft_p95_ms": statistics.median(r["streaming"]["ttft_p95_ms"] or 0 for r in rounds),
         "median_step_ms": statistics.median(r["non_streaming"]["step_ms_mean"] or 0 for r in rounds),
         "median_one_token_burst_ms": statistics.median(r["one_token_burst_ms"] for r in rounds),

@@ -1,9 +1,10 @@
 """The step contract between the scheduler and a model's runner: a plan in, the step's output back.
 
-As vLLM V1 cuts it (SchedulerOutput -> ModelRunnerOutput): the scheduler decides which rows run and
-what each needs; the runner executes exactly that over the cache and returns only what was chosen
-(token ids, logprobs where asked); the scheduler applies it to the sequences. The runner never decides
-membership and the scheduler never touches a tensor.
+As vLLM V1 cuts it (SchedulerOutput -> ModelRunnerOutput): the scheduler decides which prompts prefill
+and how many of their tokens (`PrefillWork`), and which rows decode (`DecodePlan`); the runner executes
+exactly that over the cache and returns only what came of it (completed prompts' logits; each row's
+token id, logprobs where asked); the scheduler applies it to the sequences. The runner never decides
+membership or budgets, and the scheduler never touches a tensor.
 """
 from __future__ import annotations
 
@@ -11,9 +12,31 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only
+    import torch
+
     from workers.engine.execution.input_batch import InputBatch
+    from workers.engine.sequences import Sequence
     from workers.engine.sample.sampling import TokenChoice
     from workers.engine.step_clock import StepClock
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    """Prompt tokens for one forward of one model: the next `tokens` of one prompt (alone: a chunk, a prompt
+    that must be scored at every position, one with media), or the whole rests of several prompts in one
+    left-padded forward (`together`)."""
+
+    rows: "tuple[Sequence, ...]"
+    tokens: int  # prompt tokens this forward feeds
+    together: bool = False
+
+
+@dataclass
+class PrefillOutput:
+    """The prompts a PrefillWork completed, each with its next-token logits (a chunk that leaves the prompt
+    unfinished completes none)."""
+
+    done: "list[tuple[Sequence, torch.Tensor]]" = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 from workers.engine.config import EngineConfig
 from workers.engine.execution.input_batch import InputBatch
 from workers.engine.execution.runner import sample_batch
-from workers.engine.plan import DecodePlan
+from workers.engine.plan import DecodePlan, PrefillWork
 from workers.engine.core.fair_share import FairQueue
 from workers.engine.core.metrics import EngineMetrics
 from workers.engine.core.prefill_pacing import PrefillPacer
@@ -222,44 +222,53 @@ class Scheduler:
             if first:
                 self._budget_left = budget
             return False
+        work, budget = self._plan_prefill(started, fresh, budget)
         done: list[tuple[Sequence, torch.Tensor]] = []
-        for seq in started:  # a long prompt already under way continues first
-            result = self._attempt([seq], lambda seq=seq: self.runners[seq.request.model_name].prefill(seq, budget))
-            if result is FAILED:
-                continue
-            used, logits = result
-            budget -= used
-            if logits is not None:
-                done.append((seq, logits))
+        for item in work:
+            runner = self.runners[item.rows[0].request.model_name]
+            output = self._attempt(list(item.rows), lambda item=item, runner=runner: runner.execute_prefill(item))
+            if output is not FAILED:
+                done.extend(output.done)
+        self.pacer.prefilled(planned - budget, time.perf_counter() - began)
+        self._budget_left = max(0, budget) if first else None
+        self._start_decoding(done)
+        return bool(done)
+
+    def _plan_prefill(self, started: list[Sequence], fresh: list[Sequence], budget: int
+                      ) -> tuple[list[PrefillWork], int]:
+        """This pass's prefill forwards within `budget` prompt tokens, and the budget left: prompts under way
+        continue first (their next chunk); each newcomer starts from its longest cached start (the prefix
+        cache: a lookup is scheduling, as vLLM's KV manager does it), then goes alone (a chunk, or whole if
+        it must be) or, short enough, with other newcomers of its model in one padded forward."""
+        work: list[PrefillWork] = []
+        for seq in started:
+            take = self.runners[seq.request.model_name].chunk_for(seq, budget)
+            if take > 0:
+                work.append(PrefillWork((seq,), take))
+                budget -= take
         together: dict[str, list[Sequence]] = {}
         for seq in fresh:
             if budget <= 0:
                 break
             runner = self.runners[seq.request.model_name]
-            cached = runner.attach_prefix(seq)
+            cached = self._attempt([seq], lambda seq=seq, runner=runner: runner.attach_prefix(seq))
+            if cached is FAILED:
+                continue
             if cached is not None:
                 self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
             rest = len(seq.prompt_ids) - seq.prefilled
             if seq.wants_prompt_logprobs or seq.media_inputs is not None or rest > budget or not runner.prefills_together(seq):
-                result = self._attempt([seq], lambda seq=seq, runner=runner: runner.prefill(seq, budget))
-                if result is FAILED:
-                    continue
-                used, logits = result
-                budget -= used
-                if logits is not None:
-                    done.append((seq, logits))
+                take = runner.chunk_for(seq, budget)
+                work.append(PrefillWork((seq,), take))
+                budget -= take
             else:
                 together.setdefault(seq.request.model_name, []).append(seq)
                 budget -= rest
-        for name, sequences in together.items():
+        for sequences in together.values():
             for group in cached_start_groups(sequences):
-                logits = self._attempt(group, lambda g=group, n=name: self.runners[n].prefill_together(g))
-                if logits is not FAILED:
-                    done.extend(zip(group, logits))
-        self.pacer.prefilled(planned - budget, time.perf_counter() - began)
-        self._budget_left = max(0, budget) if first else None
-        self._start_decoding(done)
-        return bool(done)
+                work.append(PrefillWork(tuple(group), sum(len(s.prompt_ids) - s.prefilled for s in group),
+                                        together=len(group) > 1))
+        return work, budget
 
     def _start_decoding(self, done: list[tuple[Sequence, torch.Tensor]]) -> None:
         """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""

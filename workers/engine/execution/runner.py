@@ -25,7 +25,7 @@ from workers.engine.models.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 from workers.engine.step_clock import StepClock
 from workers.engine.execution.input_batch import InputBatch
-from workers.engine.plan import DecodePlan, StepOutput
+from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutput
 from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
 
@@ -132,16 +132,28 @@ class ModelRunner:
             # keyed by adapter: the same tokens give other keys/values under a LoRA adapter
             self.prefix_cache.remember(seq.prompt_ids, seq.state, getattr(seq.request.model, "adapter", None))
 
+    def chunk_for(self, seq: Sequence, budget: int) -> int:
+        """How many more prompt tokens a prefill of this sequence takes within `budget`: media features need
+        their placeholder tokens in the same forward, and recurrent layers that restart on a multi-token
+        chunk need the whole prompt in one (one chunk, whatever the budget); else at most `prefill_chunk`."""
+        remaining = len(seq.prompt_ids) - seq.prefilled
+        whole = seq.media_inputs is not None or not self.spec.continues_chunks
+        return remaining if whole else max(0, min(remaining, budget, self.prefill_chunk))
+
+    def execute_prefill(self, work: PrefillWork) -> PrefillOutput:
+        """Run one PrefillWork: a chunk of one prompt, or several prompts' rests together."""
+        if work.together:
+            return PrefillOutput(list(zip(work.rows, self.prefill_together(list(work.rows)))))
+        seq = work.rows[0]
+        _, logits = self.prefill(seq, work.tokens)
+        return PrefillOutput([(seq, logits)] if logits is not None else [])
+
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
         """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
         if seq.state is None:
             seq.state = new_row_cache(self.loaded.model.config, self.spec)
             seq.prefilled = 0
-        remaining = len(seq.prompt_ids) - seq.prefilled
-        # Media features need their placeholder tokens in the same forward, and recurrent layers that
-        # restart on a multi-token chunk need the whole prompt in one: one chunk.
-        whole = seq.media_inputs is not None or not self.spec.continues_chunks
-        take = remaining if whole else min(remaining, budget, self.prefill_chunk)
+        take = self.chunk_for(seq, budget)
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
