@@ -23,6 +23,7 @@ class GgufFacts:
 
     architecture: str
     quantization: str
+    context_length: int = 0  # `<architecture>.context_length`; 0: not written
 
 
 def split_gguf_name(repo_id: str) -> tuple[str, str]:
@@ -54,7 +55,7 @@ def choose_gguf_file(files: list[str], wanted: str = "") -> str:
     if wanted:
         exact = [name for name in files if name == wanted or name == wanted + GGUF_SUFFIX]
         tagged = [name for name in files if _tag(wanted) in _tag(name)]
-        if exact or len(tagged) >= 1:
+        if exact or tagged:
             return (exact or tagged)[0]
         raise ValueError(f"it has no GGUF file `{wanted}`; its files: {', '.join(files)}")
     if len(files) == 1:
@@ -71,11 +72,14 @@ def _facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
     from gguf import GGUFReader, LlamaFileType  # imported on first use: most caches hold no GGUF file
 
     reader = GGUFReader(path)
-    architecture = reader.fields["general.architecture"].contents()
+    architecture = str(reader.fields["general.architecture"].contents())
+    context = reader.fields.get(f"{architecture}.context_length")
+    context_length = int(context.contents()) if context is not None else 0
     file_type = reader.fields.get("general.file_type")
     if file_type is not None:
         try:
-            return GgufFacts(str(architecture), LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_"))
+            return GgufFacts(architecture, LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_")
+                             .removeprefix("ALL_"), context_length)
         except ValueError:
             pass
     # no file type written: the type most of its weight matrices have
@@ -83,7 +87,7 @@ def _facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
     for tensor in reader.tensors:
         if len(tensor.shape) > 1:
             counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
-    return GgufFacts(str(architecture), max(counts, key=counts.__getitem__, default="unknown"))
+    return GgufFacts(architecture, max(counts, key=counts.__getitem__, default="unknown"), context_length)
 
 
 def read_gguf_facts(path: Path) -> GgufFacts:

@@ -90,15 +90,19 @@ def write_llama_gguf(model_folder: Path, out: Path, architecture: str = "llama",
 
 
 def build_tiny_gguf_model(repo_id: str, source: Path | None = None, cache_dir: str | os.PathLike | None = None,
-                          file_name: str = "", architecture: str = "llama", half: bool = False) -> Path:
-    """Store a GGUF file of the tiny Llama at `source` (a snapshot folder; None: a fresh `tiny` build) as the
-    repo `repo_id`, holding only that file (`file_name`, default `<name>.F32.gguf`). Returns the snapshot."""
+                          types: tuple[str, ...] = ("F32",), architecture: str = "llama") -> Path:
+    """Store GGUF files of the tiny Llama at `source` (a snapshot folder; None: a fresh `tiny` build) as the repo
+    `repo_id`, holding only those files: `<name>.F32.gguf` and/or `<name>.F16.gguf` (`types`), as a hub GGUF
+    repo lists one file per quantization. Returns the snapshot."""
     cache = _resolve_cache(cache_dir)
     with tempfile.TemporaryDirectory(prefix="tiny-gguf-") as tmp:
         if source is None:
             source = build_tiny_model("local/tiny-gguf-source", cache_dir=Path(tmp) / "cache")
         out = Path(tmp) / "out"
         out.mkdir()
-        name = file_name or f"{repo_id.rpartition('/')[2]}.{'F16' if half else 'F32'}.gguf"
-        write_llama_gguf(Path(source), out / name, architecture, half)
+        for kind in types:
+            if kind not in ("F32", "F16"):
+                raise ValueError(f"unknown GGUF type {kind!r}: F32 or F16")
+            write_llama_gguf(Path(source), out / f"{repo_id.rpartition('/')[2]}.{kind}.gguf", architecture,
+                             half=kind == "F16")
         return _install_into_cache(out, cache, repo_id)
