@@ -70,7 +70,13 @@ def _dequantize(source: Path, out: Path, dtype: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=getattr(torch, dtype))
+    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=getattr(torch, dtype))
+    # transformers will not save a model it loaded through its GGUF quantizer: the same weights in a plain model
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.load_state_dict(loaded.state_dict())
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out, safe_serialization=True)
