@@ -145,3 +145,20 @@ def test_a_file_the_repo_lacks_is_a_404(gguf_server):
                           json={"model": f"{GGUF_REPO}:Q8_0", "prompt": "Once", "max_tokens": 2})
     assert response.status_code == 404, response.text
     assert response.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_real_smollm2_dequantized_holds_the_gguf_file_s_weights(tmp_path):
+    """workers/tiny/smollm2.py: the checkpoint other benchmarks load is the Q4_1 file's weights, exactly."""
+    from workers.tiny.smollm2 import build_smollm2, smollm2_gguf_path
+
+    model_id = build_smollm2(tmp_path)
+    assert build_smollm2(tmp_path) == model_id == "local/SmolLM2-135M-Instruct"  # kept, not rebuilt
+    tokenizer = AutoTokenizer.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True)
+    saved = AutoModelForCausalLM.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True).eval()
+    source = smollm2_gguf_path()
+    gguf = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32).eval()
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        assert torch.equal(saved(**ids).logits, gguf(**ids).logits)
+    assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"

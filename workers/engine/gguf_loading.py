@@ -95,11 +95,10 @@ def _refusal(ref: ModelRef, source: GgufSource, exc: Exception) -> ModelLoadErro
                           "instead, or a GGUF of an architecture transformers reads.")
 
 
-def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report):
-    """(config, tokenizer, model) of one GGUF file, the weights dequantized into `dtype` on `device`."""
+def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, weights_progress):
+    """(config, tokenizer, model) of one GGUF file, the weights dequantized into `dtype` on `device`;
+    `weights_progress(report)`: the context that reports transformers' tensor loop as `weights` progress."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from workers.engine.model_loader import _weights_progress
 
     started = time.monotonic()
     folder, file = str(source.folder), source.file
@@ -107,7 +106,7 @@ def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, re
         config = AutoConfig.from_pretrained(folder, gguf_file=file)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
         report("config", None)
-        with _weights_progress(report):
+        with weights_progress(report):
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, config=config, dtype=dtype)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError, NotImplementedError) as exc:
         refusal = _refusal(ref, source, exc)
@@ -119,19 +118,18 @@ def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, re
     return config, tokenizer, model
 
 
-def load_gguf_model(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, quantization: str = ""):
-    """The LoadedModel of a GGUF file (model_loader.load_model's, for a GGUF model)."""
-    from workers.engine.model_loader import LoadedModel, model_bytes
-
+def gguf_model_fields(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, weights_progress,
+                      quantization: str = "") -> dict:
+    """The fields of model_loader's LoadedModel for a GGUF file (it builds the LoadedModel: no import back)."""
     if quantization:  # transformers' GGUF loader is a quantizer of its own: it takes no second one
         logger.warning("%s: a GGUF model is loaded dequantized into its dtype; quantization %s not applied",
                        ref.key, quantization)
     report("processor", None)
-    config, tokenizer, model = load_gguf(ref, source, device, dtype, report)
+    config, tokenizer, model = load_gguf(ref, source, device, dtype, report, weights_progress)
     model.eval()
-    return LoadedModel(model_id=ref.repo_id, revision=ref.branch, model=model, tokenizer=tokenizer, device=device,
-                       max_model_len=gguf_context_length(config, tokenizer), eos_token_ids=gguf_eos_ids(model, tokenizer),
-                       memory_bytes=model_bytes(model), kind="causal")
+    return dict(model_id=ref.repo_id, revision=ref.branch, model=model, tokenizer=tokenizer, device=device,
+                max_model_len=gguf_context_length(config, tokenizer), eos_token_ids=gguf_eos_ids(model, tokenizer),
+                kind="causal")
 
 
 def gguf_eos_ids(model, tokenizer) -> list[int]:

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
-from workers.engine.gguf_loading import find_gguf, gguf_bytes, load_gguf_model
+from workers.engine.gguf_loading import find_gguf, gguf_bytes, gguf_model_fields
 from workers.engine.processors import load_processor
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
@@ -302,7 +302,8 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         # a GGUF model (`repo:FILE`, or a repo of .gguf files): loaded by workers/engine/gguf_loading.py
         gguf = find_gguf(ref, options.gguf_file)
         if gguf is not None:
-            return load_gguf_model(ref, gguf, torch_device, torch_dtype, report, options.quantization)
+            fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress, options.quantization)
+            return LoadedModel(**fields, memory_bytes=model_bytes(fields["model"]))
         check_attn_implementation(options.attn_implementation)
         quantize = quantization_config(options.quantization, torch_device) if options.quantization else None
         report("processor", None)
