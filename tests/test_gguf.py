@@ -162,3 +162,67 @@ def test_the_real_smollm2_dequantized_holds_the_gguf_file_s_weights(tmp_path):
     with torch.no_grad():
         assert torch.equal(saved(**ids).logits, gguf(**ids).logits)
     assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_serve_takes_a_gguf_file_a_folder_of_them_and_folder_colon_file(gguf_cache, tmp_path, monkeypatch):
+    """`serve FILE.gguf`, `serve FOLDER` and `serve FOLDER:QUANT` link into the cache as the catalog names them."""
+    from huggingface_hub import constants as hf_constants
+
+    from catalog import hf_cache
+    from inference_site.management.commands.serve import _pinned_gguf
+
+    cache, lone = gguf_cache
+    snapshot = next((cache / f"models--{GGUF_REPO.replace('/', '--')}" / "snapshots").iterdir())
+    folder = tmp_path / "my-ggufs"
+    folder.mkdir()
+    for name in ("tiny-llama-gguf.F16.gguf", "tiny-llama-gguf.F32.gguf"):
+        shutil.copy(snapshot / name, folder / name)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    hf_cache.forget_scan()
+    try:
+        assert _pinned_gguf(str(lone)) == "local/tiny-llama.F32"
+        assert _pinned_gguf(f"{folder}:f16") == "local/my-ggufs:tiny-llama-gguf.F16.gguf"
+        assert _pinned_gguf(str(folder)) == ""  # a plain folder: linked as any model folder (serve's usual path)
+        listed = {entry.repo_id: entry for entry in hf_cache.scan_cached_models(tmp_path / "hf")}
+        assert sorted(listed) == ["local/my-ggufs", "local/my-ggufs:tiny-llama-gguf.F16.gguf",
+                                  "local/my-ggufs:tiny-llama-gguf.F32.gguf", "local/tiny-llama.F32"]
+        assert listed["local/my-ggufs"].gguf_files == (("tiny-llama-gguf.F16.gguf", "F16"),
+                                                       ("tiny-llama-gguf.F32.gguf", "F32"))
+        assert listed["local/my-ggufs"].architectures == ("gguf:llama",) and listed["local/my-ggufs"].is_causal_lm
+        from django.core.management.base import CommandError
+
+        with pytest.raises(CommandError, match="holds no GGUF file `Q8_0`"):
+            _pinned_gguf(f"{folder}:Q8_0")
+    finally:
+        hf_cache.forget_scan()
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_a_gguf_repo_s_files_and_chooses_the_one_it_serves(admin_client, gguf_cache, monkeypatch):
+    from huggingface_hub import constants as hf_constants
+
+    from catalog import hf_cache, selectors
+    from catalog.models import CachedModel
+    from catalog.services import cached_models
+
+    cache, _ = gguf_cache
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    hf_cache.forget_scan()
+    cached_models.scan_cache(cache)
+    row = CachedModel.objects.get(repo_id=GGUF_REPO)
+    assert row.gguf_files == [["tiny-llama-gguf.F16.gguf", "F16"], ["tiny-llama-gguf.F32.gguf", "F32"]]
+    url = f"/admin/catalog/cachedmodel/{row.pk}/change/"
+    page = admin_client.get(url).content.decode()
+    # no Q4_K_M file: the first by name is served until the admin chooses
+    assert "tiny-llama-gguf.F16.gguf (F16) ← served" in page and "tiny-llama-gguf.F32.gguf (F32) ← served" not in page
+    form = {"enabled": "on", "aliases": "[]", "idle_timeout": "", "dtype": "auto", "device": "", "chat_template": "",
+            "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
+    refused = admin_client.post(url, {**form, "gguf_file": "Q8_0"})
+    assert refused.status_code == 200 and "has no GGUF file `Q8_0`" in refused.content.decode()
+    assert admin_client.post(url, {**form, "gguf_file": "f32"}).status_code == 302
+    assert selectors.model_settings_map()[GGUF_REPO]["gguf_file"] == "f32"
+    assert "tiny-llama-gguf.F32.gguf (F32) ← served" in admin_client.get(url).content.decode()
+    safetensors = CachedModel.objects.get(repo_id=SAFETENSORS)
+    other = admin_client.post(f"/admin/catalog/cachedmodel/{safetensors.pk}/change/", {**form, "gguf_file": "f32"})
+    assert "Only a GGUF model" in other.content.decode()
+    hf_cache.forget_scan()

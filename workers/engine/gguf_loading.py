@@ -50,19 +50,21 @@ def find_gguf(ref: ModelRef, chosen: str = "") -> GgufSource | None:
     repo's other quantizations); ModelLoadError when the repo has no such file."""
     repo_id, wanted = split_gguf_name(ref.repo_id)
     wanted = wanted or chosen
+    named = ":" in ref.repo_id
     folder = _cached_snapshot(repo_id, ref.branch)
     if folder is not None and is_gguf_folder(folder):
         names = gguf_files(folder)
-    elif folder is None and ":" in ref.repo_id and hub_reachable():
-        from huggingface_hub import list_repo_files
-
-        names = sorted(name for name in list_repo_files(repo_id, revision=ref.branch) if name.endswith(".gguf")
-                       and "/" not in name)
-    elif ":" in ref.repo_id:
-        raise ModelLoadError(f"The model `{ref.key}` is no GGUF repo in the cache (a `.gguf` file and no "
-                             "config.json)", not_found=True)
+    elif folder is None and hub_reachable():  # not cached: the hub's listing says whether it is a GGUF repo
+        names = _hub_gguf_files(repo_id, ref.branch)
+        if names is None and not named:
+            return None  # no GGUF repo (or none at all): the usual load says what is wrong
     else:
-        return None
+        names = None
+    if names is None:
+        if not named:
+            return None
+        raise ModelLoadError(f"The model `{ref.key}` is no GGUF repo in the cache (`.gguf` files and no "
+                             "config.json)", not_found=True)
     try:
         name = choose_gguf_file(names, wanted)
     except ValueError as exc:
@@ -70,6 +72,19 @@ def find_gguf(ref: ModelRef, chosen: str = "") -> GgufSource | None:
     if folder is None or not (folder / name).is_file():
         folder = Path(hf_hub_download(repo_id, name, revision=ref.branch)).parent
     return GgufSource(folder, name)
+
+
+def _hub_gguf_files(repo_id: str, revision: str) -> list[str] | None:
+    """A hub repo's top-level `.gguf` files when it is a GGUF repo (no config.json), else None."""
+    from huggingface_hub import list_repo_files
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        listed = list_repo_files(repo_id, revision=revision)
+    except (HfHubHTTPError, OSError, ValueError):
+        return None
+    names = sorted(name for name in listed if name.endswith(".gguf") and "/" not in name and "-of-0" not in name)
+    return names if names and "config.json" not in listed else None
 
 
 def gguf_bytes(ref: ModelRef) -> int | None:
