@@ -4,11 +4,13 @@ Both sides ask: the catalog lists a repo's GGUF files with their quantization ty
 one a name or the catalog chose. A repo or folder holding `.gguf` files and no config.json is a GGUF
 model; `repo:FILE` names one of its files (as llama.cpp's `-hf repo:QUANT` and Ollama's `name:tag`), the
 plain repo name the file chosen in the admin, else the only one, else the `Q4_K_M` one (llama.cpp's
-default), else the first by name. Plain Python: the `gguf` package (numpy only) reads the header.
+default), else the first by name. Plain Python (no torch): the few header keys the catalog shows are read
+here, the `gguf` package (numpy only) names the file types.
 """
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -67,24 +69,76 @@ def _tag(name: str) -> str:
     return name.upper().replace("-", "_")
 
 
+# GGUF metadata value types (gguf.GGUFValueType): struct formats of the fixed-size ones; 8 string, 9 array
+_FIXED = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _header_values(path: str, wanted: set[str]) -> dict:
+    """The `wanted` metadata keys of a GGUF header, read until all are found: arrays (a vocabulary of 150k
+    tokens) are skipped, not decoded, which the `gguf` package's reader does for every key (seconds per file)."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        if blob[:4] != b"GGUF" or struct.unpack_from("<I", blob, 4)[0] < 2:
+            raise ValueError("no GGUF v2/v3 header")
+        count = struct.unpack_from("<Q", blob, 16)[0]
+        pos, found = 24, {}
+
+        def string(at: int) -> tuple[str, int]:
+            size = struct.unpack_from("<Q", blob, at)[0]
+            return bytes(blob[at + 8:at + 8 + size]).decode("utf-8", "replace"), at + 8 + size
+
+        def skip(kind: int, at: int) -> int:
+            if kind in _FIXED:
+                return at + struct.calcsize(_FIXED[kind])
+            if kind == _STRING:
+                return at + 8 + struct.unpack_from("<Q", blob, at)[0]
+            if kind != _ARRAY:
+                raise ValueError(f"unknown metadata type {kind}")
+            inner, length = struct.unpack_from("<IQ", blob, at)
+            at += 12
+            if inner in _FIXED:
+                return at + length * struct.calcsize(_FIXED[inner])
+            for _ in range(length):
+                at = skip(inner, at)
+            return at
+
+        for _ in range(count):
+            key, pos = string(pos)
+            kind = struct.unpack_from("<I", blob, pos)[0]
+            pos += 4
+            if key in wanted or key.endswith(".context_length"):
+                if kind in _FIXED:
+                    found[key] = struct.unpack_from(_FIXED[kind], blob, pos)[0]
+                elif kind == _STRING:
+                    found[key] = string(pos)[0]
+            pos = skip(kind, pos)
+            architecture = found.get("general.architecture")
+            if architecture and wanted <= found.keys() and f"{architecture}.context_length" in found:
+                break
+        return found
+
+
 @lru_cache(maxsize=256)
 def _facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
-    from gguf import GGUFReader, LlamaFileType  # imported on first use: most caches hold no GGUF file
+    values = _header_values(path, {"general.architecture", "general.file_type"})
+    architecture = str(values["general.architecture"])
+    context_length = int(values.get(f"{architecture}.context_length") or 0)
+    from gguf import LlamaFileType  # imported on first use: most caches hold no GGUF file
 
-    reader = GGUFReader(path)
-    architecture = str(reader.fields["general.architecture"].contents())
-    context = reader.fields.get(f"{architecture}.context_length")
-    context_length = int(context.contents()) if context is not None else 0
-    file_type = reader.fields.get("general.file_type")
-    if file_type is not None:
+    if "general.file_type" in values:
         try:
-            return GgufFacts(architecture, LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_")
-                             .removeprefix("ALL_"), context_length)
+            name = LlamaFileType(values["general.file_type"]).name
+            return GgufFacts(architecture, name.removeprefix("MOSTLY_").removeprefix("ALL_"), context_length)
         except ValueError:
             pass
-    # no file type written: the type most of its weight matrices have
+    # no file type written: the type most of its weight matrices have (the gguf package reads the tensor table)
+    from gguf import GGUFReader
+
     counts: dict[str, int] = {}
-    for tensor in reader.tensors:
+    for tensor in GGUFReader(path).tensors:
         if len(tensor.shape) > 1:
             counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
     return GgufFacts(architecture, max(counts, key=counts.__getitem__, default="unknown"), context_length)
@@ -96,5 +150,5 @@ def read_gguf_facts(path: Path) -> GgufFacts:
     try:
         stat = Path(path).stat()
         return _facts(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-    except (OSError, KeyError, ValueError, IndexError) as exc:
+    except (OSError, KeyError, ValueError, IndexError, struct.error) as exc:
         raise ValueError(f"{Path(path).name} is not a readable GGUF file: {exc}") from None
