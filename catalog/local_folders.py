@@ -21,7 +21,7 @@ from huggingface_hub import constants as hf_constants
 
 from protocol.gguf import GGUF_SUFFIX, gguf_files, read_gguf_facts
 
-from .hf_cache import forget_scan
+from .hf_cache import forget_scan, gguf_entry_name, scan_cached_models
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,25 @@ def link_gguf_file(file: Path, cache_dir: str | Path | None = None) -> str:
     read_gguf_facts(file)  # ValueError: not a GGUF file
     return _link_files(file.parent, f"local/{file.name.removesuffix(GGUF_SUFFIX)}", {Path(file.name): file},
                        cache_dir)
+
+
+def link_gguf(name: str, cache_dir: str | Path | None = None) -> str:
+    """`serve FILE.gguf` (the file as `local/<name>`) and `serve FOLDER:FILE` (a folder's GGUF file by name or
+    quantization type, as `local/<folder>:FILE`): the catalog's name for it; "" for any other name. ValueError
+    when the file is no GGUF or the folder has no such file."""
+    path = Path(name).expanduser()
+    folder, _, wanted = name.rpartition(":")
+    if path.is_file() and name.endswith(GGUF_SUFFIX):
+        repo_id = link_gguf_file(path, cache_dir)
+    elif folder and wanted and Path(folder).expanduser().is_dir():
+        repo_id = f"{link_local_model(Path(folder).expanduser(), cache_dir)}:{wanted}"
+    else:
+        return ""
+    models = scan_cached_models(cache_dir)
+    repo_id = gguf_entry_name(repo_id, models)
+    if not any(m.repo_id == repo_id for m in models):
+        raise ValueError(f"{name} holds no GGUF file `{wanted}`" if wanted else f"{name} is not a readable GGUF file")
+    return repo_id
 
 
 def _link_files(folder: Path, repo_id: str, files: dict[Path, Path], cache_dir: str | Path | None) -> str:

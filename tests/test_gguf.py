@@ -165,11 +165,12 @@ def test_the_real_smollm2_dequantized_holds_the_gguf_file_s_weights(tmp_path):
 
 
 def test_serve_takes_a_gguf_file_a_folder_of_them_and_folder_colon_file(gguf_cache, tmp_path, monkeypatch):
-    """`serve FILE.gguf`, `serve FOLDER` and `serve FOLDER:QUANT` link into the cache as the catalog names them."""
+    """`serve FILE.gguf`, `serve FOLDER` and `serve FOLDER:QUANT` link into the cache as the catalog names them
+    (catalog/local_folders.py's `link_gguf`, which `serve` calls)."""
     from huggingface_hub import constants as hf_constants
 
     from catalog import hf_cache
-    from inference_site.management.commands.serve import _pinned_gguf
+    from catalog.local_folders import link_gguf
 
     cache, lone = gguf_cache
     snapshot = next((cache / f"models--{GGUF_REPO.replace('/', '--')}" / "snapshots").iterdir())
@@ -180,19 +181,17 @@ def test_serve_takes_a_gguf_file_a_folder_of_them_and_folder_colon_file(gguf_cac
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     hf_cache.forget_scan()
     try:
-        assert _pinned_gguf(str(lone)) == "local/tiny-llama.F32"
-        assert _pinned_gguf(f"{folder}:f16") == "local/my-ggufs:tiny-llama-gguf.F16.gguf"
-        assert _pinned_gguf(str(folder)) == ""  # a plain folder: linked as any model folder (serve's usual path)
+        assert link_gguf(str(lone)) == "local/tiny-llama.F32"
+        assert link_gguf(f"{folder}:f16") == "local/my-ggufs:tiny-llama-gguf.F16.gguf"
+        assert link_gguf(str(folder)) == ""  # a plain folder: linked as any model folder (serve's usual path)
         listed = {entry.repo_id: entry for entry in hf_cache.scan_cached_models(tmp_path / "hf")}
         assert sorted(listed) == ["local/my-ggufs", "local/my-ggufs:tiny-llama-gguf.F16.gguf",
                                   "local/my-ggufs:tiny-llama-gguf.F32.gguf", "local/tiny-llama.F32"]
         assert listed["local/my-ggufs"].gguf_files == (("tiny-llama-gguf.F16.gguf", "F16"),
                                                        ("tiny-llama-gguf.F32.gguf", "F32"))
         assert listed["local/my-ggufs"].architectures == ("gguf:llama",) and listed["local/my-ggufs"].is_causal_lm
-        from django.core.management.base import CommandError
-
-        with pytest.raises(CommandError, match="holds no GGUF file `Q8_0`"):
-            _pinned_gguf(f"{folder}:Q8_0")
+        with pytest.raises(ValueError, match="holds no GGUF file `Q8_0`"):
+            link_gguf(f"{folder}:Q8_0")
     finally:
         hf_cache.forget_scan()
 

@@ -8,6 +8,7 @@ F32 (or F16), so the same weights loaded from safetensors and from the GGUF give
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -53,8 +54,6 @@ def write_llama_gguf(model_folder: Path, out: Path, architecture: str = "llama",
     added = {token.content: token for token in tokenizer.backend_tokenizer.get_added_tokens_decoder().values()}
     special = set(tokenizer.all_special_tokens)
     types = [CONTROL if token in special else USER_DEFINED if token in added else NORMAL for token in tokens]
-    import json
-
     merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
-from catalog.local_folders import link_gguf_file, link_local_model
+from catalog.local_folders import link_gguf, link_local_model
 from inference_site import edge
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
@@ -308,7 +308,10 @@ class Command(BaseCommand):
                                f"[CHECKPOINT] ({name or 'no model'} is not a folder)")
         if not name:
             return ""
-        gguf = _pinned_gguf(name)  # a .gguf file, or FOLDER:FILE
+        try:
+            gguf = link_gguf(name)  # a .gguf file, or FOLDER:FILE
+        except ValueError as exc:
+            raise CommandError(f"MODEL: {exc}") from None
         if gguf:
             self.stdout.write(f"Serving {name} as {gguf}")
             return gguf
@@ -372,26 +375,3 @@ class Command(BaseCommand):
         self.stdout.write(f'Send it as "Authorization: Bearer <key>", e.g. export OPENAI_API_KEY=$(cat {path})')
         sys.stdout.flush()
 
-
-def _pinned_gguf(name: str) -> str:
-    """`serve FILE.gguf` (the file as `local/<name>`) and `serve FOLDER:FILE` (a folder's GGUF file by name or
-    quantization type, as `local/<folder>:FILE`); "" for any other name. The catalog's name for it."""
-    path = Path(name).expanduser()
-    folder, _, wanted = name.rpartition(":")
-    try:
-        if path.is_file() and name.endswith(".gguf"):
-            repo_id = link_gguf_file(path)
-        elif folder and wanted and Path(folder).expanduser().is_dir():
-            repo_id = f"{link_local_model(Path(folder).expanduser())}:{wanted}"
-        else:
-            return ""
-    except ValueError as exc:
-        raise CommandError(f"MODEL: {exc}") from None
-    from catalog.hf_cache import gguf_entry_name
-
-    models = cached_served_models(fresh=True)
-    repo_id = gguf_entry_name(repo_id, models)
-    if not any(m.repo_id == repo_id for m in models):
-        raise CommandError(f"MODEL: {name} holds no GGUF file `{wanted}`" if wanted else
-                           f"MODEL: {name} is not a readable GGUF file")
-    return repo_id
