@@ -194,15 +194,21 @@ def _gguf_entries(repo, revision) -> list[CacheEntry]:
                   revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
                   modalities=input_modalities("causal"), tasks=model_tasks("causal"))
     entries = [CacheEntry(repo_id=repo.repo_id, size_on_disk=repo.size_on_disk, gguf_file="",
-                          context_length=dict(files)[default].context_length,
+                          context_length=dict(files)[default].context_length, parsers=_gguf_parsers(dict(files)[default]),
                           architectures=(f"gguf:{dict(files)[default].architecture}",),
                           gguf_files=tuple((name, facts.quantization) for name, facts in files), **common)]
     if len(files) > 1:
         entries += [CacheEntry(repo_id=f"{repo.repo_id}:{name}", size_on_disk=(snapshot / name).stat().st_size,
                                architectures=(f"gguf:{facts.architecture}",), gguf_files=((name, facts.quantization),),
-                               gguf_file=name, context_length=facts.context_length, **common)
+                               gguf_file=name, context_length=facts.context_length, parsers=_gguf_parsers(facts),
+                               **common)
                     for name, facts in files]
     return entries
+
+
+def _gguf_parsers(facts) -> dict:
+    """The parsers a GGUF file's chat template points to (its header has no tokenizer_config.json beside it)."""
+    return detect_parsers(facts.architecture, facts.chat_template, ()).as_dict()
 
 
 def gguf_entry_name(repo_id: str, models: list[CacheEntry]) -> str:

@@ -26,6 +26,7 @@ class GgufFacts:
     architecture: str
     quantization: str
     context_length: int = 0  # `<architecture>.context_length`; 0: not written
+    chat_template: str = ""  # `tokenizer.chat_template` (the catalog detects the model's parsers from it)
 
 
 def split_gguf_name(repo_id: str) -> tuple[str, str]:
@@ -123,15 +124,16 @@ def _header_values(path: str, wanted: set[str]) -> dict:
 
 @lru_cache(maxsize=256)
 def _facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
-    values = _header_values(path, {"general.architecture", "general.file_type"})
+    values = _header_values(path, {"general.architecture", "general.file_type", "tokenizer.chat_template"})
     architecture = str(values["general.architecture"])
     context_length = int(values.get(f"{architecture}.context_length") or 0)
+    template = str(values.get("tokenizer.chat_template") or "")
     from gguf import LlamaFileType  # imported on first use: most caches hold no GGUF file
 
     if "general.file_type" in values:
         try:
             name = LlamaFileType(values["general.file_type"]).name
-            return GgufFacts(architecture, name.removeprefix("MOSTLY_").removeprefix("ALL_"), context_length)
+            return GgufFacts(architecture, name.removeprefix("MOSTLY_").removeprefix("ALL_"), context_length, template)
         except ValueError:
             pass
     # no file type written: the type most of its weight matrices have (the gguf package reads the tensor table)
@@ -141,7 +143,7 @@ def _facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
     for tensor in GGUFReader(path).tensors:
         if len(tensor.shape) > 1:
             counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
-    return GgufFacts(architecture, max(counts, key=counts.__getitem__, default="unknown"), context_length)
+    return GgufFacts(architecture, max(counts, key=counts.__getitem__, default="unknown"), context_length, template)
 
 
 def read_gguf_facts(path: Path) -> GgufFacts:

@@ -125,6 +125,8 @@ def test_the_catalog_lists_gguf_files_with_their_quantization_type(gguf_server):
         assert card["gguf_files"] == [{"file": f"tiny-llama-gguf.{kind}.gguf", "quantization": kind}]
         assert card["max_model_len"] == 512 and card["tasks"] == ["generate"]
     assert cards[PINNED]["gguf_files"] == [{"file": "tiny-llama.F32.gguf", "quantization": "F32"}]
+    # the parsers its answers get, from the chat template in its header: those of the same template in files
+    assert cards[GGUF_REPO]["parsers"] == cards[SAFETENSORS]["parsers"] and cards[GGUF_REPO]["parsers"]["tool_parser"]
 
 
 def test_a_gguf_architecture_transformers_cannot_read_is_refused_with_its_reason(gguf_server):
