@@ -51,7 +51,8 @@ def gguf_cache(tmp_path_factory):
 def gguf_server(gguf_cache, tmp_path_factory):
     cache, lone = gguf_cache
     work = tmp_path_factory.mktemp("gguf-server")
-    (work / "server.yaml").write_text(f"models:\n  - name: {GGUF_REPO}\n    gguf-file: f16\n")
+    (work / "server.yaml").write_text(f"models:\n  - name: {GGUF_REPO}\n    gguf-file: f16\n"
+                                      f"  - name: {GGUF_REPO}:F16\n    dtype: bfloat16\n")
     live = LiveServer(base_env(cache, work, INFERENCE_PREFILL_CHUNK="24"), work,
                       (str(lone), "--config", str(work / "server.yaml")), name="gguf")
     yield live
@@ -112,7 +113,20 @@ def test_the_repo_serves_the_file_its_settings_choose(gguf_cache, gguf_server):
     expected = [reference.greedy(prompt, TOKENS, min_new_tokens=TOKENS) for prompt in PROMPTS]
     _, client = clients(gguf_server)
     assert asyncio.run(complete(client, GGUF_REPO, PROMPTS)) == expected
-    assert "loaded the GGUF file tiny-llama-gguf.F16.gguf (F16) of local/tiny-llama-gguf@main" in gguf_server.log()
+    assert "loaded the GGUF file tiny-llama-gguf.F16.gguf (F16) of local/tiny-llama-gguf@main on cpu as torch.float32" \
+        in gguf_server.log()
+
+
+def test_a_gguf_file_loads_into_the_dtype_its_settings_choose(gguf_server):
+    """Dequantized into the catalog's dtype: the F16 file as bfloat16 holds half the pinned float32 file's bytes."""
+    sync, _ = clients(gguf_server)
+    name = f"{GGUF_REPO}:tiny-llama-gguf.F16.gguf"
+    for model in (name, PINNED):
+        assert sync.completions.create(model=model, prompt="Once upon a time", max_tokens=4).choices[0].text
+    cards = {card.id: card.model_extra for card in sync.models.list().data}
+    # (the rotary tables stay float32: a few bytes over half)
+    assert 0.5 <= cards[name]["memory_bytes"] / cards[PINNED]["memory_bytes"] < 0.51
+    assert f"of {name}@main on cpu as torch.bfloat16" in gguf_server.log()
 
 
 def test_the_catalog_lists_gguf_files_with_their_quantization_type(gguf_server):

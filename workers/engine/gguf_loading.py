@@ -128,8 +128,8 @@ def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, re
         logger.warning("%s", refusal)
         raise refusal from exc
     model.to(device)
-    logger.info("loaded the GGUF file %s (%s) of %s in %.1fs", file, read_gguf_facts(source.path).quantization,
-                ref.key, time.monotonic() - started)
+    logger.info("loaded the GGUF file %s (%s) of %s on %s as %s in %.1fs", file, read_gguf_facts(source.path).quantization,
+                ref.key, device, model.dtype, time.monotonic() - started)
     return config, tokenizer, model
 
 
