@@ -188,14 +188,14 @@ def _gguf_entries(repo, revision) -> list[CacheEntry]:
             continue
     if not files:
         return []
-    names = [name for name, _ in files]
-    default = choose_gguf_file(names)
+    facts_of = dict(files)
+    default = facts_of[choose_gguf_file(list(facts_of))]
     common = dict(revision=revision.commit_hash, last_modified=repo.last_modified, snapshot_path=snapshot,
                   revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
                   modalities=input_modalities("causal"), tasks=model_tasks("causal"))
     entries = [CacheEntry(repo_id=repo.repo_id, size_on_disk=repo.size_on_disk, gguf_file="",
-                          context_length=dict(files)[default].context_length, parsers=_gguf_parsers(dict(files)[default]),
-                          architectures=(f"gguf:{dict(files)[default].architecture}",),
+                          context_length=default.context_length, parsers=_gguf_parsers(default),
+                          architectures=(f"gguf:{default.architecture}",),
                           gguf_files=tuple((name, facts.quantization) for name, facts in files), **common)]
     if len(files) > 1:
         entries += [CacheEntry(repo_id=f"{repo.repo_id}:{name}", size_on_disk=(snapshot / name).stat().st_size,

@@ -4,9 +4,11 @@ The tiny Llama is written as GGUF files in the test with the `gguf` package (wor
 and F16, llama.cpp's tensor names and Q/K layout, the vocabulary and chat template in the header). Through
 one real server (pinned to a lone `.gguf` file, a config file choosing a repo's F16 file): the F32 file
 gives the greedy tokens of the same weights from safetensors (alone, batched, in one request, and a chat
-answer), the F16 file those of transformers' own load of that file; /v1/models lists the files with their
-quantization types; a GGUF of an architecture transformers cannot read is refused with its reason (an
-OpenAI-shaped 503, logged, the catalog showing the error); an unknown file is a 404.
+answer), the F16 file those of transformers' own load of that file, and loads into the dtype its settings
+choose; /v1/models lists the files with their quantization types; a GGUF of an architecture transformers
+cannot read is refused with its reason (an OpenAI-shaped 503, logged, the catalog showing the error); an
+unknown file is a 404. Without a server: `serve FILE.gguf` / `FOLDER:QUANT` linking, the admin's file choice,
+and the real SmolLM2 built from the pip package's GGUF holding that file's weights exactly.
 """
 from __future__ import annotations
 
@@ -229,7 +231,8 @@ def test_the_admin_shows_a_gguf_repo_s_files_and_chooses_the_one_it_serves(admin
     url = f"/admin/catalog/cachedmodel/{row.pk}/change/"
     page = admin_client.get(url).content.decode()
     # no Q4_K_M file: the first by name is served until the admin chooses
-    assert "tiny-llama-gguf.F16.gguf (F16) ← served" in page and "tiny-llama-gguf.F32.gguf (F32) ← served" not in page
+    assert "tiny-llama-gguf.F16.gguf (F16) ← served" in page
+    assert "tiny-llama-gguf.F32.gguf (F32) ← served" not in page
     form = {"enabled": "on", "aliases": "[]", "idle_timeout": "", "dtype": "auto", "device": "", "chat_template": "",
             "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
     refused = admin_client.post(url, {**form, "gguf_file": "Q8_0"})

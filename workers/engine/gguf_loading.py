@@ -105,12 +105,14 @@ def _refusal(ref: ModelRef, source: GgufSource, exc: Exception) -> ModelLoadErro
         what = "its header"
     import transformers
 
+    reason = str(exc).rstrip(".")
     return ModelLoadError(f"The model `{ref.key}`'s GGUF file {source.file} cannot be loaded by transformers "
-                          f"{transformers.__version__}: {what}: {str(exc).rstrip('.')}. Serve the original (safetensors) repo "
+                          f"{transformers.__version__}: {what}: {reason}. Serve the original (safetensors) repo "
                           "instead, or a GGUF of an architecture transformers reads.")
 
 
-def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, weights_progress):
+def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, weights_progress,
+              attn_implementation: str = ""):
     """(config, tokenizer, model) of one GGUF file, the weights dequantized into `dtype` on `device`;
     `weights_progress(report)`: the context that reports transformers' tensor loop as `weights` progress."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -122,25 +124,27 @@ def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, re
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
         report("config", None)
         with weights_progress(report):
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, config=config, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=file, config=config, dtype=dtype,
+                **({"attn_implementation": attn_implementation} if attn_implementation else {}))
     except (OSError, ValueError, KeyError, RuntimeError, ImportError, NotImplementedError) as exc:
         refusal = _refusal(ref, source, exc)
         logger.warning("%s", refusal)
         raise refusal from exc
     model.to(device)
-    logger.info("loaded the GGUF file %s (%s) of %s on %s as %s in %.1fs", file, read_gguf_facts(source.path).quantization,
-                ref.key, device, model.dtype, time.monotonic() - started)
+    logger.info("loaded the GGUF file %s (%s) of %s on %s as %s in %.1fs", file,
+                read_gguf_facts(source.path).quantization, ref.key, device, model.dtype, time.monotonic() - started)
     return config, tokenizer, model
 
 
 def gguf_model_fields(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, weights_progress,
-                      quantization: str = "") -> dict:
+                      quantization: str = "", attn_implementation: str = "") -> dict:
     """The fields of model_loader's LoadedModel for a GGUF file (it builds the LoadedModel: no import back)."""
     if quantization:  # transformers' GGUF loader is a quantizer of its own: it takes no second one
         logger.warning("%s: a GGUF model is loaded dequantized into its dtype; quantization %s not applied",
                        ref.key, quantization)
     report("processor", None)
-    config, tokenizer, model = load_gguf(ref, source, device, dtype, report, weights_progress)
+    config, tokenizer, model = load_gguf(ref, source, device, dtype, report, weights_progress, attn_implementation)
     model.eval()
     return dict(model_id=ref.repo_id, revision=ref.branch, model=model, tokenizer=tokenizer, device=device,
                 max_model_len=gguf_context_length(config, tokenizer), eos_token_ids=gguf_eos_ids(model, tokenizer),

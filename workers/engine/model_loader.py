@@ -299,12 +299,13 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
     if options.trust_remote_code:
         logger.warning("loading %s with trust_remote_code: the repo's own Python code runs in this worker", ref.key)
     try:
+        check_attn_implementation(options.attn_implementation)
         # a GGUF model (`repo:FILE`, or a repo of .gguf files): loaded by workers/engine/gguf_loading.py
         gguf = find_gguf(ref, options.gguf_file)
         if gguf is not None:
-            fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress, options.quantization)
+            fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress,
+                                       options.quantization, options.attn_implementation)
             return LoadedModel(**fields, memory_bytes=model_bytes(fields["model"]))
-        check_attn_implementation(options.attn_implementation)
         quantize = quantization_config(options.quantization, torch_device) if options.quantization else None
         report("processor", None)
         config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision, **remote)  # says which processor
