@@ -5,9 +5,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 import protocol
+from protocol.gguf import choose_gguf_file
 
 from . import selectors
 from .services import cached_models, model_control, model_settings
@@ -61,7 +62,8 @@ class CachedModelAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "preload", "is_causal_lm", "gone", "dtype")
     search_fields = ("repo_id",)
     readonly_fields = ("repo_id", "revision", "revisions", "size_on_disk", "architectures", "is_causal_lm",
-                       "modalities", "last_modified", "last_scanned", "gone", "detected_parsers", "parsers")
+                       "modalities", "last_modified", "last_scanned", "gone", "detected_parsers", "parsers", "gguf")
+    exclude = ("gguf_files",)  # shown as `gguf` (the served file marked)
     inlines = [ModelLoadInline]
     actions = ["preload_now", "unload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
                "delete_from_cache"]
@@ -114,6 +116,19 @@ class CachedModelAdmin(admin.ModelAdmin):
             return ""
         return format_html('<span title="tool / reasoning parser, from: {}">{} / {}</span>', chosen["source"],
                            chosen["tool_parser"], chosen["reasoning_parser"] or "none")
+
+    @admin.display(description="GGUF files")
+    def gguf(self, obj: CachedModel) -> str:
+        """A GGUF model's files with their quantization types, the one it serves marked."""
+        files = [str(pair[0]) for pair in obj.gguf_files or ()]
+        if not files:
+            return ""
+        try:
+            serving = choose_gguf_file(files, obj.gguf_file)
+        except ValueError:
+            serving = ""
+        return format_html_join(", ", "{} ({}){}", ((name, quantization, " ← served" if name == serving else "")
+                                                     for name, quantization in obj.gguf_files))
 
     @admin.display(description="last used")
     def last_used(self, obj: CachedModel):

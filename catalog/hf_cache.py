@@ -14,6 +14,7 @@ from pathlib import Path
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import scan_cache_dir
 
+from protocol.gguf import choose_gguf_file, gguf_files, is_gguf_folder, read_gguf_facts
 from protocol.modalities import CAUSAL_ARCHITECTURE_SUFFIXES, input_modalities, model_kind, model_tasks
 from protocol.output_formats import detect_parsers
 
@@ -40,10 +41,15 @@ class CacheEntry:
     # The tool-call and reasoning parsers its files point to ({tool_parser, reasoning_parser, source}), for a
     # model that generates; the catalog's overrides go over it (protocol.output_formats).
     parsers: dict = field(default_factory=dict, compare=False)
+    # A GGUF model (protocol/gguf.py): its files and their quantization types ((file, quantization), …);
+    # `gguf_file`: the one this name serves unless the admin chose another ("" for a plain repo)
+    gguf_files: tuple[tuple[str, str], ...] = ()
+    gguf_file: str = ""
+    context_length: int = 0  # a GGUF file's (its header); 0: what config.json says
 
     @property
     def is_causal_lm(self) -> bool:
-        return any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in self.architectures)
+        return bool(self.gguf_files) or any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in self.architectures)
 
     @property
     def is_served(self) -> bool:
@@ -144,6 +150,9 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
         revision = _newest_revision(repo)
         if revision is None:
             continue
+        if is_gguf_folder(Path(revision.snapshot_path)):
+            models.extend(_gguf_entries(repo, revision))
+            continue
         config = _read_config(Path(revision.snapshot_path))
         kind = model_kind(config, sentence_transformers=(Path(revision.snapshot_path) / "modules.json").is_file())
         parent = _adapter_base(Path(revision.snapshot_path)) if not config else None
@@ -165,6 +174,59 @@ def scan_cached_models(cache_dir: str | Path | None = None) -> list[CacheEntry]:
             )
         )
     return sorted(models, key=lambda m: m.repo_id)
+
+
+def _gguf_entries(repo, revision) -> list[CacheEntry]:
+    """A GGUF repo's entries: the repo itself (the admin's file, else the default one), and `repo:FILE` for each
+    file when it holds several (as LM Studio lists every file). A file whose header cannot be read is left out."""
+    snapshot = Path(revision.snapshot_path)
+    files = []
+    for name in gguf_files(snapshot):
+        try:
+            files.append((name, read_gguf_facts(snapshot / name)))
+        except ValueError:
+            continue
+    if not files:
+        return []
+    facts_of = dict(files)
+    default = facts_of[choose_gguf_file(list(facts_of))]
+    common = dict(revision=revision.commit_hash, last_modified=repo.last_modified, snapshot_path=snapshot,
+                  revisions=tuple(sorted(rev.commit_hash for rev in repo.revisions)),
+                  modalities=input_modalities("causal"), tasks=model_tasks("causal"))
+    entries = [CacheEntry(repo_id=repo.repo_id, size_on_disk=repo.size_on_disk, gguf_file="",
+                          context_length=default.context_length, parsers=_gguf_parsers(default),
+                          architectures=(f"gguf:{default.architecture}",),
+                          gguf_files=tuple((name, facts.quantization) for name, facts in files), **common)]
+    if len(files) > 1:
+        entries += [CacheEntry(repo_id=f"{repo.repo_id}:{name}", size_on_disk=(snapshot / name).stat().st_size,
+                               architectures=(f"gguf:{facts.architecture}",), gguf_files=((name, facts.quantization),),
+                               gguf_file=name, context_length=facts.context_length, parsers=_gguf_parsers(facts),
+                               **common)
+                    for name, facts in files]
+    return entries
+
+
+def _gguf_parsers(facts) -> dict:
+    """The parsers a GGUF file's chat template points to (its header has no tokenizer_config.json beside it)."""
+    return detect_parsers(facts.architecture, facts.chat_template, ()).as_dict()
+
+
+def gguf_entry_name(repo_id: str, models: list[CacheEntry]) -> str:
+    """`repo:TAG` (a quantization type, any case, or a file name) as the entry it means: `repo:FILE` of a repo
+    with several GGUF files, the repo itself for a repo with one; the name unchanged when nothing matches."""
+    repo, wanted = repo_id.partition(":")[::2]
+    if not wanted or any(m.repo_id == repo_id for m in models):
+        return repo_id
+    files = [m.gguf_file for m in models if m.repo_id.startswith(repo + ":") and m.gguf_file]
+    plain = next((m for m in models if m.repo_id == repo and m.gguf_files), None)
+    try:
+        if files:
+            return f"{repo}:{choose_gguf_file(files, wanted)}"
+        if plain is not None and choose_gguf_file([name for name, _ in plain.gguf_files], wanted):
+            return repo
+    except ValueError:
+        pass
+    return repo_id
 
 
 _scans_lock = threading.Lock()

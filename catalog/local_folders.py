@@ -1,6 +1,7 @@
 """A model folder on disk served as a cached model, optionally with the weights of one of its training checkpoints.
 
-`serve FOLDER` (and forgather's `-m FOLDER`) serves what `save_pretrained` wrote; `serve FOLDER -c` (forgather's
+`serve FOLDER` (and forgather's `-m FOLDER`) serves what `save_pretrained` wrote (or the `.gguf` files it holds;
+`serve FILE.gguf` serves one GGUF file); `serve FOLDER -c` (forgather's
 `--from-checkpoint`) serves the folder's model with the weights of its latest training checkpoint (a run with
 none yet: its own weights, as forgather), and `-c CHECKPOINT` those of one checkpoint: the config, tokenizer,
 generation config and any modeling code from the folder, the weights from the checkpoint. Both are linked (never
@@ -18,7 +19,9 @@ from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 
-from .hf_cache import forget_scan
+from protocol.gguf import GGUF_SUFFIX, gguf_files, read_gguf_facts
+
+from .hf_cache import forget_scan, gguf_entry_name, scan_cached_models
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +73,49 @@ def link_local_model(folder: Path, cache_dir: str | Path | None = None, checkpoi
     weights, a path: with that checkpoint's. A run's checkpoints are never linked themselves. Linking again
     after the folder (or the checkpoint) changed makes a new snapshot."""
     folder = Path(folder).expanduser().resolve()
-    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
-        raise ValueError(f"{folder} holds no config.json: not a model folder")
+    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file() \
+            and not gguf_files(folder):
+        raise ValueError(f"{folder} holds no config.json and no .gguf file: not a model folder")
     files = dict(_model_files(folder))
     if checkpoint:
         weights = _weights_of(folder, checkpoint)
         files = {relative: path for relative, path in files.items()
                  if not (len(relative.parts) == 1 and relative.name.endswith(WEIGHT_SUFFIXES))}
         files.update({Path(path.name): path for path in weights})
-    repo_id = f"local/{folder.name}"
+    return _link_files(folder, f"local/{folder.name}", files, cache_dir)
+
+
+def link_gguf_file(file: Path, cache_dir: str | Path | None = None) -> str:
+    """One GGUF file as the cached GGUF model `local/<file name without .gguf>` (llama.cpp's `-m FILE`)."""
+    file = Path(file).expanduser().resolve()
+    if not file.is_file() or not file.name.endswith(GGUF_SUFFIX):
+        raise ValueError(f"{file} is not a .gguf file")
+    read_gguf_facts(file)  # ValueError: not a GGUF file
+    return _link_files(file.parent, f"local/{file.name.removesuffix(GGUF_SUFFIX)}", {Path(file.name): file},
+                       cache_dir)
+
+
+def link_gguf(name: str, cache_dir: str | Path | None = None) -> str:
+    """`serve FILE.gguf` (the file as `local/<name>`) and `serve FOLDER:FILE` (a folder's GGUF file by name or
+    quantization type, as `local/<folder>:FILE`): the catalog's name for it; "" for any other name. ValueError
+    when the file is no GGUF or the folder has no such file."""
+    path = Path(name).expanduser()
+    folder, _, wanted = name.rpartition(":")
+    if path.is_file() and name.endswith(GGUF_SUFFIX):
+        repo_id = link_gguf_file(path, cache_dir)
+    elif folder and wanted and Path(folder).expanduser().is_dir():
+        repo_id = f"{link_local_model(Path(folder).expanduser(), cache_dir)}:{wanted}"
+    else:
+        return ""
+    models = scan_cached_models(cache_dir)
+    repo_id = gguf_entry_name(repo_id, models)
+    if not any(m.repo_id == repo_id for m in models):
+        raise ValueError(f"{name} holds no GGUF file `{wanted}`" if wanted else f"{name} is not a readable GGUF file")
+    return repo_id
+
+
+def _link_files(folder: Path, repo_id: str, files: dict[Path, Path], cache_dir: str | Path | None) -> str:
+    """Link `files` ({relative path: file}) as the snapshot of `repo_id`; a changed listing makes a new snapshot."""
     repo = Path(cache_dir or hf_constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
     listing = "".join(f"{relative}\0{path}\0{path.stat().st_size}\0{path.stat().st_mtime_ns}\n"
                       for relative, path in sorted(files.items()))

@@ -11,6 +11,7 @@ from django.db import models
 
 from protocol import MODEL_SAMPLING_KEYS
 from protocol.output_formats import canonical
+from protocol.gguf import choose_gguf_file
 from protocol.load_options import ATTN_IMPLEMENTATIONS, QUANTIZATIONS, check_attn_implementation
 
 # What an admin may set in a model's `generation_defaults`: the sampling knobs a worker also takes
@@ -39,6 +40,8 @@ class CachedModel(models.Model):
     last_modified = models.DateTimeField(null=True, blank=True)
     last_scanned = models.DateTimeField(null=True, blank=True)
     gone = models.BooleanField(default=False, help_text="no longer in the cache (kept for its settings and history)")
+    gguf_files = models.JSONField(
+        default=list, blank=True, help_text="a GGUF model's files and their quantization types: [[file, type], …]")
 
     # What an admin decides.
     enabled = models.BooleanField(default=True)
@@ -71,6 +74,10 @@ class CachedModel(models.Model):
     attn_implementation = models.CharField(
         max_length=100, blank=True,
         help_text=f"transformers' attention kernel: {', '.join(ATTN_IMPLEMENTATIONS)}; empty: the server default")
+    gguf_file = models.CharField(
+        max_length=255, blank=True,
+        help_text="a GGUF model: the file it serves (a name from its GGUF files, or a quantization type such as "
+                  "Q4_K_M); empty: the only one, else the Q4_K_M one, else the first")
 
     class Meta:
         ordering = ["repo_id"]
@@ -88,6 +95,12 @@ class CachedModel(models.Model):
                 raise ValidationError({field: str(exc)}) from None
         if not isinstance(self.aliases, list) or not all(isinstance(a, str) and a.strip() for a in self.aliases):
             raise ValidationError({"aliases": 'A JSON list of names, e.g. ["tiny"].'})
+        if self.gguf_file:
+            try:
+                choose_gguf_file([str(f[0]) for f in self.gguf_files or ()], self.gguf_file)
+            except ValueError as exc:
+                raise ValidationError({"gguf_file": f"This model {exc}." if self.gguf_files else
+                                       "Only a GGUF model (a repo of .gguf files) has a GGUF file to choose."}) from None
         try:
             check_attn_implementation(self.attn_implementation)
         except ValueError as exc:

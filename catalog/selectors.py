@@ -13,7 +13,7 @@ from protocol import ModelRef
 
 from .config import web_config
 from .errors import ModelDisabled, ModelNotFound
-from .hf_cache import CacheEntry, cached_served_models, cached_served_models_now, detected_parsers
+from .hf_cache import CacheEntry, cached_served_models, cached_served_models_now, detected_parsers, gguf_entry_name
 from .models import CachedModel, ModelLoad, Worker
 from .snapshots import Snapshot
 
@@ -59,14 +59,18 @@ def canonical_repo_id(name: str, aliases: dict[str, str] | None = None) -> str:
     """The repo id a model name or alias refers to (the `@revision` dropped); `aliases`: the catalog's."""
     repo_id = ModelRef.parse(name).repo_id
     aliases = catalog_rules()[0] if aliases is None else aliases
-    return aliases.get(repo_id, aliases.get(name, repo_id))
+    repo_id = aliases.get(repo_id, aliases.get(name, repo_id))
+    if ":" in repo_id:  # `repo:Q4_K_M`: the GGUF file of that quantization type (protocol/gguf.py)
+        kept = cached_served_models_now()  # no disk read where the kept scan may answer (an event loop's caller)
+        repo_id = gguf_entry_name(repo_id, kept if kept is not None else cached_served_models())
+    return repo_id
 
 
 def model_settings_map() -> dict[str, dict]:
     """Per-model settings as workers take them (protocol ModelSettings); the pinned model's say preloaded and
     never unloaded (and whether its code may run), whatever its row says."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
-              "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser")
+              "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser", "gguf_file")
     settings = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
                 for row in CachedModel.objects.filter(gone=False).values(*fields)}
     config = web_config()

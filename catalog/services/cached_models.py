@@ -43,6 +43,7 @@ def scan_cache(cache_dir: str | Path | None = None) -> ScanResult:
                 revision=entry.revision, revisions=list(entry.revisions), size_on_disk=entry.size_on_disk,
                 architectures=list(entry.architectures), is_causal_lm=entry.is_causal_lm,
                 modalities=list(entry.modalities), detected_parsers=dict(entry.parsers),
+                gguf_files=[list(pair) for pair in entry.gguf_files],
                 last_modified=datetime.fromtimestamp(entry.last_modified, tz=dt_timezone.utc),
                 last_scanned=now, gone=False,
             )

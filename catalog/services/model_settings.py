@@ -27,7 +27,7 @@ def configure_models(entries: list[dict]) -> list[str]:
 
     Each entry: {"name", "preload"?, "dtype"?, "device"?, "chat_template"? (template text),
     "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?, "tool_parser"?, "reasoning_parser"?,
-    "quantization"?, "trust_remote_code"?, "attn_implementation"?}; a model not in the cache is ModelNotFound.
+    "quantization"?, "trust_remote_code"?, "attn_implementation"?, "gguf_file"?}; a model not in the cache is ModelNotFound.
     """
     configured = []
     for entry in entries:
@@ -36,7 +36,7 @@ def configure_models(entries: list[dict]) -> list[str]:
         if row is None:
             raise ModelNotFound(entry["name"])
         for key in ("preload", "dtype", "device", "chat_template", "idle_timeout", "aliases", "tool_parser",
-                    "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation"):
+                    "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation", "gguf_file"):
             if key in entry:
                 setattr(row, key, entry[key])
         if "generation_defaults" in entry or "stop" in entry:

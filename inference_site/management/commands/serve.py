@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
-from catalog.local_folders import link_local_model
+from catalog.local_folders import link_gguf, link_local_model
 from inference_site import edge
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
@@ -308,6 +308,13 @@ class Command(BaseCommand):
                                f"[CHECKPOINT] ({name or 'no model'} is not a folder)")
         if not name:
             return ""
+        try:
+            gguf = link_gguf(name)  # a .gguf file, or FOLDER:FILE
+        except ValueError as exc:
+            raise CommandError(f"MODEL: {exc}") from None
+        if gguf:
+            self.stdout.write(f"Serving {name} as {gguf}")
+            return gguf
         if Path(name).expanduser().is_dir():
             try:
                 linked = link_local_model(Path(name), checkpoint=Path(checkpoint) if isinstance(checkpoint, str)
@@ -367,3 +374,4 @@ class Command(BaseCommand):
         self.stdout.write(f"API key file (mode 0600): {path}")
         self.stdout.write(f'Send it as "Authorization: Bearer <key>", e.g. export OPENAI_API_KEY=$(cat {path})')
         sys.stdout.flush()
+

@@ -129,7 +129,8 @@ class ModelManager:
         own = self._settings(ref.repo_id)
         return LoadOptions(quantization=own.get("quantization") or self.load_defaults.quantization,
                            trust_remote_code=bool(own.get("trust_remote_code")),
-                           attn_implementation=own.get("attn_implementation") or self.load_defaults.attn_implementation)
+                           attn_implementation=own.get("attn_implementation") or self.load_defaults.attn_implementation,
+                           gguf_file=own.get("gguf_file") or "")
 
     def pinned(self, name: str) -> bool:
         return bool(self._settings(self.models[name].model_id).get("preload"))

@@ -43,6 +43,8 @@ class AdapterFiles:
 
 def adapter_base(ref: ModelRef) -> tuple[Path, ModelRef] | None:
     """(the adapter's folder, its base) when `ref` is a LoRA adapter in the cache, else None."""
+    if ":" in ref.repo_id:  # `repo:FILE`: a GGUF file (protocol/gguf.py), never an adapter
+        return None
     path = cached_file(ref.repo_id, "adapter_config.json", revision=ref.branch, local_files_only=True,
                        _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False)
     if not path:

@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
+from workers.engine.models.gguf_loading import find_gguf, gguf_bytes, gguf_model_fields
 from workers.engine.models.processors import load_processor
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
@@ -73,6 +74,7 @@ class LoadOptions:
     quantization: str = ""  # "": none asked (a checkpoint saved quantized still loads quantized)
     trust_remote_code: bool = False  # run the repo's own modeling code (its config's auto_map)
     attn_implementation: str = ""  # "": the model's default
+    gguf_file: str = ""  # a GGUF model's file chosen in the catalog (protocol/gguf.py); "": its default one
 
 
 @dataclass
@@ -175,9 +177,11 @@ def model_bytes(model: torch.nn.Module) -> int:
 def estimate_bytes(ref: ModelRef) -> int | None:
     """Weight bytes on disk for a cached model (what loading it will roughly take); None if not cached."""
     repo_id, revision = ref.repo_id, ref.branch
+    if ":" in repo_id:  # `repo:FILE`: a GGUF file (protocol/gguf.py)
+        return gguf_bytes(ref)
     config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if not isinstance(config, str):
-        return None
+        return gguf_bytes(ref)  # a GGUF model's file, else None
     snapshot = Path(config).parent
     return sum(f.stat().st_size for f in snapshot.rglob("*") if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
 
@@ -296,6 +300,12 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         logger.warning("loading %s with trust_remote_code: the repo's own Python code runs in this worker", ref.key)
     try:
         check_attn_implementation(options.attn_implementation)
+        # a GGUF model (`repo:FILE`, or a repo of .gguf files): loaded by workers/engine/models/gguf_loading.py
+        gguf = find_gguf(ref, options.gguf_file)
+        if gguf is not None:
+            fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress,
+                                       options.quantization, options.attn_implementation)
+            return LoadedModel(**fields, memory_bytes=model_bytes(fields["model"]))
         quantize = quantization_config(options.quantization, torch_device) if options.quantization else None
         report("processor", None)
         config = _local_first(AutoConfig.from_pretrained, repo_id, revision=revision, **remote)  # says which processor
