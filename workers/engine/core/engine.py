@@ -43,9 +43,7 @@ from workers.engine.inputs.generation_job import GenerationJob
 from workers.engine.output.processor import OutputProcessor
 from workers.engine.sequences import Handover
 from workers.engine.core.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
-from workers.engine.tasks.transcription import Transcription, is_audio_prompt
-from workers.engine.tasks.embedding import EmbeddingJob, PooledJob, advance_embeddings, is_embedding_prompt
-from workers.engine.tasks.pair_scoring import is_pair_prompt, pair_job
+from workers.engine.tasks.kinds import task_kind
 
 logger = logging.getLogger(__name__)
 
@@ -316,12 +314,10 @@ class Engine:
                 self.models_control.load(ref, "request").jobs.append(job)
                 return
             model = self.manager.use(name)
-            if is_audio_prompt(job["prompts"][0]):
-                request = Transcription(job, model)
-            elif is_embedding_prompt(job["prompts"][0]):
-                request = EmbeddingJob(job, model)
-            elif is_pair_prompt(job["prompts"][0]):
-                request = pair_job(job, model)
+            kind = task_kind(job["prompts"][0])
+            if kind is not None:
+                request = kind.make(job, model)
+                request.kind = kind
             else:
                 request = GenerationJob(job, model, self.config.templates, self.handover)
             request.model_name = model.base_key or name  # an adapter's rows run in its base's batch
@@ -336,7 +332,7 @@ class Engine:
             logger.exception("could not admit %s", request_id)
             self._refuse(job, protocol.error_message(500, "The worker failed to start this request.", None, "internal_error"))
             return
-        if request.structured:
+        if isinstance(request, GenerationJob) and request.structured:
             self.grammars.add(request)  # admitted once its grammar is compiled (_check_compiles)
             return
         self._start(request)
@@ -425,21 +421,17 @@ class Engine:
     def _advance_tasks(self) -> None:
         """Transcriptions by one audio window, embeddings and pair scores by one batched forward per model,
         between the batch's decode steps; each publishes what it has."""
-        for request in list(self.task_jobs.values()):
-            if isinstance(request, Transcription):
+        by_kind: dict = {}
+        for request in self.task_jobs.values():
+            by_kind.setdefault(request.kind, []).append(request)
+        for kind, jobs in by_kind.items():
+            for batch in [jobs] if kind.together else [[job] for job in jobs]:
                 try:
-                    request.advance()
-                except Exception:  # this job fails alone; the batch goes on
-                    logger.exception("transcription %s failed", request.request_id)
-                    self._fail(request)
-        embeddings = [request for request in self.task_jobs.values() if isinstance(request, PooledJob)]
-        if embeddings:
-            try:
-                advance_embeddings(embeddings, self.config.embedding_batch)
-            except Exception:
-                logger.exception("embedding forward failed")
-                for request in embeddings:
-                    self._fail(request)
+                    kind.advance(batch, self.config.embedding_batch)
+                except Exception:  # these jobs fail alone; the batch and the other kinds go on
+                    logger.exception("a %s step failed for %d job(s)", kind.name, len(batch))
+                    for request in batch:
+                        self._fail(request)
         for request in list(self.task_jobs.values()):
             self._publish(request)
 

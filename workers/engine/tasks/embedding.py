@@ -7,8 +7,8 @@ when several are on) and an optional `Normalize`; `sentence_bert_config.json` gi
 and `do_lower_case`. Encoders (BERT-style) and causal LMs (last-token pooling, loaded as their base
 model) alike; other modules (Dense, …) are refused at load, never silently skipped.
 
-An `EmbeddingJob` looks like a `sequences.GenerationJob` to the engine (as a transcription does):
-no sequences; each engine step `advance_embeddings` runs one batched forward over up to
+An `EmbeddingJob` is a task kind (workers/engine/tasks/kinds.py), as a transcription is: no sequences;
+each engine step `advance_embeddings` runs one batched forward over up to
 `embedding_batch` pending inputs of every embedding job of a model, between the decode steps of
 the running text batch. Each input's vector goes out as the `embedding` of its ChoiceDelta.
 Pair scores (workers.engine.tasks.pair_scoring) are `PooledJob`s too: batched here beside embeddings.
@@ -44,8 +44,6 @@ class PooledJob:
         self.model = model
         self.arrived = time.monotonic()
         self.sequences: list = []  # nothing for the token batch: advance_embeddings runs it
-        self.structured = None
-        self.beam = None
         self.streamed, self.answered = False, False  # one answer, at the end
         self.inputs: list[list[int]] = []
         self.results: list[ChoiceDelta | None] = []  # one per input (an embedding) or per pair (a score)

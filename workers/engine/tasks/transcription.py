@@ -8,8 +8,8 @@ ready. A window is exactly `model.generate(features, attention_mask=…, languag
 processor's features, so the output equals the model's own (with `return_token_timestamps=True`
 where word timestamps are asked for: workers.media.word_timestamps).
 
-The job looks like a `sequences.GenerationJob` to the engine (request_id, reply_channel, model_name,
-no sequences, no `structured` grammar, no `beam`, finished, take_deltas, usage, started_message).
+A task kind (workers/engine/tasks/kinds.py): the engine advances its jobs one window a step and publishes
+what each has (request_id, reply_channel, finished, take_deltas, usage, started_message; no sequences).
 """
 from __future__ import annotations
 
@@ -36,9 +36,7 @@ class Transcription:
         self.model = model
         self.arrived = time.monotonic()
         self.sequences: list = []  # nothing for the batch: the engine advances it with `advance()`
-        self.structured = None  # no grammar, no beam search: plain windows
         self.streamed, self.answered = True, False  # one message per audio window, as it is transcribed
-        self.beam = None
         if model.kind != "speech":
             raise JobError(400, f"The model `{model.model_id}` does not take audio input "
                            f"(it takes: {', '.join(model.modalities) or 'nothing'}).", "model", "unsupported_modality")
