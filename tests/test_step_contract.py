@@ -143,3 +143,35 @@ def test_the_hand_over_carries_each_token_and_end_in_order(families_cache):
     assert [entry[1] for entry in entries] == [*seq.completion_ids, None]
     assert [entry[4] for entry in entries] == [None, None, None, "length"]
     assert handover.take() == []
+
+
+def test_a_stop_string_found_off_the_step_is_never_shown_nor_billed(families_cache):
+    """The output thread finds a stop string after the engine may have decoded past it: what the client gets
+    (text, token ids, usage) ends where the stop string starts, exactly as if it had been found in the step."""
+    from workers.engine.config import EngineConfig
+
+    from .conftest import engine_running
+    from .outbox import Outbox
+
+    model = "local/tiny-llama"
+    reference = Reference(families_cache, model)
+    prompt = reference.encode("Once upon a time there was")
+    whole = reference.greedy(prompt, 24, min_new_tokens=24)
+    cut = next(n for n in range(6, 20) if reference.decode(whole[:n]) != reference.decode(whole[:n - 1]))
+    stop = reference.decode(whole[:cut])[len(reference.decode(whole[:cut - 1])):]  # the text the cut-th token adds
+    full = reference.decode(whole)
+    outbox = Outbox()
+    with engine_running(families_cache, outbox.emit, EngineConfig(max_num_seqs=4)) as engine:
+        reply = f"reply.{uuid.uuid4().hex}"
+        engine.submit(protocol.submit_message(
+            f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(model), [prompt],
+            protocol.JobParams(temperature=0, ignore_eos=True, max_tokens=24, stop=[stop])))
+        outbox.wait([reply])
+    done = outbox.messages[reply][-1]
+    assert done["type"] == protocol.DONE
+    text = "".join(choice["text"] for message in outbox.messages[reply] for choice in message.get("choices", []))
+    assert text == full[:full.index(stop)]
+    ids = outbox.choices(reply)[0]["ids"]  # up to the token that completed the stop string, none after
+    assert ids == whole[:len(ids)]
+    assert stop in reference.decode(ids) and stop not in reference.decode(ids[:-1])
+    assert done["usage"]["completion_tokens"] == len(ids)
