@@ -294,6 +294,8 @@ INFERENCE = {
     "DEVICE": os.environ.get("INFERENCE_DEVICE", "auto"),
     "DTYPE": os.environ.get("INFERENCE_DTYPE", "auto"),
     "TORCH_THREADS": env_int("INFERENCE_TORCH_THREADS", 0),
+    # The worker process's GIL switch interval (ms) while its engine runs (workers/engine/core/engine.py); 0: Python's.
+    "GIL_SWITCH_MS": env_float("INFERENCE_GIL_SWITCH_MS", 0.0),
     # SDPA's cuDNN backend on CUDA (off: flash / memory-efficient kernels; see workers/engine/models/model_loader.py).
     "CUDNN_ATTENTION": env_bool("INFERENCE_CUDNN_ATTENTION", False),
     "STATIC_DECODE": os.environ.get("INFERENCE_STATIC_DECODE", "auto"),

@@ -107,3 +107,11 @@ class LiveServer(ManagedProcess):
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
+
+
+def clients(server: LiveServer):
+    """The real openai SDK's sync and async clients for a live server (no retries: a failure shows)."""
+    from openai import AsyncOpenAI, OpenAI
+
+    options = dict(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
+    return OpenAI(**options), AsyncOpenAI(**options)

@@ -20,14 +20,14 @@ import shutil
 import httpx
 import pytest
 import torch
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workers.tiny.builders import build_tiny_model
 from workers.tiny.gguf_files import build_tiny_gguf_model
 
 from .conftest import Reference
-from .live_server import LiveServer, base_env
+from .live_server import LiveServer, base_env, clients
 
 SAFETENSORS = "local/tiny-llama"
 GGUF_REPO = "local/tiny-llama-gguf"  # F16 and F32 files
@@ -59,11 +59,6 @@ def gguf_server(gguf_cache, tmp_path_factory):
                       (str(lone), "--config", str(work / "server.yaml")), name="gguf")
     yield live
     live.stop()
-
-
-def clients(server: LiveServer) -> tuple[OpenAI, AsyncOpenAI]:
-    options = dict(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
-    return OpenAI(**options), AsyncOpenAI(**options)
 
 
 @functools.cache

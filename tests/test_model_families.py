@@ -20,13 +20,13 @@ import re
 import httpx
 import pytest
 import torch
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI
 
 from workers.tiny.builders import build_tiny_model
 from workers.tiny.families import FAMILIES, build_tiny_families
 
 from .conftest import Reference
-from .live_server import LiveServer, base_env
+from .live_server import LiveServer, base_env, clients
 
 TOKENS = 16
 RANDOM = random.Random(0)
@@ -52,11 +52,6 @@ def families_server(families_cache, tmp_path_factory):
     live = LiveServer(base_env(families_cache, work_dir, INFERENCE_PREFILL_CHUNK="64"), work_dir, name="families")
     yield live
     live.stop()
-
-
-def clients(server: LiveServer) -> tuple[OpenAI, AsyncOpenAI]:
-    options = dict(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0, timeout=120)
-    return OpenAI(**options), AsyncOpenAI(**options)
 
 
 @functools.cache

@@ -36,6 +36,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     torch_threads: int = 0  # 0: follow the cores other processes leave free (workers/engine/cpu_share.py)
+    gil_switch_ms: float = 0.0  # the process's GIL switch interval while the engine runs; 0: Python's (5 ms)
     cudnn_attention: bool = False  # SDPA's cuDNN backend on CUDA (model_loader.set_attention_backends)
     quantization: str = ""  # every model's quantization on load where its catalog row sets none (protocol.load_options)
     attn_implementation: str = ""  # every model's attention kernel where its catalog row sets none; "": the model's
@@ -81,6 +82,7 @@ class EngineConfig:
         """From `settings.INFERENCE` (inference_site/settings.py owns every default)."""
         return cls(
             device=inference["DEVICE"], dtype=inference["DTYPE"], torch_threads=inference["TORCH_THREADS"],
+            gil_switch_ms=float(inference.get("GIL_SWITCH_MS", 0.0)),
             cudnn_attention=inference.get("CUDNN_ATTENTION", False),
             quantization=inference.get("QUANTIZATION") or "", attn_implementation=inference.get("ATTN_IMPLEMENTATION") or "",
             max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from workers.engine.execution.runner import RunnerSettings
 from protocol import ModelRef
 from workers.engine.core.scheduler import Scheduler
 from workers.engine.inputs.generation_job import GenerationJob
-from workers.engine.output.processor import OutputProcessor
+from workers.engine.output.processor import OutputProcessor, publish_due
 from workers.engine.sequences import Handover
 from workers.engine.core.supervision import JobBook, Supervisor, engine_dead_message, engine_fault_message
 from workers.engine.tasks.kinds import task_kind
@@ -99,6 +100,8 @@ class Engine:
     # --- thread-safe API -------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            if self.config.gil_switch_ms > 0:  # the event loop and the output thread get the GIL back sooner
+                sys.setswitchinterval(self.config.gil_switch_ms / 1000)
             self.output.start()
             self._thread = threading.Thread(target=self._run, name="inference-engine", daemon=True)
             self._thread.start()
@@ -489,8 +492,8 @@ class Engine:
         self._job_done(request.request_id)
         self.emit(request.reply_channel, message)
 
-    def _publish(self, request: GenerationJob) -> None:
-        """Publish what is due; a failure here stops this request alone, never its neighbours in the batch."""
+    def _publish(self, request) -> None:
+        """Publish what a task has due; a failure here stops this request alone, never its neighbours in the batch."""
         try:
             self._publish_due(request)
         except Exception as exc:
@@ -506,22 +509,15 @@ class Engine:
         if request.request_id not in self.requests:
             return
         failpoints.hit("engine.publish")
-        if request.answered and not request.finished and not request.due(self.config.stream_interval):
-            return  # held: its deltas pile up in the sequences meanwhile (a non-streamed answer until the end)
-        deltas = request.take_deltas()
-        if request.finished:
-            self.requests.pop(request.request_id, None)
-            self.task_jobs.pop(request.request_id, None)
-            self._job_done(request.request_id)
-            self.manager.touch(request.model_name)  # idle time counts from the last request's end
-            usage = request.usage()
-            self.metrics.finished(request, usage)
-            self.emit(request.reply_channel, protocol.done_message(deltas, usage))
-            logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
-                        usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
-        elif deltas:
-            request.answered = True
-            self.emit(request.reply_channel, protocol.delta_message(deltas))
+        publish_due(request, request.finished, self.config.stream_interval, self.emit, self._task_answered)
+
+    def _task_answered(self, request, usage: dict) -> bool:
+        self.requests.pop(request.request_id, None)
+        self.task_jobs.pop(request.request_id, None)
+        self._job_done(request.request_id)
+        self.manager.touch(request.model_name)  # idle time counts from the last request's end
+        self.metrics.finished(request, usage)
+        return True
 
 
 def _both_callbacks(first: Callable[[dict], None], then: Callable[[dict], None] | None) -> Callable[[dict], None]:

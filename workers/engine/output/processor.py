@@ -137,25 +137,18 @@ class OutputProcessor:
             return
         try:
             failpoints.hit("engine.publish")
-            done = ended and request.answered_in_full
-            if request.answered and not done and not request.due(self.stream_interval):
-                return  # held: deltas pile up meanwhile (a non-streamed answer until the end)
-            deltas = request.take_deltas()
-            if done:
-                request.closed = True
-                if not self.answered(request.request_id):
-                    return
-                usage = request.usage()
-                self.finished(request, usage)  # counted before the client can see it (and scrape /metrics)
-                self.emit(request.reply_channel, protocol.done_message(deltas, usage))
-                logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
-                            usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
-            elif deltas:
-                request.answered = True
-                self.emit(request.reply_channel, protocol.delta_message(deltas))
+            publish_due(request, ended and request.answered_in_full, self.stream_interval, self.emit,
+                        self._answered_in_full)
         except Exception as exc:
             logger.exception("publishing %s failed; that request is stopped", request.request_id)
             self._failed_here(request, exc)
+
+    def _answered_in_full(self, request, usage: dict) -> bool:
+        request.closed = True
+        if not self.answered(request.request_id):
+            return False  # answered already (an engine fault took it)
+        self.finished(request, usage)
+        return True
 
     def _failed_here(self, request, exc: Exception) -> None:
         """The request's output failed on this thread: it ends with an error, and the engine stops decoding it."""
@@ -172,3 +165,22 @@ class OutputProcessor:
                 self.emit(request.reply_channel, message)
             except Exception:  # the client hears the silence instead (the web side's worker-silence bound)
                 logger.exception("telling %s of its failure failed", request.request_id)
+
+
+def publish_due(request, done: bool, stream_interval: int, emit: Emit, answered: Callable[[object, dict], bool]) -> None:
+    """A job's message when it has something due: its first output at once, then (streamed) its new deltas
+    every `stream_interval` tokens, and everything with the usage when it is `done` (sent only if
+    `answered(request, usage)`, which counts it, says the job is still owed its answer). Generation jobs
+    publish on the output thread, the other kinds on the engine thread, both through this."""
+    if request.answered and not done and not request.due(stream_interval):
+        return  # held: deltas pile up meanwhile (a non-streamed answer until the end)
+    deltas = request.take_deltas()
+    if done:
+        usage = request.usage()
+        if answered(request, usage):  # counted before the client can see it (and scrape /metrics)
+            emit(request.reply_channel, protocol.done_message(deltas, usage))
+            logger.info("finished %s: %d prompt + %d completion tokens in %.2fs", request.request_id,
+                        usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - request.arrived)
+    elif deltas:
+        request.answered = True
+        emit(request.reply_channel, protocol.delta_message(deltas))
