@@ -66,6 +66,32 @@ def test_a_batch_chooses_what_each_row_chooses_alone(step):
         assert_same_choice(got, want)
 
 
+def test_penalties_kept_across_steps_choose_what_each_row_chooses_alone_with_its_whole_history():
+    """The persistent batch's penalty tensors (built from the histories once, then updated with each step's
+    tokens) give every row, at every step, what `Sampler.choose` gives it alone from its whole history."""
+    from workers.engine.sample.batch_sampling import SamplingColumns
+
+    rows = [dict(temperature=0, repetition_penalty=1.3), dict(temperature=0, frequency_penalty=1.5, presence_penalty=0.5),
+            dict(temperature=0.9, seed=4, top_k=30, frequency_penalty=0.7, logit_bias={"7": 3.0, "9": -2.0}),
+            dict(temperature=0), dict(temperature=0, repetition_penalty=0.8, presence_penalty=-0.4, logprobs=2)]
+    alone, batched = [sampler(row) for row in rows], [sampler(row) for row in rows]
+    columns = SamplingColumns(batched)
+    assert not columns.one_by_one and columns.penalties.active
+    histories = [([1, 5, 9, 5], [3]) for _ in rows]
+    for step in range(12):
+        torch.manual_seed(700 + step)
+        logits = torch.randn(len(rows), VOCAB) * 2
+        logits[:, [3, 5, 7, 9]] += 4  # tokens the histories hold, so the penalties decide
+        want = [s.choose(logits[i], *histories[i], None) for i, s in enumerate(alone)]
+        ids, logprobs, one_by_one = columns.pick(logits.clone(), [len(h[1]) for h in histories],
+                                                 histories.__getitem__, [None] * len(rows))
+        assert not one_by_one
+        assert ids == [choice.token_id for choice in want], step
+        assert logprobs[4][0] == want[4].logprob
+        for history, token in zip(histories, ids):
+            history[1].append(token)
+
+
 def test_seeded_rows_draw_the_same_sequence_in_a_batch_as_alone():
     """Ten steps of a seeded row: its generator advances the same way whatever rows share the step."""
     row = dict(temperature=1.0, seed=1234, top_p=0.95)

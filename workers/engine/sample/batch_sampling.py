@@ -3,16 +3,18 @@
 Per row, a choice is exactly what `Sampler.choose` would make of that row alone: the same float
 operations in the same order (temperature, then Hugging Face's top-k, top-p and min-p, as its
 warpers compute them, with each row's own value), the same per-request generator for the draw.
-Rows whose sampling needs the whole history (repetition and n-gram penalties, bad words,
-presence/frequency penalties), a logit bias or typical-p go through `Sampler.choose` one by one;
-the common rows (greedy or temperature/top-k/top-p/min-p, EOS held off, grammar masks,
-logprobs) cost a handful of batched operations and one `.tolist()` per step.
+Repetition, presence and frequency penalties and a logit bias are batched too, in tensors kept across
+steps (workers/engine/sample/penalties.py). Rows with n-gram bans, bad words, an allowed-token set or
+typical-p go through `Sampler.choose` one by one; every other row (greedy or temperature/top-k/top-p/
+min-p, penalties, EOS held off, grammar masks, logprobs) costs a handful of batched operations and one
+`.tolist()` per step.
 """
 from __future__ import annotations
 
 import numpy
 import torch
 
+from workers.engine.sample.penalties import BatchPenalties
 from workers.engine.sample.sampling import Sampler, TokenChoice
 
 NEG_INF = -float("inf")
@@ -47,6 +49,7 @@ class SamplingColumns:
         self.eos_ids = [batch[r].eos_token_ids for r in held]
         self.eos_shared = bool(held) and all(ids == self.eos_ids[0] for ids in self.eos_ids)
         self.drawn: torch.Tensor | None = None  # the last step's tokens, every row's (the next step's input ids)
+        self.penalties = BatchPenalties(batch)  # repetition, presence, frequency, logit bias: kept across steps
 
     def pick(self, logits: torch.Tensor, generated: list[int], histories, allowed: list[torch.Tensor | None]
              ) -> tuple[list[int | None], dict[int, tuple[float, list]], dict[int, TokenChoice | None]]:
@@ -64,10 +67,14 @@ class SamplingColumns:
         raw = logits if self.every else logits[rows]
         scores = raw.float()
         if self.logprob_rows and scores.data_ptr() == raw.data_ptr():
-            scores = scores.clone()  # logprobs are the model's own scores: EOS held off and grammars on a copy
-        self._hold_off_eos(scores, generated)  # else in place: the step's logits are its own, read only here
+            scores = scores.clone()  # logprobs are the model's own scores: penalties, EOS and grammars on a copy
+        if self.penalties.active:  # else in place: the step's logits are its own, read only here
+            self.penalties.apply(scores, lambda r: histories(rows[r]))
+        self._hold_off_eos(scores, generated)
         dead = _apply_grammars(scores, [allowed[i] for i in rows] if not self.every else allowed)
         tokens = self._draw(scores)
+        if self.penalties.active:
+            self.penalties.took(tokens)
         picked = self._logprobs(raw, tokens)
         drawn = tokens.tolist()
         self.drawn = tokens if self.every and not dead else None

@@ -123,11 +123,12 @@ class Sampler:
 
     @property
     def batchable(self) -> bool:
-        """Whether `batch_sampling.choose_batch` can take this row with others: nothing that needs the
-        row's history or its own processors (penalties, bad words, logit bias, typical-p, an allowed-token set)."""
+        """Whether a batch's sampling columns (workers/engine/sample/batch_sampling.py) take this row with the
+        others, penalties and a logit bias included (workers/engine/sample/penalties.py); n-gram bans, bad
+        words, an allowed-token set and typical-p go through `choose`, one row at a time."""
         params = self.params
-        return not (self.processors or params.presence_penalty or params.frequency_penalty or params.logit_bias
-                    or params.allowed_token_ids or (not params.greedy and params.typical_p < 1.0))
+        return not (params.no_repeat_ngram_size > 0 or params.bad_words_ids or params.allowed_token_ids
+                    or (not params.greedy and params.typical_p < 1.0))
 
     def choose(self, logits: torch.Tensor, prompt_ids: list[int], completion_ids: list[int],
                allowed: torch.Tensor | None = None) -> TokenChoice | None:
