@@ -16,7 +16,7 @@ from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params
 
 from .conftest import TINY_MODEL
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 SDK_PARAMS = [
     (chat_params.CompletionCreateParamsBase, "openai_api.serializers.chat.ChatRequestSerializer"),
