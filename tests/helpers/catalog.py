@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from workers.tiny.builders import build_non_causal_model, build_tiny_model
 
 from ..live_server import ROOT, LiveServer, base_env
