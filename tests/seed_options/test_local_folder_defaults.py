@@ -9,7 +9,7 @@ import httpx
 from ..helpers.seed_options import PROMPT, sdk, wait_loaded
 
 
-def test_a_local_folder_is_served_pinned_and_quantized(open_server, reference):
+def test_a_local_folder_is_served_pinned_and_quantized(open_server):
     model = wait_loaded(open_server, "local/my-model")
     result = sdk(open_server).chat.completions.create(model="local/my-model", max_tokens=4,
                                                       messages=[{"role": "user", "content": "Hi"}])
