@@ -29,6 +29,7 @@ import httpx
 from tests.live_server import LiveServer, base_env
 
 from .models import ensure_model, prepare_cache
+from .servers import ScaleOut
 
 ROOT = Path(__file__).resolve().parent.parent
 HALF_REQUEST = b"GET /health HTTP/1.1\r\nHost: x\r\n"
@@ -49,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-queue", type=int, default=0, help="the server's (0: its default)")
     parser.add_argument("--header-timeout", type=float, default=10.0, help="the server's INFERENCE_HEADER_TIMEOUT")
     parser.add_argument("--quick", action="store_true", help="a short run that checks it works")
+    parser.add_argument("--scale-out", action="store_true",
+                        help="against `serve --no-worker` with one `run_worker` over a private redis-server")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     if args.quick:
@@ -225,7 +228,12 @@ def main(argv: list[str]) -> None:
     env = {key: str(value) for key, value in (("INFERENCE_MAX_NUM_SEQS", args.max_num_seqs),
                                               ("INFERENCE_MAX_QUEUE", args.max_queue),
                                               ("INFERENCE_HEADER_TIMEOUT", args.header_timeout)) if value}
-    server = LiveServer(base_env(cache, work, INFERENCE_WORKER_ACK_TIMEOUT="120", **env), work, name="abuse")
+    if args.scale_out:  # the same edge in front of a web process without a worker
+        scale_out = ScaleOut(cache, work, workers=1, auth=True, INFERENCE_WORKER_ACK_TIMEOUT="120", **env)
+        server = scale_out.web
+    else:
+        scale_out = None
+        server = LiveServer(base_env(cache, work, INFERENCE_WORKER_ACK_TIMEOUT="120", **env), work, name="abuse")
     try:
         normal_client(server.base_url, server.key, args.model, 2.0)  # the engine starts, the model loads
         print("1. held sockets…", flush=True)
@@ -238,8 +246,9 @@ def main(argv: list[str]) -> None:
         print("3. wrong keys…", flush=True)
         report["wrong_keys"] = wrong_keys(server, args)
     finally:
-        server.stop()
+        (scale_out or server).stop()
     report["machine"] = f"{os.cpu_count()} CPUs"
+    report["deployment"] = "scale-out (serve --no-worker + 1 run_worker)" if args.scale_out else "serve"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "abuse.json").write_text(json.dumps(report, indent=2))
+    (args.out / ("abuse-scale-out.json" if args.scale_out else "abuse.json")).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

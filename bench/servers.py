@@ -78,15 +78,16 @@ class PeerServer:
 class ScaleOut:
     """Web process + two `run_worker` processes meeting through a private redis-server."""
 
-    def __init__(self, hf_cache: Path, work_dir: Path, workers: int = 2) -> None:
+    def __init__(self, hf_cache: Path, work_dir: Path, workers: int = 2, auth: bool = False, **env_extra: str) -> None:
         from tests.services import RedisServer  # here: it imports pytest, which a GPU machine's image may lack
 
         work_dir.mkdir(parents=True, exist_ok=True)
         self.redis = RedisServer(work_dir)
         # The workers share this machine's cores: each gets its part, not torch's default of all of them.
         threads = str(max(1, (os.cpu_count() or 1) // workers))
-        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url, INFERENCE_TORCH_THREADS=threads)
-        self.web = LiveServer(env, work_dir, extra_args=("--no-auth", "--no-worker"), name="web")
+        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url, INFERENCE_TORCH_THREADS=threads, **env_extra)
+        self.web = LiveServer(env, work_dir, extra_args=("--no-worker",) if auth else ("--no-auth", "--no-worker"),
+                              name="web")
         self.workers = []
         for index in range(workers):
             worker = ManagedProcess(["manage.py", "run_worker"], env, work_dir / f"worker{index}.log")

@@ -20,11 +20,12 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
-from django.db import close_old_connections
+from django.db import DataError, IntegrityError, close_old_connections
 
 from catalog.config import web_config
 from protocol import failpoints
 
+from .ledger_dead_letter import database_spool_dir, insert_each
 from .ledger_spool import Segment, Spool
 from .pending_usage import LocalPending, PendingRow, RedisPending, pending_store
 from .usage_journal import Journal, abandoned_journals
@@ -54,6 +55,8 @@ class UsageEntry:
     # A request answered before its key could be looked up (the database down, the door full): the
     # key's hash, turned into its key, team and user when the row is written (`attribute`).
     key_digest: str = ""
+    # The key's visible prefix: what is left to bill a row to once its key and team are deleted.
+    key_prefix: str = ""
 
     def as_model(self):
         """The row as the database stores it (unsaved)."""
@@ -66,7 +69,7 @@ class UsageEntry:
                           self.prompt_tokens, self.completion_tokens, self.refused)
 
 
-RECORD_FIELDS = frozenset(f.name for f in fields(UsageEntry)) - {"key_digest"}
+RECORD_FIELDS = frozenset(f.name for f in fields(UsageEntry)) - {"key_digest", "key_prefix"}
 
 
 def record_of(row: dict):
@@ -112,6 +115,7 @@ class LedgerWriter:
         self.put_wait = put_wait
         self.tries = tries
         self.replay_seconds = replay_seconds
+        spool_dir = database_spool_dir(spool_dir)  # one spool per database: never replayed into another
         self.spool = Spool(spool_dir)
         self.journal = Journal(spool_dir)
         self.pending = pending or LocalPending()
@@ -259,6 +263,9 @@ class LedgerWriter:
         ids = [row["request_id"] for row in rows]
         present = set(UsageRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
         missing = attribute([row for row in rows if row["request_id"] not in present])
-        UsageRecord.objects.bulk_create([record_of(row) for row in missing])
+        try:
+            UsageRecord.objects.bulk_create([record_of(row) for row in missing])
+        except (IntegrityError, DataError, ValueError, TypeError):  # some row refused for good: salvage or dead-letter it, keep the rest
+            insert_each(missing, self.spool.directory, path.name)
         path.unlink(missing_ok=True)
         logger.info(message + " (%d were in already)", len(missing), path.name, len(rows) - len(missing))

@@ -165,6 +165,7 @@ class RequestMeter:
         return UsageEntry(
             request_id=self.request_id, created_at=self.started_at, team_id=self.principal.team.pk,
             key_id=self.principal.key.pk if self.principal.key else None,
+            key_prefix=self.principal.key.prefix if self.principal.key else "",
             user_id=getattr(self.principal.user, "pk", None), model=self.model, endpoint=self.endpoint,
             prompt_tokens=prompt, completion_tokens=completion, time_to_first_token_ms=self.first_token_ms,
             duration_ms=int((time.monotonic() - self.clock) * 1000), status_code=status_code,

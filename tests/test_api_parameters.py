@@ -16,7 +16,7 @@ from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params
 
 from .conftest import TINY_MODEL
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 SDK_PARAMS = [
     (chat_params.CompletionCreateParamsBase, "openai_api.serializers.chat.ChatRequestSerializer"),
@@ -236,7 +236,7 @@ def test_use_beam_search_is_the_beam_search(warm_server, reference):
     assert expected in [choice["token_ids"] for choice in body["choices"]]
 
 
-def test_vllm_server_endpoints(warm_server, client):
+def test_vllm_server_endpoints(warm_server):
     version = httpx.get(f"{warm_server.base_url}/version", headers=warm_server.headers).json()
     assert isinstance(version["version"], str) and version["version"]
     info = httpx.get(f"{warm_server.base_url}/tokenizer_info", params={"model": TINY_MODEL},

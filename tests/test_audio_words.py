@@ -32,8 +32,8 @@ from transformers.models.whisper.tokenization_whisper import _collate_word_times
 
 from . import media_files
 from .conftest import FROM_CACHE, TINY_WHISPER
-from .test_audio import RATE, WINDOW, WhisperReference, wav_samples
-from .test_errors import assert_openai_error
+from .helpers.audio import RATE, WINDOW, WhisperReference, wav_samples
+from .helpers.errors import assert_openai_error
 
 
 class WordReference:

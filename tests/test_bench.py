@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .live_server import ROOT
+from .services import require_binary
 
 
 def test_bench_runs_and_writes_its_report(hf_cache, tmp_path):
@@ -28,7 +31,7 @@ def test_bench_runs_and_writes_its_report(hf_cache, tmp_path):
     assert (out / "plot.png").stat().st_size > 1000
 
 
-def run_scenario(hf_cache, tmp_path, *args: str) -> dict:
+def run_scenario(hf_cache, tmp_path, *args: str, report: str = "") -> dict:
     """`bench.run --scenario NAME --quick` in a copy of the session's cache; the scenario's JSON report."""
     import shutil
 
@@ -39,7 +42,7 @@ def run_scenario(hf_cache, tmp_path, *args: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "bench.run", *args, "--quick", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / f"{args[1]}.json").read_text())
+    return json.loads((out / f"{report or args[1]}.json").read_text())
 
 
 def test_adapters_scenario_reports_both_throughputs(hf_cache, tmp_path):
@@ -123,8 +126,14 @@ def test_parsing_scenario_reports_each_familys_share_of_the_stream(hf_cache, tmp
         assert row["calls"] == 1 and row["us_per_token"] > 0 and row["share_of_stream_cpu"] > 0, family
 
 
-def test_abuse_scenario_holds_sockets_floods_and_tries_wrong_keys(hf_cache, tmp_path):
-    report = run_scenario(hf_cache, tmp_path, "--scenario", "abuse")
+@pytest.mark.parametrize("deployment", ["serve", pytest.param("scale-out", marks=pytest.mark.scale_out)])
+def test_abuse_scenario_holds_sockets_floods_and_tries_wrong_keys(hf_cache, tmp_path, deployment):
+    """The same edge with the worker in the process (`serve`) and without it (`serve --no-worker`, scale-out)."""
+    if deployment == "scale-out":
+        require_binary("redis-server")
+        report = run_scenario(hf_cache, tmp_path, "--scenario", "abuse", "--scale-out", report="abuse-scale-out")
+    else:
+        report = run_scenario(hf_cache, tmp_path, "--scenario", "abuse")
     held = report["held_sockets"]
     assert held["attacker_connections_opened"] >= 300 and held["attacker_connections_held_peak"] > 0
     assert held["server_descriptors_peak"] < held["server_open_file_limit"]

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from .live_server import LiveServer
-from .test_catalog_live import catalog_cache, catalog_env, complete, listed, manage, wait_until  # noqa: F401
+from .helpers.catalog import catalog_cache, catalog_env, complete, listed, manage, wait_until  # noqa: F401
 
 CHANGELIST = "/admin/catalog/cachedmodel/"
 

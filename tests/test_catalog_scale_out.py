@@ -10,7 +10,7 @@ from openai import AsyncOpenAI
 
 from .live_server import LiveServer, ManagedProcess
 from .services import RedisServer
-from .test_catalog_live import catalog_cache, catalog_env, listed, load_events, manage, wait_until  # noqa: F401
+from .helpers.catalog import catalog_cache, catalog_env, listed, load_events, manage, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.scale_out
 

@@ -10,7 +10,7 @@ import pytest
 from .parse_whole import parse_text
 
 from .conftest import TINY_MODEL
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello there"}],

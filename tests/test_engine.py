@@ -13,6 +13,7 @@ from workers.engine.core.engine import Engine
 
 from .conftest import TINY_MODEL, engine_running
 from .outbox import Outbox
+from .helpers.engine import finished
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +27,6 @@ def submit(engine: Engine, prompt: str, **params) -> tuple[str, str]:
     request_id, reply = f"cmpl-{uuid.uuid4().hex}", f"reply.{uuid.uuid4().hex}"
     engine.submit(protocol.submit_message(request_id, reply, protocol.ModelRef.parse(TINY_MODEL), [prompt], protocol.JobParams(temperature=0, **params)))
     return request_id, reply
-
-
-def finished(messages: list[dict]) -> bool:
-    return any(m["type"] in (protocol.DONE, protocol.ERROR) for m in messages)
 
 
 def token_counts(messages: list[dict]) -> list[int]:

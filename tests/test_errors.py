@@ -6,6 +6,7 @@ import openai
 import pytest
 
 from .conftest import TINY_MODEL
+from .helpers.errors import assert_openai_error
 
 
 def post(server, body, headers=None, raw: bytes | None = None):
@@ -13,19 +14,6 @@ def post(server, body, headers=None, raw: bytes | None = None):
     if raw is not None:
         return httpx.post(f"{server.base_url}/v1/completions", content=raw, headers=headers, timeout=60)
     return httpx.post(f"{server.base_url}/v1/completions", json=body, headers=headers, timeout=60)
-
-
-def assert_openai_error(response, status: int, param=None, code=None):
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert "Traceback" not in response.text
-    if param is not None:
-        assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
-    return error
 
 
 BAD_BODIES = [

@@ -13,45 +13,15 @@ import pytest
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
+from .helpers.ledger import complete, ledger_sums, load, wait_for_ledger
 
 pytestmark = pytest.mark.timeout(300)
 ANSWER_BOUND = 5.0
 
 
-def complete(live: LiveServer, max_tokens: int = 4, **extra) -> tuple[httpx.Response, float]:
-    started = time.monotonic()
-    response = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=120,
-                          json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens,
-                                "ignore_eos": True, **extra})
-    return response, time.monotonic() - started
-
-
-def ledger_sums(live: LiveServer, status: int = 200) -> tuple[int, int, int]:
-    with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
-        row = db.execute("select count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0) "
-                         "from teams_usagerecord where status_code = ?", (status,)).fetchone()
-    return tuple(row)
-
-
 def error_codes(live: LiveServer) -> list[tuple[str]]:
     with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
         return db.execute("select error_code from teams_usagerecord where status_code >= 500").fetchall()
-
-
-def wait_for_ledger(live: LiveServer, expected: tuple[int, int, int], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and ledger_sums(live) != expected:
-        time.sleep(0.2)
-    assert ledger_sums(live) == expected
-
-
-def load(live: LiveServer) -> None:
-    """Start the engine and load the model (a control message: no failpoint fires), so the bound
-    on an answer's time measures the fault, not torch's import."""
-    with httpx.stream("POST", f"{live.base_url}/load_model", headers=live.headers, json={"model": TINY_MODEL},
-                      timeout=120) as response:
-        assert response.status_code == 200
-        assert '"ready"' in "".join(response.iter_text())
 
 
 def assert_engine_fault(response: httpx.Response, elapsed: float) -> None:

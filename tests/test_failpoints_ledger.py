@@ -15,7 +15,7 @@ from .conftest import TINY_MODEL
 from .ledger_checks import sqlite_rows, wait_for_rows
 from .live_server import LiveServer, base_env
 from .teams_setup import make_teams
-from .test_failpoints_engine import complete, ledger_sums, load, wait_for_ledger
+from .helpers.ledger import complete, ledger_sums, load, wait_for_ledger
 
 pytestmark = pytest.mark.timeout(300)
 

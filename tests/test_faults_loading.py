@@ -18,7 +18,8 @@ from workers.tiny.builders import build_tiny_model
 
 from .conftest import TINY_MODEL
 from .live_server import ROOT, LiveServer, base_env
-from .test_catalog_live import manage
+from .helpers.catalog import manage
+from .helpers.processes import Stream
 
 BROKEN = "local/broken"  # its embedding lacks most of its tokenizer's ids
 UNKNOWN = "local/no-such-model"
@@ -47,32 +48,6 @@ def live(fault_env):
     server = LiveServer(env, work)
     yield server
     server.stop()
-
-
-class Stream(threading.Thread):
-    """A streamed completion; every SSE payload with its arrival time."""
-
-    def __init__(self, server: LiveServer, model: str, max_tokens: int, url: str = "/v1/completions", **extra) -> None:
-        super().__init__(daemon=True)
-        self.server, self.url = server, url
-        self.body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
-                     "stream": True, **extra}
-        self.events: list[tuple[float, str]] = []
-        self.status = 0
-
-    def run(self) -> None:
-        with httpx.stream("POST", self.server.base_url + self.url, headers=self.server.headers, json=self.body,
-                          timeout=120) as response:
-            self.status = response.status_code
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    self.events.append((time.monotonic(), line[len("data: "):]))
-
-    def wait_for_tokens(self, count: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.events) < count and time.monotonic() < deadline and self.is_alive():
-            time.sleep(0.02)
-        assert len(self.events) >= count, f"only {len(self.events)} events"
 
 
 def test_unknown_model_offline_is_a_404_at_once_and_leaves_no_row(live, fault_env):

@@ -11,7 +11,7 @@ import httpx
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
-from .test_catalog_live import manage
+from .helpers.catalog import manage
 
 
 def complete(server: LiveServer) -> httpx.Response:

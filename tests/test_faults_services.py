@@ -16,7 +16,7 @@ from .conftest import TINY_MODEL
 from .ledger_checks import TokenStream, postgres_rows, row_of, sqlite_rows, wait_for_rows
 from .live_server import LiveServer, base_env
 from .services import PostgresServer, RedisServer
-from .test_faults_supervised import worker_processes
+from .helpers.processes import worker_processes
 
 pytestmark = pytest.mark.scale_out
 REDIS_DOWN_SECONDS = 3.0

@@ -41,14 +41,6 @@ def worker_pid(env: dict[str, str], name: str) -> int:
     return int(ctl(env, "pid", name).strip() or 0)
 
 
-def worker_processes(env: dict[str, str], work_dir: Path, count: int) -> list[ManagedProcess]:
-    """`run_worker` processes, each listening."""
-    workers = [ManagedProcess(["manage.py", "run_worker"], env, work_dir / f"worker{i}.log") for i in range(count)]
-    for worker in workers:
-        worker.wait_for_log("listening on channel")
-    return workers
-
-
 def complete(base_url: str, key: str) -> httpx.Response:
     return httpx.post(f"{base_url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=120,
                       json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})

@@ -15,9 +15,9 @@ from .conftest import TINY_MODEL
 from .ledger_checks import row_of, sqlite_rows, wait_for_rows
 from .live_server import LiveServer
 from .services import RedisServer
-from .test_catalog_live import catalog_cache, catalog_env, load_events, manage, wait_until  # noqa: F401
-from .test_faults_loading import Stream
-from .test_faults_supervised import worker_processes
+from .helpers.catalog import catalog_cache, catalog_env, load_events, manage, wait_until  # noqa: F401
+from .helpers.processes import Stream
+from .helpers.processes import worker_processes
 
 pytestmark = pytest.mark.scale_out
 DETECTION_BOUND_SECONDS = 5.0

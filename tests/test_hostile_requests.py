@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from .conftest import TINY_MODEL
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 def deep(levels: int, opener: str, closer: str, leaf: str = "1") -> str:
     return opener * levels + leaf + closer * levels

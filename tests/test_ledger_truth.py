@@ -16,7 +16,7 @@ import pytest
 from .conftest import TINY_MODEL
 from .ledger_checks import TokenStream, row_of, sqlite_rows, wait_for_rows
 from .live_server import LiveServer, base_env
-from .test_failpoints_engine import load
+from .helpers.ledger import load
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
-import wave
 
-import httpx
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
@@ -22,14 +19,10 @@ from transformers import AutoModelForMultimodalLM
 from . import media_files
 from .conftest import TINY_AUDIO_LM, TINY_MODEL
 from .processor_reference import ProcessorReference
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
+from .helpers.media import post_chat, wav_samples
 
 MAX_TOKENS = 12
-
-
-def wav_samples(data: bytes) -> np.ndarray:
-    with wave.open(io.BytesIO(data)) as handle:
-        return np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2").astype(np.float32) / 32768
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +114,6 @@ def test_audio_url_and_responses_items_outside_a_message(media_client, audio_lm)
         input=[{"type": "input_audio", "input_audio": {"data": b64(wav), "format": "wav"}},
                {"type": "input_text", "text": "What is shown?"}])
     assert bare.output_text == expected
-
-
-def post_chat(server, messages, model: str = TINY_AUDIO_LM) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/chat/completions", headers=server.headers, timeout=60,
-                      json={"model": model, "messages": messages, "max_tokens": 4})
 
 
 def test_bad_audio_is_an_openai_error_and_the_server_keeps_serving(media_server, media_client, audio_lm):

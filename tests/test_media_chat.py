@@ -21,7 +21,7 @@ from transformers import AutoModelForImageTextToText
 from . import media_files
 from .conftest import TINY_AUDIO_LM, TINY_MODEL, TINY_OMNI, TINY_VLM, TINY_WHISPER
 from .processor_reference import ProcessorReference
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 MAX_TOKENS = 12
 

@@ -16,8 +16,8 @@ from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoModelForM
 from . import media_files
 from .conftest import TINY_OMNI, TINY_VLM
 from .processor_reference import ProcessorReference
-from .test_errors import assert_openai_error
-from .test_media_audio_chat import post_chat, wav_samples
+from .helpers.errors import assert_openai_error
+from .helpers.media import post_chat, wav_samples
 
 MAX_TOKENS = 12
 

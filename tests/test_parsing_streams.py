@@ -12,7 +12,7 @@ from workers.engine.output.parsing.harmony import HarmonyTextParser
 from workers.engine.output.parsing.regions import RegionParser
 
 from .parse_whole import joined
-from .test_parsing import assert_well_formed, both_ways, region_parser
+from .helpers.parsing import assert_well_formed, both_ways, region_parser
 
 NOTE = ('Bring a coat: the forecast says "rain" at 5\\6 \u2014 ünïcode, and wind.\n' * 6).strip()
 LONG_CALL = ("get_weather", {"city": "Paris", "note": NOTE})

@@ -11,7 +11,8 @@ from workers.engine.config import EngineConfig
 from workers.engine.execution.kv.prefix_cache import BLOCK_TOKENS
 
 from .conftest import TINY_MODEL, engine_running
-from .test_engine import Outbox, finished
+from .outbox import Outbox
+from .helpers.engine import finished
 
 SYSTEM = "You are a careful assistant. Answer briefly and cite the lighthouse keeper's log when you can. " * 2
 QUESTIONS = ["What is the capital of France?", "Count to five:", "Once upon a time", "def add(a, b):"]

@@ -13,7 +13,8 @@ from workers.engine.inputs.prompt_scoring import PrefixOffsets
 from workers.engine.output.token_text import TokenText, settled_length
 
 from .conftest import TINY_MODEL, engine_running
-from .test_engine import Outbox, finished
+from .outbox import Outbox
+from .helpers.engine import finished
 
 TEXTS = [
     "Once upon a time there was a lighthouse keeper who counted the ships. " * 6,

@@ -12,7 +12,7 @@ from openai import OpenAI
 from .parse_whole import parse_text
 
 from .conftest import TINY_MODEL
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -9,7 +9,7 @@ from openai import AsyncOpenAI
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
 from .services import PostgresServer
-from .test_catalog_live import set_fields
+from .helpers.catalog import set_fields
 
 pytestmark = pytest.mark.scale_out
 
@@ -66,7 +66,7 @@ def test_web_and_two_workers_over_redis_with_postgres(hf_cache, tmp_path, redis_
         serving = [w for w in workers if "finished cmpl-" in w.log()]
         assert len(serving) == 2, "both workers should have taken jobs"
         # One scrape of the web process sees both workers' engines.
-        from .test_metrics import scrape, value
+        from .helpers.metrics import scrape, value
 
         metrics = scrape(web)
         generated = 3 * sum(len(reference.greedy(reference.encode(p), 12)) for p in prompts)

@@ -24,8 +24,8 @@ import protocol
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess
 from .services import RedisServer
-from .test_catalog_live import catalog_cache, catalog_env, manage, wait_until  # noqa: F401
-from .test_faults_supervised import worker_processes
+from .helpers.catalog import catalog_cache, catalog_env, manage, wait_until  # noqa: F401
+from .helpers.processes import worker_processes
 
 pytestmark = [pytest.mark.scale_out, pytest.mark.timeout(300)]
 SILENCE_BOUND_SECONDS = 5.0

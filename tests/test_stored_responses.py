@@ -14,7 +14,7 @@ from openai import OpenAI
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
 from .teams_setup import make_teams
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 
 @pytest.fixture(scope="module")

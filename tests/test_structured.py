@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from .conftest import TINY_MODEL
-from .test_structured_engine import PERSON
+from .helpers.schemas import PERSON
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "additionalProperties": False, "required": ["city", "unit"],

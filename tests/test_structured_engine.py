@@ -20,23 +20,9 @@ from workers.engine.config import EngineConfig
 from workers.engine.core.engine import Engine
 
 from .conftest import TINY_MODEL, engine_running
-from .test_engine import Outbox, finished
-
-PERSON = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "age", "tags", "address"],
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
-        "address": {"type": "object", "additionalProperties": False, "required": ["city", "zip"],
-                    "properties": {"city": {"type": "string", "maxLength": 10},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-                                   "verified": {"type": "boolean"}}},
-    },
-}
-
+from .outbox import Outbox
+from .helpers.engine import finished
+from .helpers.schemas import PERSON
 
 @contextmanager
 def running_engine(hf_cache, config: EngineConfig) -> Iterator[tuple[Engine, Outbox]]:

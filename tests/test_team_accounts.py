@@ -178,7 +178,7 @@ def test_share_and_service_tier_in_key_status_and_the_admin_usage_page(live):
     wait_for_rows(live, "heavy", 1)
     wait_for_rows(live, "light", 1)
 
-    from .test_teams import admin_client
+    from .helpers.admin import admin_client
     http = admin_client(live)
     page = http.get("/admin/teams/usagerecord/report/", params={"minutes": "60"}).text
     assert "the last 60 minutes" in page
@@ -216,7 +216,7 @@ def test_create_team_refuses_a_share_of_zero(live):
 
 
 def test_admin_adds_a_member_and_keeps_one_holding_keys_from_removal(live):
-    from .test_teams import admin_client
+    from .helpers.admin import admin_client
     http = admin_client(live)
     with sqlite3.connect(live.work_dir / "var" / "db.sqlite3") as db:
         team_id = db.execute("select id from teams_team where name = 'light'").fetchone()[0]

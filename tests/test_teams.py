@@ -17,6 +17,7 @@ from workers.tiny.builders import build_tiny_model
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, base_env
+from .helpers.admin import admin_client
 from .teams_setup import budget_burst, fresh_minute, ledger_rows, make_teams, manage, wait_for_rows
 
 OTHER = "local/other"
@@ -392,18 +393,6 @@ def test_key_status_in_openrouter_shape(live):
     key_scope = [s for s in status["rate_limit"] if s["scope"] == "key"][0]
     assert key_scope["requests_per_minute"] == 50
     assert httpx.get(f"{live.base_url}/v1/key").status_code == 401
-
-
-def admin_client(live: LiveServer) -> httpx.Client:
-    env = {**live.env, "DJANGO_SUPERUSER_USERNAME": "root", "DJANGO_SUPERUSER_PASSWORD": "pw-123",
-           "DJANGO_SUPERUSER_EMAIL": "root@example.com"}
-    manage(env, "createsuperuser", "--noinput", check=False)  # already there on a second call
-    http = httpx.Client(base_url=live.base_url, timeout=60, follow_redirects=True)
-    http.get("/admin/login/")
-    page = http.post("/admin/login/?next=/admin/", data={
-        "username": "root", "password": "pw-123", "csrfmiddlewaretoken": http.cookies["csrftoken"]})
-    assert "Log out" in page.text
-    return http
 
 
 def test_admin_shows_a_new_keys_secret_once_and_revokes_it(live):

@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from .conftest import TINY_MODEL
-from .test_errors import assert_openai_error
+from .helpers.errors import assert_openai_error
 
 MESSAGES = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell me a story."}]
 

@@ -224,7 +224,7 @@ def test_a_long_calls_arguments_stream_in_fragments_that_join_to_the_whole_answe
     jsonschema.validate(json.loads(item.arguments), LONG_PARAMETERS)
 
 
-def test_the_config_files_parsers_win_over_what_the_files_say(sdk, tokenizers, family_cache):
+def test_the_config_files_parsers_win_over_what_the_files_say(sdk, family_cache):
     """A Llama 3 model told `tool_parser: hermes`, `reasoning_parser: none` in `serve --config`: the catalog
     shows the override, and its answer is read that way (a Hermes call parsed, `<think>` left as text)."""
     models = {m.id: m.model_extra.get("parsers") for m in sdk.models.list().data}

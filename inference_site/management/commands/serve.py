@@ -171,6 +171,10 @@ class Command(BaseCommand):
             start_runner()  # resumes the batches a stopped process left (docs/batch.md)
             if not no_worker:
                 self._start_worker()
+            else:  # scale-out: the door answers queue_full from the workers' free slots
+                from inference_site.fleet_capacity import watch_the_fleet
+
+                watch_the_fleet(api_app)
             self.stdout.write(f"Serving on http://{host}:{port}/v1  (health: http://{host}:{port}/health)")
             self.stdout.flush()
 
