@@ -26,10 +26,23 @@ DEAD_LETTERED = Counter("inference_usage_rows_dead_lettered",
 
 
 def database_spool_dir(base: str | Path, alias: str = "default") -> Path:
-    """`base/db-<hash>`: the spool of the database this process writes to (engine, name, host, port)."""
+    """`base/db-<hash>`: the spool of the database this process writes to (engine, name, host, port).
+    Spool files an older version left in `base` itself (one spool for every database) are taken into it,
+    so rows spooled before an upgrade are still replayed (a row another database's server left there is
+    refused by this one and dead-lettered, never lost)."""
     settings = connections[alias].settings_dict
     identity = "|".join(str(settings.get(part) or "") for part in ("ENGINE", "NAME", "HOST", "PORT"))
-    return Path(base) / f"db-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+    directory = Path(base) / f"db-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+    left = [path for pattern in ("usage-*.jsonl", "journal-*.jsonl") for path in Path(base).glob(pattern)]
+    if left:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for path in left:
+            try:
+                path.rename(directory / path.name)
+            except OSError:  # another process took it first
+                continue
+        logger.info("took %d spool file(s) of an earlier version into %s", len(left), directory)
+    return directory
 
 
 def salvage(rows: list[dict]) -> list[dict]:

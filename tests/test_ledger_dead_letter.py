@@ -71,3 +71,16 @@ def test_a_poisoned_spool_row_is_dead_lettered_once_and_every_other_row_replays(
         assert value(metrics, "inference_usage_rows_dead_lettered_total", "") == 1
     finally:
         second.stop()
+
+
+def test_spool_files_of_an_earlier_version_are_taken_into_this_databases_spool(tmp_path):
+    """Rows an older server spooled into the spool folder itself (one spool for every database) are moved into
+    this database's spool on start, so they replay here rather than sit unread."""
+    from teams.ledger_dead_letter import database_spool_dir
+
+    (tmp_path / "usage-123-456.jsonl").write_text('{"request_id": "r-1"}\n')
+    (tmp_path / "journal-123-789.jsonl").write_text("")
+    directory = database_spool_dir(tmp_path)
+    assert sorted(p.name for p in directory.iterdir()) == ["journal-123-789.jsonl", "usage-123-456.jsonl"]
+    assert not list(tmp_path.glob("*.jsonl"))
+    assert database_spool_dir(tmp_path) == directory  # the same database, the same spool
