@@ -266,6 +266,6 @@ class LedgerWriter:
         try:
             UsageRecord.objects.bulk_create([record_of(row) for row in missing])
         except (IntegrityError, DataError, ValueError, TypeError):  # some row refused for good: salvage or dead-letter it, keep the rest
-            insert_each(missing, self.spool.directory, path.name)
+            insert_each(missing, self.spool.directory, path.name, record_of)
         path.unlink(missing_ok=True)
         logger.info(message + " (%d were in already)", len(missing), path.name, len(rows) - len(missing))

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.db import DataError, IntegrityError, connections, transaction
 from prometheus_client import Counter
@@ -72,11 +74,10 @@ def salvage(rows: list[dict]) -> list[dict]:
     return salvaged
 
 
-def insert_each(rows: list[dict], directory: Path, source: str) -> int:
-    """Insert `rows` one by one after `salvage`; those still refused go to the dead-letter file.
-    Returns how many were inserted. A connection error propagates: the segment is retried later."""
-    from .ledger import record_of
-
+def insert_each(rows: list[dict], directory: Path, source: str, record_of: Callable[[dict], Any]) -> int:
+    """Insert `rows` one by one after `salvage` (`record_of`: a row's unsaved model instance); those still
+    refused go to the dead-letter file. Returns how many were inserted. A connection error propagates: the
+    segment is retried later."""
     inserted, refused = 0, []
     for row in salvage(rows):
         try:
