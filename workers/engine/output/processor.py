@@ -125,7 +125,10 @@ class OutputProcessor:
             elif request not in touched:
                 touched[request] = False
         if took:
-            self.tokens(took, when)
+            try:
+                self.tokens(took, when)
+            except Exception:  # latency metrics are never worth a request's answer
+                logger.exception("the output thread could not count a step's tokens")
         for request, ended in touched.items():
             self._publish(request, ended)
 
