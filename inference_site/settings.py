@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from . import __version__
 from .logs import logging_config
 from .private_files import private_dir, private_file, secret_key
 
@@ -222,7 +223,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "inference-site",
     "DESCRIPTION": "An OpenAI-compatible inference server for Hugging Face models.",
-    "VERSION": "1.0.0",
+    "VERSION": __version__,
     "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],

@@ -21,6 +21,7 @@ from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
+from ..project_version import ProjectVersionMixin
 
 # Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
@@ -52,7 +53,7 @@ def given_key(token: str | None, token_file: str | None) -> str | None:
         raise CommandError(f"--auth-token-file: cannot read {path}: {exc.strerror}") from None
 
 
-class Command(BaseCommand):
+class Command(ProjectVersionMixin, BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
 
     def add_arguments(self, parser):

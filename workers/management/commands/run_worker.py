@@ -5,9 +5,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from workers.adapter.runtime import run_worker
+from inference_site.management.project_version import ProjectVersionMixin
 
 
-class Command(BaseCommand):
+class Command(ProjectVersionMixin, BaseCommand):
     help = "Run a generation worker that takes jobs from the channel layer (set CHANNEL_LAYER_URL=redis://…)."
 
     def handle(self, *args, **options):
