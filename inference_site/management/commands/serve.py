@@ -22,6 +22,7 @@ from protocol.load_options import QUANTIZATIONS, check_attn_implementation, chec
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
 from ..project_version import ProjectVersionMixin
+from ..vllm_flags import add_batching_flags, add_model_flags, origins_list, pinned_model_entry
 
 # Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
@@ -76,7 +77,12 @@ class Command(ProjectVersionMixin, BaseCommand):
                             help="let browser pages on any origin call the API (CORS; requests still need the key)")
         parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN",
                             help="let browser pages on these origins call the API (e.g. http://localhost:3000)")
-        parser.add_argument("--default-seed", type=int, metavar="N", help="the seed of requests that send none")
+        parser.add_argument("--allowed-origins", type=origins_list, metavar="JSON",
+                            help='vLLM\'s: CORS origins as a JSON list, e.g. \'["http://localhost:3000"]\' (as --cors-allow-origins)')
+        add_batching_flags(parser)
+        add_model_flags(parser)
+        parser.add_argument("--default-seed", "--seed", type=int, metavar="N",
+                            help="the seed of requests that send none (--seed: vLLM's name; sampling is reproducible from it)")
         parser.add_argument("--stop-sequences", nargs="+", metavar="TEXT", help="stop strings added to every request's")
         parser.add_argument("--ignore-eos", action="store_true", default=None,
                             help="requests that do not say generate past EOS (to max_tokens or a stop)")
@@ -91,7 +97,7 @@ class Command(ProjectVersionMixin, BaseCommand):
         parser.add_argument("--dtype", choices=DTYPE_NAMES, help="auto (the device's: bf16 on GPUs that have it, "
                                                                 "fp16 on older ones, fp32 on CPU) or a name")
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
-        parser.add_argument("--auth-token", metavar="KEY", help="accept this key (instead of a key file written for "
+        parser.add_argument("--auth-token", "--api-key", metavar="KEY", help="accept this key (--api-key: vLLM's name) (instead of a key file written for "
                                                                 "the port); visible to `ps`: prefer --auth-token-file")
         parser.add_argument("--auth-token-file", metavar="FILE", help="accept the key in this file (mode 0600)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
@@ -115,6 +121,10 @@ class Command(ProjectVersionMixin, BaseCommand):
             check_quantization(options.get("quantization") or "")
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        try:
+            vllm_entry = pinned_model_entry(options)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         no_auth = options["no_auth"] or config.get("auth") is False
         kwargs = options.get("chat_template_kwargs")
         self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
@@ -123,7 +133,8 @@ class Command(ProjectVersionMixin, BaseCommand):
             if options.get(key) is not None:
                 set_inference(setting, options[key])
                 os.environ[f"INFERENCE_{setting}"] = str(options[key])
-        self._configure_cors(options.get("cors_allow_origins") or [], bool(options.get("enable_cors")))
+        self._configure_cors([*(options.get("cors_allow_origins") or []), *(options.get("allowed_origins") or [])],
+                             bool(options.get("enable_cors")))
         if options.get("stop_sequences"):
             set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
             os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
@@ -141,6 +152,8 @@ class Command(ProjectVersionMixin, BaseCommand):
         self.stdout.write(f"Model catalog: {scan_cache()}")
         if config.get("models"):
             self._configure_models(config["models"])
+        if vllm_entry:  # vLLM's --served-model-name / --tool-call-parser / --reasoning-parser (vllm_flags.py)
+            self._configure_models([vllm_entry])
         self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)
         limits = edge.install()
@@ -298,7 +311,7 @@ class Command(ProjectVersionMixin, BaseCommand):
             raise CommandError(f"--config: models: {exc.message} (not in the Hugging Face cache)") from exc
         except ValidationError as exc:
             raise CommandError(f"--config: models: {'; '.join(exc.messages)}") from exc
-        self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
+        self.stdout.write(f"Configured from the config file or flags: {', '.join(configured)}")
 
     def _pinned_model(self, name: str | None, checkpoint: str | bool | None) -> str:
         """The pinned model's name: a local model folder is linked into the cache as `local/<folder>` (with a
