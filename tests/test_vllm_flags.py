@@ -60,6 +60,9 @@ def test_allowed_origins_answer_the_preflight(vllm_server):
 
     assert preflight(FRONT).headers.get("access-control-allow-origin") == FRONT
     assert "access-control-allow-origin" not in preflight("http://elsewhere.test").headers
+    # A refused preflight is logged as such (issue 49, item 11); an allowed one is not.
+    vllm_server.wait_for_log("CORS preflight from origin http://elsewhere.test to /v1/chat/completions refused", 10)
+    assert f"CORS preflight from origin {FRONT}" not in vllm_server.log()
 
 
 def test_parsers_need_a_pinned_model(hf_cache, tmp_path):
