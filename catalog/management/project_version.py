@@ -1,7 +1,8 @@
-"""`--version` on the project's commands prints inference-site's version, not Django's (Django's default)."""
+"""`--version` on the project's commands (serve, client, run_worker) prints inference-site's version, not
+Django's (Django's default); here, in the lowest app, so every package's commands may use it."""
 import django
 
-from inference_site import __version__
+from protocol.version import __version__
 
 
 class ProjectVersionMixin:
