@@ -1,0 +1,50 @@
+"""Start of issue 46's generated matrix: a tiny config for every causal-LM `model_type`
+the installed transformers ships, so a new transformers release adds its new types by itself.
+
+Why generated: the families suite (workers/tiny/families.py) is a hand-picked list; the
+matrix shrinks each config class's own defaults instead (size fields capped, layers cut
+to a few) with a small table of per-type fix-ups. Only the builder is here so far: the
+server-vs-`generate` checks over it and the engine's per-type declines are not done yet.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# size-like config fields -> the cap each gets in a tiny build (only fields the config has)
+_CAPS: dict[str, int] = {
+    "hidden_size": 64, "d_model": 64, "n_embd": 64, "dim": 64, "embed_dim": 64,
+    "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "d_ff": 128, "ffn_hidden_size": 128,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "decoder_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "decoder_ffn_dim": 128,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+}
+
+# per-type fix-ups over the shrunk defaults (fields whose defaults don't shrink consistently)
+FIXUPS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                        n_group=1, topk_group=1, first_k_dense_replace=1, num_key_value_heads=4),
+}
+
+
+def causal_lm_types() -> list[str]:
+    """Every `model_type` transformers maps to a causal-LM class, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_config(model_type: str, vocab_size: int, special_ids: dict[str, int] | None = None) -> Any:
+    """The type's config with its own defaults shrunk to a tiny model over `vocab_size` tokens."""
+    from transformers import AutoConfig
+
+    defaults = AutoConfig.for_model(model_type).to_dict()
+    fields = {key: min(value, cap) for key, cap in _CAPS.items()
+              if isinstance(value := defaults.get(key), int) and not isinstance(value, bool)}
+    if "layer_types" in defaults and isinstance(defaults["layer_types"], list):
+        layers = next((fields[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in fields), 2)
+        fields["layer_types"] = defaults["layer_types"][:layers]
+    fields.update(FIXUPS.get(model_type, {}))
+    fields.update(special_ids or {})
+    return AutoConfig.for_model(model_type, vocab_size=vocab_size, **fields)
