@@ -166,10 +166,17 @@ def test_a_server_stopped_mid_stream_loses_neither_question_nor_partial_answer(c
         stored = stored_conversation(page, restarted, conversation).json()
         assert [m["role"] for m in stored["messages"]] == ["user", "assistant"]
         assert stored["messages"][0]["content"] == "A long story, please."
-        assert stored["messages"][1]["content"].strip() == partial.strip() or \
-            stored["messages"][1]["content"].startswith(partial[:5])
+        # What the page showed is what it stored: compared as the reader sees it (a random model's text holds
+        # control characters and runs of spaces that the page's rendering drops or folds).
+        assert visible(stored["messages"][1]["content"]) == visible(partial) or \
+            visible(stored["messages"][1]["content"]).startswith(visible(partial)[:20])
         page.goto(f"{restarted.base_url}/chat?c={conversation}")
         page.wait_for_selector("body[data-ready=true]")
         assert page.locator(".message.assistant").count() == 1
     finally:
         context.close()
+
+
+def visible(text: str) -> str:
+    """The text's printable characters, without white space: what any rendering of it shows."""
+    return "".join(char for char in text if char.isprintable() and not char.isspace())
