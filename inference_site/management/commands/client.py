@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from protocol import MODEL_SAMPLING_KEYS
 
 from ..config_files import CLIENT_KEYS, load_config, merged_options
-from catalog.management.project_version import ProjectVersionMixin
+from ..project_version import ProjectVersionMixin
 
 DEFAULTS = {"url": "http://127.0.0.1:8000/v1", "echo": True, "stream": False, "show_usage": False}
 # Request fields the client sends when set (flag or config file).

@@ -21,8 +21,8 @@ from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
-from catalog.management.project_version import ProjectVersionMixin
-from protocol.vllm_flags import add_batching_flags, add_model_flags, origins_list, pinned_model_entry
+from ..project_version import ProjectVersionMixin
+from ..vllm_flags import add_batching_flags, add_model_flags, origins_list, pinned_model_entry
 
 # Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
@@ -152,7 +152,7 @@ class Command(ProjectVersionMixin, BaseCommand):
         self.stdout.write(f"Model catalog: {scan_cache()}")
         if config.get("models"):
             self._configure_models(config["models"])
-        if vllm_entry:  # vLLM's --served-model-name / --tool-call-parser / --reasoning-parser (protocol/vllm_flags.py)
+        if vllm_entry:  # vLLM's --served-model-name / --tool-call-parser / --reasoning-parser (vllm_flags.py)
             self._configure_models([vllm_entry])
         self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)

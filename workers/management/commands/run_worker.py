@@ -6,8 +6,8 @@ from django.core.management.base import BaseCommand
 
 from workers.adapter.runtime import run_worker
 from catalog.config import set_inference
-from catalog.management.project_version import ProjectVersionMixin
-from protocol.vllm_flags import add_batching_flags
+from inference_site.management.project_version import ProjectVersionMixin
+from inference_site.management.vllm_flags import add_batching_flags
 
 
 class Command(ProjectVersionMixin, BaseCommand):

@@ -1,6 +1,6 @@
-"""vLLM's `vllm serve` flags that a vLLM user's command line brings, under vLLM's names and meanings, shared
-by `serve` and `run_worker` (plain argparse). Where we have the same option, vLLM's name is an alias of ours
-(argparse option strings on the same argument); what is new to us is parsed here."""
+"""vLLM's `vllm serve` flags that a vLLM user's command line brings, under vLLM's names and meanings
+(issue 49, item 3). Where we have the same option, vLLM's name is an alias of ours (argparse option
+strings on the same argument); what is new to us is parsed here."""
 import argparse
 import json
 

@@ -1,8 +1,7 @@
-"""`--version` on the project's commands (serve, client, run_worker) prints inference-site's version, not
-Django's (Django's default); here, in the lowest app, so every package's commands may use it."""
+"""`--version` on the project's commands prints inference-site's version, not Django's (Django's default)."""
 import django
 
-from protocol.version import __version__
+from inference_site import __version__
 
 
 class ProjectVersionMixin:
