@@ -23,7 +23,6 @@ from teams.response_headers import RateLimitHeadersMixin
 
 from .errors import APIError, client_error, error_body, in_request_terms
 from .generation import GenerationStream, new_request_id, open_generation
-from .model_fit import refuse_wrong_task
 
 logger = logging.getLogger(__name__)
 PriorityClass = Literal["interactive", "batch"]
@@ -156,7 +155,6 @@ class GenerationView(OpenAIView):
 
     serializer_class: type
     id_prefix: str
-    task: str | None = None  # "generate": refused at once for a model the cache scan says cannot (model_fit.py)
 
     async def post(self, request) -> HttpResponseBase:
         return await self.generate(request, self.validated(request.data))
@@ -199,7 +197,6 @@ class GenerationView(OpenAIView):
         (`openai_api.batches.lines`) shares it, at `batch` priority."""
         data = serializer.validated_data
         resolved = await resolve_model(data["model"])
-        refuse_wrong_task(resolved, self.task)  # a chat to a Whisper: refused before it is loaded (model_fit.py)
         model = str(resolved)
         request_id = self.new_request_id()
         meter = meter_for(request_id)

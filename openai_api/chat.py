@@ -150,7 +150,6 @@ class ChatShaper:
 class ChatCompletionsView(GenerationView):
     serializer_class = ChatRequestSerializer
     id_prefix = "chatcmpl"
-    task = "generate"
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data

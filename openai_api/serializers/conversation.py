@@ -6,7 +6,6 @@ worker only renders what passed.
 from __future__ import annotations
 
 import json
-import logging
 import re
 
 from rest_framework import serializers
@@ -18,10 +17,8 @@ from protocol import Conversation
 from .content import invalid, message_content
 from .fields import StrictBooleanField
 
-logger = logging.getLogger(__name__)
-
 ROLES = ("system", "developer", "user", "assistant", "tool")
-CUSTOM_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")  # a custom role passed to the template (vLLM's way)
+CUSTOM_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")  # with `serve --pass-message-extras` (vLLM's way)
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning", "refusal"}
 TOOL_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 # Names apply_chat_template takes itself: a request may not smuggle them in as template kwargs.
@@ -62,25 +59,23 @@ def clean_tool_calls(calls, path: str) -> list[dict]:
 
 
 def clean_message(message, index: int) -> dict:
-    """One message in the shape chat templates expect (developer becomes system). Lenient where vLLM is: an
-    unknown field (clients add `cache_control`, vendor keys) is dropped with a debug line, and a custom role goes
-    to the template (its content is text), which alone decides whether it renders it; with
-    `serve --pass-message-extras` unknown fields go to the template too."""
+    """One message in the shape chat templates expect (developer becomes system). An unknown field or role is
+    a 400, as OpenAI; with `serve --pass-message-extras` both go to the template as sent, as vLLM (a custom
+    role's content is text)."""
     path = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid(path, "each message must be an object.")
     extras = web_config().pass_message_extras
     unknown = sorted(set(message) - MESSAGE_KEYS)
     if unknown and not extras:
-        logger.debug("%s: unknown fields ignored: %s", path, ", ".join(unknown))
-        unknown = []
+        raise invalid(f"{path}.{unknown[0]}", f"Unrecognized message field: {unknown[0]}")
     role = message.get("role")
     if role not in ROLES:
-        if isinstance(role, str) and CUSTOM_ROLE.fullmatch(role) and not message.get("tool_calls"):
+        if extras and isinstance(role, str) and CUSTOM_ROLE.fullmatch(role) and not message.get("tool_calls"):
             content = message_content(message.get("content"), f"{path}.content", allow_none=False, allow_media=False)
             return {**{key: message[key] for key in unknown}, "role": role, "content": content}
         raise invalid(f"{path}.role", f"role must be one of {', '.join(ROLES)}; got {role!r}.")
-    cleaned: dict = {key: message[key] for key in unknown}  # empty unless --pass-message-extras
+    cleaned: dict = {key: message[key] for key in unknown}  # only with --pass-message-extras
     cleaned["role"] = "system" if role == "developer" else role
     has_calls = role == "assistant" and bool(message.get("tool_calls"))
     cleaned["content"] = message_content(message.get("content"), f"{path}.content", allow_none=role == "assistant",

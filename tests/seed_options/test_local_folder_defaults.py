@@ -74,8 +74,6 @@ def test_message_extras_and_custom_roles_reach_the_template_when_asked(open_serv
     assert "[cheerful]" in rendered and "<|im_start|>my-custom-role" in rendered, rendered
     chat = sdk(open_server).chat.completions.create(model="local/my-model", messages=messages, max_tokens=2)
     assert chat.usage.prompt_tokens == body["count"]  # the template the chat ran saw the extras too
-    # The default (vLLM's leniency, issue 49 item 10): the custom role reaches the template, the unknown field does not.
-    default = httpx.post(f"{keyed.base_url}/v1/tokenize", headers=keyed.headers, timeout=60,
-                         json={"messages": messages, "return_token_strs": True}).json()
-    rendered = "".join(default["token_strs"])
-    assert "[cheerful]" not in rendered and "<|im_start|>my-custom-role" in rendered, rendered
+    refused = httpx.post(f"{keyed.base_url}/v1/chat/completions", headers=keyed.headers, timeout=60,
+                         json={"messages": messages, "max_tokens": 2})  # OpenAI's way, the default
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].role"

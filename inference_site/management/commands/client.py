@@ -21,7 +21,6 @@ from django.core.management.base import BaseCommand, CommandError
 from protocol import MODEL_SAMPLING_KEYS
 
 from ..config_files import CLIENT_KEYS, load_config, merged_options
-from ..project_version import ProjectVersionMixin
 
 DEFAULTS = {"url": "http://127.0.0.1:8000/v1", "echo": True, "stream": False, "show_usage": False}
 # Request fields the client sends when set (flag or config file).
@@ -134,7 +133,7 @@ class Client:
             raise CommandError(f"Cannot reach {self.url}: {exc}") from exc
 
 
-class Command(ProjectVersionMixin, BaseCommand):
+class Command(BaseCommand):
     help = "A terminal client for an OpenAI-compatible server: chat, completions, models, health."
 
     def add_arguments(self, parser):

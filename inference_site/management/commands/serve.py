@@ -21,8 +21,6 @@ from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
-from ..project_version import ProjectVersionMixin
-from ..vllm_flags import add_batching_flags, add_model_flags, origins_list, pinned_model_entry
 
 # Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
@@ -54,7 +52,7 @@ def given_key(token: str | None, token_file: str | None) -> str | None:
         raise CommandError(f"--auth-token-file: cannot read {path}: {exc.strerror}") from None
 
 
-class Command(ProjectVersionMixin, BaseCommand):
+class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
 
     def add_arguments(self, parser):
@@ -77,18 +75,13 @@ class Command(ProjectVersionMixin, BaseCommand):
                             help="let browser pages on any origin call the API (CORS; requests still need the key)")
         parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN",
                             help="let browser pages on these origins call the API (e.g. http://localhost:3000)")
-        parser.add_argument("--allowed-origins", type=origins_list, metavar="JSON",
-                            help='vLLM\'s: CORS origins as a JSON list, e.g. \'["http://localhost:3000"]\' (as --cors-allow-origins)')
-        add_batching_flags(parser)
-        add_model_flags(parser)
-        parser.add_argument("--default-seed", "--seed", type=int, metavar="N",
-                            help="the seed of requests that send none (--seed: vLLM's name; sampling is reproducible from it)")
+        parser.add_argument("--default-seed", type=int, metavar="N", help="the seed of requests that send none")
         parser.add_argument("--stop-sequences", nargs="+", metavar="TEXT", help="stop strings added to every request's")
         parser.add_argument("--ignore-eos", action="store_true", default=None,
                             help="requests that do not say generate past EOS (to max_tokens or a stop)")
         parser.add_argument("--pass-message-extras", action="store_true", default=None,
-                            help="chat messages' unknown fields go to the template (default: ignored, as vLLM; custom "
-                                 "roles go to the template either way)")
+                            help="chat messages' unknown fields and custom roles go to the template (vLLM's way; "
+                                 "default: a 400, as OpenAI)")
         parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
         parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
         parser.add_argument("--host", help="default 127.0.0.1")
@@ -97,7 +90,7 @@ class Command(ProjectVersionMixin, BaseCommand):
         parser.add_argument("--dtype", choices=DTYPE_NAMES, help="auto (the device's: bf16 on GPUs that have it, "
                                                                 "fp16 on older ones, fp32 on CPU) or a name")
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
-        parser.add_argument("--auth-token", "--api-key", metavar="KEY", help="accept this key (--api-key: vLLM's name) (instead of a key file written for "
+        parser.add_argument("--auth-token", metavar="KEY", help="accept this key (instead of a key file written for "
                                                                 "the port); visible to `ps`: prefer --auth-token-file")
         parser.add_argument("--auth-token-file", metavar="FILE", help="accept the key in this file (mode 0600)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
@@ -121,10 +114,6 @@ class Command(ProjectVersionMixin, BaseCommand):
             check_quantization(options.get("quantization") or "")
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        try:
-            vllm_entry = pinned_model_entry(options)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
         no_auth = options["no_auth"] or config.get("auth") is False
         kwargs = options.get("chat_template_kwargs")
         self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
@@ -133,8 +122,7 @@ class Command(ProjectVersionMixin, BaseCommand):
             if options.get(key) is not None:
                 set_inference(setting, options[key])
                 os.environ[f"INFERENCE_{setting}"] = str(options[key])
-        self._configure_cors([*(options.get("cors_allow_origins") or []), *(options.get("allowed_origins") or [])],
-                             bool(options.get("enable_cors")))
+        self._configure_cors(options.get("cors_allow_origins") or [], bool(options.get("enable_cors")))
         if options.get("stop_sequences"):
             set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
             os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
@@ -152,8 +140,6 @@ class Command(ProjectVersionMixin, BaseCommand):
         self.stdout.write(f"Model catalog: {scan_cache()}")
         if config.get("models"):
             self._configure_models(config["models"])
-        if vllm_entry:  # vLLM's --served-model-name / --tool-call-parser / --reasoning-parser (vllm_flags.py)
-            self._configure_models([vllm_entry])
         self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)
         limits = edge.install()
@@ -315,7 +301,7 @@ class Command(ProjectVersionMixin, BaseCommand):
             raise CommandError(f"--config: models: {exc.message} (not in the Hugging Face cache)") from exc
         except ValidationError as exc:
             raise CommandError(f"--config: models: {'; '.join(exc.messages)}") from exc
-        self.stdout.write(f"Configured from the config file or flags: {', '.join(configured)}")
+        self.stdout.write(f"Configured from the config file: {', '.join(configured)}")
 
     def _pinned_model(self, name: str | None, checkpoint: str | bool | None) -> str:
         """The pinned model's name: a local model folder is linked into the cache as `local/<folder>` (with a

@@ -5,20 +5,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from workers.adapter.runtime import run_worker
-from catalog.config import set_inference
-from inference_site.management.project_version import ProjectVersionMixin
-from inference_site.management.vllm_flags import add_batching_flags
 
 
-class Command(ProjectVersionMixin, BaseCommand):
+class Command(BaseCommand):
     help = "Run a generation worker that takes jobs from the channel layer (set CHANNEL_LAYER_URL=redis://…)."
 
-    def add_arguments(self, parser):
-        add_batching_flags(parser)  # vLLM's --max-num-seqs (INFERENCE_MAX_NUM_SEQS as a flag)
-
     def handle(self, *args, **options):
-        if options.get("max_num_seqs") is not None:
-            set_inference("MAX_NUM_SEQS", options["max_num_seqs"])
         backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
         if backend.endswith("InMemoryChannelLayer"):
             self.stderr.write(self.style.WARNING(
