@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
 from catalog.local_folders import link_gguf, link_local_model
-from inference_site import edge
+from inference_site import edge, version_line
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 
@@ -54,6 +54,9 @@ def given_key(token: str | None, token_file: str | None) -> str | None:
 
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
+
+    def get_version(self) -> str:
+        return version_line()
 
     def add_arguments(self, parser):
         parser.add_argument("pinned_model", nargs="?", metavar="MODEL",

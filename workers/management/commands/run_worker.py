@@ -4,11 +4,15 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from inference_site import version_line
 from workers.adapter.runtime import run_worker
 
 
 class Command(BaseCommand):
     help = "Run a generation worker that takes jobs from the channel layer (set CHANNEL_LAYER_URL=redis://…)."
+
+    def get_version(self) -> str:
+        return version_line()
 
     def handle(self, *args, **options):
         backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
