@@ -4,7 +4,9 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from catalog.config import set_inference
 from inference_site import version_line
+from inference_site.management.vllm_flags import ENGINE_FLAG_SETTINGS, add_engine_flags
 from workers.adapter.runtime import run_worker
 
 
@@ -14,7 +16,13 @@ class Command(BaseCommand):
     def get_version(self) -> str:
         return version_line()
 
+    def add_arguments(self, parser):
+        add_engine_flags(parser)
+
     def handle(self, *args, **options):
+        for key, setting in ENGINE_FLAG_SETTINGS:  # vLLM's engine flags override the environment's settings
+            if options.get(key) is not None:
+                set_inference(setting, options[key])
         backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
         if backend.endswith("InMemoryChannelLayer"):
             self.stderr.write(self.style.WARNING(
