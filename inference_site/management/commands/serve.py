@@ -87,8 +87,8 @@ class Command(BaseCommand):
         parser.add_argument("--ignore-eos", action="store_true", default=None,
                             help="requests that do not say generate past EOS (to max_tokens or a stop)")
         parser.add_argument("--pass-message-extras", action="store_true", default=None,
-                            help="chat messages' unknown fields and custom roles go to the template (vLLM's way; "
-                                 "default: a 400, as OpenAI)")
+                            help="chat messages' unknown fields go to the template as sent (default: ignored, "
+                                 "with a debug log line; custom roles go to the template either way)")
         parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
         parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
         parser.add_argument("--host", help="default 127.0.0.1")
