@@ -115,7 +115,7 @@ AXES_VERBOSE = False
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
 # and every sync middleware costs a thread hop on each request.
 # CorsMiddleware answers a CORS preflight (OPTIONS) itself, before any authentication.
-API_MIDDLEWARE: list[str] = ["corsheaders.middleware.CorsMiddleware"]
+API_MIDDLEWARE: list[str] = ["inference_site.cors_log.RefusedPreflightLog", "corsheaders.middleware.CorsMiddleware"]
 
 # CORS (django-cors-headers), on the API's paths only (the pages and the admin never get it): the origins a
 # browser front end may call the API from (INFERENCE_CORS_ORIGINS, comma-separated; "*": any, as
