@@ -3,6 +3,8 @@ before anything is loaded, a refused CORS preflight is logged as one, and torch'
 warnings stay out of the log."""
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -65,3 +67,32 @@ def test_torch_start_up_warnings_stay_out_of_the_log(speech_server):
     assert reply.usage.completion_tokens == 2  # the model loaded: transformers (and torchao with it) imported
     log = speech_server.log()
     assert "register_constant" not in log and "Failed to load" not in log, log[-3000:]
+
+
+def test_a_context_error_counts_tools_and_system_prompt_apart(speech_server):
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": "Looks things up in a large catalogue of records " * 6,
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}} for i in range(30)]
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+
+    def tokens(**body) -> int:
+        response = httpx.post(f"{speech_server.base_url}/tokenize", headers=speech_server.headers, timeout=60,
+                              json={"model": TINY_MODEL, "messages": messages, **body})
+        assert response.status_code == 200, response.text
+        return response.json()["count"]
+
+    without_tools = tokens()  # fits: the messages and system prompt alone (the tools do not: /tokenize refuses)
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(speech_server).chat.completions.create(model=TINY_MODEL, messages=messages, tools=tools, max_tokens=4)
+    message = refused.value.message
+    assert refused.value.code == "context_length_exceeded"
+    assert "alone is" not in message, message
+    found = re.search(r"is ([\d,]+) tokens \((.*?), with the template's own tokens\)", message)
+    assert found, message
+    split = {name: int(count.replace(",", "")) for name, count in
+             (re.fullmatch(r"the (messages|system prompt|\d+ tools) ([\d,]+)", part).groups()
+              for part in found.group(2).split(", "))}
+    total = int(found.group(1).replace(",", ""))
+    assert split["messages"] + split["system prompt"] == without_tools, message
+    assert split[f"{len(tools)} tools"] == total - without_tools > split["messages"], message
+    assert max(split.values()) == split[f"{len(tools)} tools"] and message.index("tools") < message.index("messages")
