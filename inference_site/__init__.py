@@ -1,11 +1,14 @@
 """inference-site: an OpenAI-compatible inference server for Hugging Face models, as a Django project."""
-
-__version__ = "0.49.0"
+from protocol.version import __version__
 
 
 def version_line() -> str:
-    """What `serve --version` (and the other commands of ours) print: this project's version first, since
-    Django's alone says nothing about which server is running."""
+    """What `serve --version` and `client --version` print: this project's version first."""
     import django
 
-    return f"inference-site {__version__} (Django {django.get_version()})"
+    from protocol.version import version_line as line
+
+    return line(django.get_version())
+
+
+__all__ = ["__version__", "version_line"]

@@ -81,3 +81,12 @@ def test_the_flags_are_in_help_and_a_wrong_one_is_refused_before_start():
                                  capture_output=True, text=True, timeout=120).stdout
     for flag in ("--max-model-len", "--seed", "--max-num-seqs", "--generation-config"):
         assert flag in worker_help, flag
+
+
+def test_version_is_this_projects():
+    from protocol.version import __version__
+
+    for command in ("serve", "run_worker", "client"):
+        printed = subprocess.run([sys.executable, "manage.py", command, "--version"], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=120).stdout.strip()
+        assert printed.startswith(f"inference-site {__version__} (Django "), (command, printed)

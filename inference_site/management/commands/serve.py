@@ -19,10 +19,10 @@ from catalog.local_folders import link_gguf, link_local_model
 from inference_site import edge, version_line
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
+from workers.management.vllm_flags import (ENGINE_FLAG_SETTINGS, add_engine_flags, add_server_flags, allowed_origins,
+                                           pinned_model_entry, pinned_name)
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
-from ..vllm_flags import (ENGINE_FLAG_SETTINGS, add_engine_flags, add_server_flags, allowed_origins,
-                          pinned_model_entry, pinned_name)
 
 # Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),

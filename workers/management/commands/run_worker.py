@@ -5,8 +5,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from catalog.config import set_inference
-from inference_site import version_line
-from inference_site.management.vllm_flags import ENGINE_FLAG_SETTINGS, add_engine_flags
+from protocol.version import version_line
+from workers.management.vllm_flags import ENGINE_FLAG_SETTINGS, add_engine_flags
 from workers.adapter.runtime import run_worker
 
 
@@ -14,7 +14,9 @@ class Command(BaseCommand):
     help = "Run a generation worker that takes jobs from the channel layer (set CHANNEL_LAYER_URL=redis://…)."
 
     def get_version(self) -> str:
-        return version_line()
+        import django
+
+        return version_line(django.get_version())
 
     def add_arguments(self, parser):
         add_engine_flags(parser)
