@@ -22,8 +22,8 @@ def lenient_server(hf_cache, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("lenient")
     template = work_dir / "refusing.jinja"
     template.write_text(REFUSING_TEMPLATE)
-    live = LiveServer(base_env(hf_cache, work_dir, INFERENCE_LOG_LEVEL="DEBUG"), work_dir, name="lenient",
-                      extra_args=("--chat-template", str(template)))
+    live = LiveServer(base_env(hf_cache, work_dir), work_dir, name="lenient",
+                      extra_args=("--log-level", "debug", "--chat-template", str(template)))
     yield live
     live.stop()
 

@@ -138,7 +138,8 @@ class Command(BaseCommand):
         if options.get("stop_sequences"):
             set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
             os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
-        if options.get("log_level"):
+        if options.get("log_level"):  # settings.LOGGING too: the ASGI app's django.setup() applies it again
+            settings.LOGGING["root"]["level"] = str(options["log_level"]).upper()
             logging.getLogger().setLevel(str(options["log_level"]).upper())
         logger.debug("serve's options after the config file: %s",
                      {key: value for key, value in options.items() if value not in (None, False, "", [])
