@@ -56,5 +56,8 @@ def logging_config(log_format: str, level: str) -> dict:
         # Django's own 4xx warnings would repeat the guard's access line; 5xx still log with a traceback.
         # torchao, which transformers imports when it is installed, warns at every start that its CUDA and
         # Triton kernels cannot load on a CPU machine: nothing a user can act on.
-        "loggers": {"django.request": {"level": "ERROR"}, "torchao": {"level": "ERROR"}},
+        # torch warns (its own "W…" lines) that torchao registers Enums with pytree's register_constant: a
+        # deprecation only torchao can act on.
+        "loggers": {"django.request": {"level": "ERROR"}, "torchao": {"level": "ERROR"},
+                    "torch.utils._pytree": {"level": "ERROR"}},
     }

@@ -115,7 +115,7 @@ AXES_VERBOSE = False
 # The API's own stack (see asgi.py): bearer keys in DRF need no sessions, CSRF or messages,
 # and every sync middleware costs a thread hop on each request.
 # CorsMiddleware answers a CORS preflight (OPTIONS) itself, before any authentication.
-API_MIDDLEWARE: list[str] = ["corsheaders.middleware.CorsMiddleware"]
+API_MIDDLEWARE: list[str] = ["inference_site.cors_log.RefusedPreflightLog", "corsheaders.middleware.CorsMiddleware"]
 
 # CORS (django-cors-headers), on the API's paths only (the pages and the admin never get it): the origins a
 # browser front end may call the API from (INFERENCE_CORS_ORIGINS, comma-separated; "*": any, as
@@ -308,6 +308,10 @@ INFERENCE = {
     # (more get 503 + Retry-After at once), prompt tokens prefilled per engine step, and, while
     # streams are running, a step's prefill time as a multiple of its decode time (workers/engine/core/prefill_pacing.py).
     "MAX_NUM_SEQS": env_int("INFERENCE_MAX_NUM_SEQS", 0),  # 0: fit the device (256 on CUDA, 32 on CPU)
+    # vLLM's engine flags (serve/run_worker --max-model-len, --seed, --generation-config; issue 49).
+    "MAX_MODEL_LEN": env_int("INFERENCE_MAX_MODEL_LEN", 0),  # caps every model's context; 0: each model's own
+    "SEED": env_int("INFERENCE_SEED", 0) if os.environ.get("INFERENCE_SEED") else None,  # the engine's RNG at start
+    "GENERATION_CONFIG": os.environ.get("INFERENCE_GENERATION_CONFIG", "auto"),  # auto, vllm, or a folder
     # Rows batch-priority work may hold while interactive work runs or waits; -1: fit the device
     # (every slot on CUDA, 2 on CPU). Below the slots, batch prompts are not prefilled beside interactive decode.
     "BATCH_ROWS_BESIDE_INTERACTIVE": env_int("INFERENCE_BATCH_ROWS_BESIDE_INTERACTIVE", -1),

@@ -14,6 +14,7 @@ from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
 
 from catalog.config import web_config
+from catalog.hf_cache import cached_served_models_now
 from catalog.selectors import resolve_model as resolve_catalog_model, resolve_model_now
 import protocol
 from teams.metering import RequestMeter, record_unmetered
@@ -142,6 +143,23 @@ async def resolve_model(name: str) -> protocol.ModelRef:
     return await database_sync_to_async(resolve_catalog_model, thread_sensitive=False)(name)
 
 
+TASK_ENDPOINTS = {"generate": "/v1/chat/completions, /v1/completions or /v1/responses",
+                  "transcribe": "/v1/audio/transcriptions or /v1/audio/translations",
+                  "embed": "/v1/embeddings", "score": "/v1/score or /v1/rerank"}
+
+
+def refuse_other_task(model: protocol.ModelRef, task: str | None) -> None:
+    """A model that cannot do this endpoint's task (a chat request to a Whisper) is a 400 before anything is
+    loaded, naming what it does do; the kept cache scan answers it (a model it does not hold: the worker)."""
+    entries = cached_served_models_now() if task else None
+    entry = next((m for m in entries or () if m.repo_id == model.repo_id), None)
+    if entry is None or not entry.tasks or task in entry.tasks:
+        return
+    where = "; ".join(TASK_ENDPOINTS.get(own, own) for own in entry.tasks)
+    raise APIError(400, f"{model.repo_id} cannot {task} (it does: {', '.join(entry.tasks)}); send it to {where}.",
+                   "model", "model_not_supported")
+
+
 class GenerationView(OpenAIView):
     """validate -> resolve the model -> meter it -> open the generation -> shape the answer.
 
@@ -155,6 +173,7 @@ class GenerationView(OpenAIView):
 
     serializer_class: type
     id_prefix: str
+    model_task: str | None = None  # what the model must do (protocol.modalities.model_tasks); None: the worker checks
 
     async def post(self, request) -> HttpResponseBase:
         return await self.generate(request, self.validated(request.data))
@@ -197,6 +216,7 @@ class GenerationView(OpenAIView):
         (`openai_api.batches.lines`) shares it, at `batch` priority."""
         data = serializer.validated_data
         resolved = await resolve_model(data["model"])
+        refuse_other_task(resolved, self.model_task)
         model = str(resolved)
         request_id = self.new_request_id()
         meter = meter_for(request_id)

@@ -150,6 +150,7 @@ class ChatShaper:
 class ChatCompletionsView(GenerationView):
     serializer_class = ChatRequestSerializer
     id_prefix = "chatcmpl"
+    model_task = "generate"
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data

@@ -81,6 +81,7 @@ class CompletionShaper:
 class CompletionsView(GenerationView):
     serializer_class = CompletionRequestSerializer
     id_prefix = "cmpl"
+    model_task = "generate"
 
     async def respond(self, serializer, request_id: str, model: str, stream: GenerationStream):
         data = serializer.validated_data

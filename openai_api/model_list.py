@@ -20,7 +20,7 @@ from catalog.selectors import canonical_repo_id, listed_models
 from teams.errors import ModelNotAllowed
 
 from .base import OpenAIView
-from .server_info import config_max_model_len
+from .server_info import config_max_model_len, served_context_length
 
 
 def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> dict:
@@ -40,7 +40,7 @@ def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> 
         "parsers": state.get("parsers") or None,  # how chat answers are split (protocol.output_formats)
         "root": model.repo_id,  # vLLM's: the model a name serves (aliases and adapters point to theirs)
         "parent": model.parent,  # a LoRA adapter's base model
-        "max_model_len": model.context_length or config_max_model_len(context_from),  # an adapter's is its base's
+        "max_model_len": served_context_length(model.context_length or config_max_model_len(context_from)),  # an adapter's is its base's
         **({"gguf_files": [{"file": name, "quantization": quantization} for name, quantization in model.gguf_files]}
            if model.gguf_files else {}),  # a GGUF model's files (protocol/gguf.py)
     }

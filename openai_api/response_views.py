@@ -22,6 +22,7 @@ def db(function):
 
 class ResponsesView(GenerationView):
     serializer_class = ResponsesRequestSerializer
+    model_task = "generate"
 
     def new_request_id(self) -> str:
         return new_request_id("resp").replace("-", "_")

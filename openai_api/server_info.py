@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from rest_framework.response import Response
 
 from catalog.errors import ModelNotFound
@@ -33,6 +34,12 @@ def config_max_model_len(snapshot: Path) -> int:
     """The context length the worker will use (protocol.context_length, read from the snapshot's files)."""
     return context_length(_json_file(snapshot / "config.json"),
                           _json_file(snapshot / "tokenizer_config.json").get("model_max_length"))
+
+
+def served_context_length(own: int) -> int:
+    """A model's context as served: `serve --max-model-len` caps it, as the worker does on load."""
+    cap = settings.INFERENCE.get("MAX_MODEL_LEN") or 0
+    return min(own, cap) if cap and own else own
 
 
 def tokenizer_info(model: CacheEntry) -> dict:

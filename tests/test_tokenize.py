@@ -50,7 +50,7 @@ def test_detokenize_inverts_tokenize(server, reference):
     ("tokenize", {"model": TINY_MODEL, "prompt": "a", "messages": MESSAGES}, 400, "prompt"),
     ("tokenize", {"model": TINY_MODEL, "prompt": 5}, 400, "prompt"),
     ("tokenize", {"model": TINY_MODEL, "prompt": "a", "extra": 1}, 400, "extra"),
-    ("tokenize", {"model": TINY_MODEL, "messages": [{"role": "nobody"}]}, 400, "messages[0].role"),
+    ("tokenize", {"model": TINY_MODEL, "messages": [{"role": "no body"}]}, 400, "messages[0].role"),
     ("tokenize", {"model": "nobody/nothing", "prompt": "a"}, 404, "model"),
     ("detokenize", {"model": TINY_MODEL, "tokens": [-1]}, 400, "tokens"),
     ("detokenize", {"model": TINY_MODEL, "tokens": [10**9]}, 400, "tokens"),

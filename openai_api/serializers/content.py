@@ -8,6 +8,7 @@ them and answers 400/413 for what it cannot use.
 """
 from __future__ import annotations
 
+import logging
 import mimetypes
 
 from rest_framework import serializers
@@ -21,6 +22,7 @@ AUDIO_FORMATS = ("wav", "mp3")
 AUDIO_MEDIA_TYPES = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/vnd.wave": "wav",
                      "audio/mpeg": "mp3", "audio/mp3": "mp3"}
 DETAILS = ("auto", "low", "high")
+logger = logging.getLogger(__name__)
 
 
 def invalid(path: str, message: str) -> serializers.ValidationError:
@@ -36,9 +38,10 @@ def _url(value, path: str) -> str:
 
 
 def _keys(part: dict, allowed: set[str], path: str) -> None:
+    """Fields clients add to a part (`cache_control`, vendor keys) are ignored, as vLLM: a debug line says so."""
     unknown = sorted(set(part) - allowed)
     if unknown:
-        raise invalid(f"{path}.{unknown[0]}", f"Unrecognized content part field: {unknown[0]}")
+        logger.debug("%s: ignoring fields the server does not know: %s", path, ", ".join(unknown))
 
 
 def _url_object(part: dict, key: str, path: str) -> str:

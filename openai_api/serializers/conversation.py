@@ -6,6 +6,7 @@ worker only renders what passed.
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 from rest_framework import serializers
@@ -17,8 +18,9 @@ from protocol import Conversation
 from .content import invalid, message_content
 from .fields import StrictBooleanField
 
+logger = logging.getLogger(__name__)
 ROLES = ("system", "developer", "user", "assistant", "tool")
-CUSTOM_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")  # with `serve --pass-message-extras` (vLLM's way)
+CUSTOM_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")  # a role of the client's own, passed to the template (vLLM's way)
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning", "refusal"}
 TOOL_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 # Names apply_chat_template takes itself: a request may not smuggle them in as template kwargs.
@@ -59,22 +61,26 @@ def clean_tool_calls(calls, path: str) -> list[dict]:
 
 
 def clean_message(message, index: int) -> dict:
-    """One message in the shape chat templates expect (developer becomes system). An unknown field or role is
-    a 400, as OpenAI; with `serve --pass-message-extras` both go to the template as sent, as vLLM (a custom
-    role's content is text)."""
+    """One message in the shape chat templates expect (developer becomes system). Lenient where vLLM is: a
+    field we do not know (clients add `cache_control`, vendor keys) is ignored with a debug line (with `serve
+    --pass-message-extras` it goes to the template as sent), and a custom role (text content) goes to the
+    template, which alone decides whether it takes it."""
     path = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid(path, "each message must be an object.")
     extras = web_config().pass_message_extras
     unknown = sorted(set(message) - MESSAGE_KEYS)
     if unknown and not extras:
-        raise invalid(f"{path}.{unknown[0]}", f"Unrecognized message field: {unknown[0]}")
+        logger.debug("%s: ignoring fields the server does not know: %s", path, ", ".join(unknown))
+        unknown = []
     role = message.get("role")
     if role not in ROLES:
-        if extras and isinstance(role, str) and CUSTOM_ROLE.fullmatch(role) and not message.get("tool_calls"):
+        if isinstance(role, str) and CUSTOM_ROLE.fullmatch(role) and not message.get("tool_calls"):
             content = message_content(message.get("content"), f"{path}.content", allow_none=False, allow_media=False)
-            return {**{key: message[key] for key in unknown}, "role": role, "content": content}
-        raise invalid(f"{path}.role", f"role must be one of {', '.join(ROLES)}; got {role!r}.")
+            named = {"name": message["name"]} if isinstance(message.get("name"), str) else {}
+            return {**{key: message[key] for key in unknown}, "role": role, "content": content, **named}
+        raise invalid(f"{path}.role", f"role must be one of {', '.join(ROLES)} or a name of your own "
+                                      f"(letters, digits, _ . -); got {role!r}.")
     cleaned: dict = {key: message[key] for key in unknown}  # only with --pass-message-extras
     cleaned["role"] = "system" if role == "developer" else role
     has_calls = role == "assistant" and bool(message.get("tool_calls"))

@@ -74,6 +74,9 @@ def test_message_extras_and_custom_roles_reach_the_template_when_asked(open_serv
     assert "[cheerful]" in rendered and "<|im_start|>my-custom-role" in rendered, rendered
     chat = sdk(open_server).chat.completions.create(model="local/my-model", messages=messages, max_tokens=2)
     assert chat.usage.prompt_tokens == body["count"]  # the template the chat ran saw the extras too
-    refused = httpx.post(f"{keyed.base_url}/v1/chat/completions", headers=keyed.headers, timeout=60,
-                         json={"messages": messages, "max_tokens": 2})  # OpenAI's way, the default
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].role"
+    # The default (issue 49): the custom role still reaches the template, the unknown field is ignored.
+    default = httpx.post(f"{keyed.base_url}/tokenize", headers=keyed.headers, timeout=60,
+                         json={"messages": messages, "return_token_strs": True})
+    assert default.status_code == 200, default.text
+    default_render = "".join(default.json()["token_strs"])
+    assert "<|im_start|>my-custom-role" in default_render and "cheerful" not in default_render, default_render

@@ -41,6 +41,9 @@ class EngineConfig:
     quantization: str = ""  # every model's quantization on load where its catalog row sets none (protocol.load_options)
     attn_implementation: str = ""  # every model's attention kernel where its catalog row sets none; "": the model's
     max_num_seqs: int = 32  # 0: fit the device (`fitted`)
+    max_model_len: int = 0  # caps every model's context (vLLM's --max-model-len); 0: each model's own
+    generation_config: str = "auto"  # vLLM's --generation-config: auto (the model's), vllm (none), or a folder
+    seed: int | None = None  # vLLM's --seed: torch's global RNG seeded at start, so unseeded sampling repeats per run
     batch_rows_beside_interactive: int = -1  # rows batch work may hold while interactive work is here; -1: fit
     max_queue: int = 256
     prefill_chunk: int = 512  # 0: fit the device (`fitted`)
@@ -86,6 +89,8 @@ class EngineConfig:
             cudnn_attention=inference.get("CUDNN_ATTENTION", False),
             quantization=inference.get("QUANTIZATION") or "", attn_implementation=inference.get("ATTN_IMPLEMENTATION") or "",
             max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
+            max_model_len=inference.get("MAX_MODEL_LEN", 0), seed=inference.get("SEED"),
+            generation_config=inference.get("GENERATION_CONFIG") or "auto",
             batch_rows_beside_interactive=inference.get("BATCH_ROWS_BESIDE_INTERACTIVE", -1),
             prefill_chunk=inference["PREFILL_CHUNK"], prefill_share=inference["PREFILL_SHARE"],
             model_timeout=inference["MODEL_TIMEOUT"],

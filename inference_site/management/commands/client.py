@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.core.management.base import BaseCommand, CommandError
 
+from inference_site import version_line
 from protocol import MODEL_SAMPLING_KEYS
 
 from ..config_files import CLIENT_KEYS, load_config, merged_options
@@ -135,6 +136,9 @@ class Client:
 
 class Command(BaseCommand):
     help = "A terminal client for an OpenAI-compatible server: chat, completions, models, health."
+
+    def get_version(self) -> str:
+        return version_line()
 
     def add_arguments(self, parser):
         parser.add_argument("--config", metavar="FILE", help="a YAML client config (see the README); flags override it")

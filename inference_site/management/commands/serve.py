@@ -16,9 +16,11 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
 from catalog.local_folders import link_gguf, link_local_model
-from inference_site import edge
+from inference_site import edge, version_line
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
+from workers.management.vllm_flags import (ENGINE_FLAG_SETTINGS, add_engine_flags, add_server_flags, allowed_origins,
+                                           pinned_model_entry, pinned_name)
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
 
@@ -29,7 +31,8 @@ ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "
                    ("attn_implementation", "ATTN_IMPLEMENTATION"), ("model", "MODEL"),
                    ("trust_remote_code", "TRUST_REMOTE_CODE"), ("default_seed", "DEFAULT_SEED"),
                    ("ignore_eos", "IGNORE_EOS"), ("log_level", "LOG_LEVEL"),
-                   ("pass_message_extras", "PASS_MESSAGE_EXTRAS"))
+                   ("pass_message_extras", "PASS_MESSAGE_EXTRAS"),
+                   *(pair for pair in ENGINE_FLAG_SETTINGS if pair[0] != "max_num_seqs"))
 
 logger = logging.getLogger(__name__)
 RESTART_WINDOW_SECONDS = 600
@@ -55,6 +58,9 @@ def given_key(token: str | None, token_file: str | None) -> str | None:
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API with a generation worker in the same process."
 
+    def get_version(self) -> str:
+        return version_line()
+
     def add_arguments(self, parser):
         parser.add_argument("pinned_model", nargs="?", metavar="MODEL",
                             help="pin a model (a repo id or a local model folder): loaded at start, never unloaded, "
@@ -73,15 +79,16 @@ class Command(BaseCommand):
                                  "flex_attention… (default: each model's own)")
         parser.add_argument("--enable-cors", action="store_true", default=None,
                             help="let browser pages on any origin call the API (CORS; requests still need the key)")
-        parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN",
-                            help="let browser pages on these origins call the API (e.g. http://localhost:3000)")
+        parser.add_argument("--cors-allow-origins", "--allowed-origins", nargs="+", metavar="ORIGIN",
+                            help="let browser pages on these origins call the API (e.g. http://localhost:3000); "
+                                 "vLLM's --allowed-origins '[\"…\"]' (a JSON list) too")
         parser.add_argument("--default-seed", type=int, metavar="N", help="the seed of requests that send none")
         parser.add_argument("--stop-sequences", nargs="+", metavar="TEXT", help="stop strings added to every request's")
         parser.add_argument("--ignore-eos", action="store_true", default=None,
                             help="requests that do not say generate past EOS (to max_tokens or a stop)")
         parser.add_argument("--pass-message-extras", action="store_true", default=None,
-                            help="chat messages' unknown fields and custom roles go to the template (vLLM's way; "
-                                 "default: a 400, as OpenAI)")
+                            help="chat messages' unknown fields go to the template as sent (default: ignored, "
+                                 "with a debug log line; custom roles go to the template either way)")
         parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
         parser.add_argument("--config", metavar="FILE", help="a YAML server config (see the README); flags override it")
         parser.add_argument("--host", help="default 127.0.0.1")
@@ -90,8 +97,9 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", choices=DTYPE_NAMES, help="auto (the device's: bf16 on GPUs that have it, "
                                                                 "fp16 on older ones, fp32 on CPU) or a name")
         parser.add_argument("--no-auth", action="store_true", help="turn bearer-key auth off (anyone who can connect can use it)")
-        parser.add_argument("--auth-token", metavar="KEY", help="accept this key (instead of a key file written for "
-                                                                "the port); visible to `ps`: prefer --auth-token-file")
+        parser.add_argument("--auth-token", "--api-key", metavar="KEY",
+                            help="accept this key (instead of a key file written for the port; vLLM's --api-key); "
+                                 "visible to `ps`: prefer --auth-token-file")
         parser.add_argument("--auth-token-file", metavar="FILE", help="accept the key in this file (mode 0600)")
         parser.add_argument("--no-worker", action="store_true", help="web only: jobs go to `run_worker` processes over Redis")
         parser.add_argument("--chat-template", metavar="FILE", help="Jinja chat template used instead of every model's own")
@@ -99,13 +107,17 @@ class Command(BaseCommand):
         parser.add_argument("--model-timeout", type=float, metavar="SECONDS",
                             help="unload a model idle this long (default 300; -1: never)")
         parser.add_argument("--reasoning", choices=("auto", "on", "off"), help="on/off set enable_thinking in the template")
+        add_engine_flags(parser)
+        add_server_flags(parser)
 
     def handle(self, *args, no_worker: bool, **options):
         config = load_config(options["config"], SERVER_KEYS) if options.get("config") else {}
         options = merged_options(options, {**config, **config.get("batching", {})}, {"host": "127.0.0.1", "port": 8000})
         host, port = options["host"], options["port"]
-        options["model"] = self._pinned_model(options.get("pinned_model") or options.get("model"),
+        options["model"] = self._pinned_model(pinned_name(options.get("pinned_model") or options.get("model"),
+                                                          options.get("revision"), options.get("tokenizer")),
                                               options.get("from_checkpoint"))
+        model_entry = pinned_model_entry(options["model"], options)
         if options.get("trust_remote_code") and not options["model"]:
             raise CommandError("--trust-remote-code applies to the pinned model (serve MODEL --trust-remote-code); "
                                "other models take it from their catalog row (admin, or a config file's models:).")
@@ -122,11 +134,12 @@ class Command(BaseCommand):
             if options.get(key) is not None:
                 set_inference(setting, options[key])
                 os.environ[f"INFERENCE_{setting}"] = str(options[key])
-        self._configure_cors(options.get("cors_allow_origins") or [], bool(options.get("enable_cors")))
+        self._configure_cors(allowed_origins(options.get("cors_allow_origins")), bool(options.get("enable_cors")))
         if options.get("stop_sequences"):
             set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
             os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
-        if options.get("log_level"):
+        if options.get("log_level"):  # settings.LOGGING too: the ASGI app's django.setup() applies it again
+            settings.LOGGING["root"]["level"] = str(options["log_level"]).upper()
             logging.getLogger().setLevel(str(options["log_level"]).upper())
         logger.debug("serve's options after the config file: %s",
                      {key: value for key, value in options.items() if value not in (None, False, "", [])
@@ -138,8 +151,8 @@ class Command(BaseCommand):
         from catalog.services.cached_models import scan_cache
 
         self.stdout.write(f"Model catalog: {scan_cache()}")
-        if config.get("models"):
-            self._configure_models(config["models"])
+        if config.get("models") or model_entry:
+            self._configure_models([*config.get("models", []), *([model_entry] if model_entry else [])])
         self._announce_auth(port, no_auth, given_key(options.get("auth_token"), options.get("auth_token_file")))
         self._allow_host(host)
         limits = edge.install()

@@ -71,7 +71,11 @@ class Engine(JobFlow):
                                     _both_callbacks(EngineMetrics.model_loaded, on_model_event),
                                     RunnerSettings(config.prefill_chunk, config.prefix_cache_bytes, config.max_num_seqs,
                                                    config.static_decode == "on", config.cuda_graphs),
-                                    load_defaults=LoadOptions(config.quantization, False, config.attn_implementation))
+                                    load_defaults=LoadOptions(config.quantization, False, config.attn_implementation,
+                                                              max_model_len=config.max_model_len,
+                                                              generation_config=config.generation_config))
+        if config.seed is not None:  # vLLM's --seed: requests without a seed draw from this reproducible stream
+            torch.manual_seed(config.seed)
         self.models = self.manager.models  # name@revision -> LoadedModel, owned by the manager
         self.runners = self.manager.runners
         self.loader = Loader(self.manager, self._wake)

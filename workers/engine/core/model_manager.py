@@ -130,7 +130,8 @@ class ModelManager:
         return LoadOptions(quantization=own.get("quantization") or self.load_defaults.quantization,
                            trust_remote_code=bool(own.get("trust_remote_code")),
                            attn_implementation=own.get("attn_implementation") or self.load_defaults.attn_implementation,
-                           gguf_file=own.get("gguf_file") or "")
+                           gguf_file=own.get("gguf_file") or "", max_model_len=self.load_defaults.max_model_len,
+                           generation_config=self.load_defaults.generation_config)
 
     def pinned(self, name: str) -> bool:
         return bool(self._settings(self.models[name].model_id).get("preload"))

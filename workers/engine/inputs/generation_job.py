@@ -11,6 +11,7 @@ import protocol
 from protocol import rest_of_context
 from protocol import ChoiceDelta, JobParams, Prompt, Started, Structured, SubmitMessage, Usage
 from workers.engine.inputs.chat_templates import render_fitting, render_prompt
+from workers.engine.inputs.prompt_parts import conversation_parts
 from workers.engine.config import TemplateSettings
 from workers.engine.sample.constraints import Constraint
 from workers.engine.output.choice_output import ChoiceOutput
@@ -60,7 +61,7 @@ class GenerationJob:
         self.prompt_ids = [self._truncate(self._tokenize(prompt, templates, params.max_tokens), index)
                            for index, prompt in enumerate(job["prompts"])]
         max_tokens = self._max_tokens(params.max_tokens)
-        self._check_limits(max_tokens, params)
+        self._check_limits(max_tokens, params, job["prompts"], templates)
         sampling = SamplingParams.from_job(params, model.generation_defaults)
         sampling.bad_words_ids += self._bad_words_ids(params.bad_words)
         sampling.bad_words_ids += self._bad_words_ids(banned_markers(model.output_format) if params.ban_tool_calls else [])
@@ -197,11 +198,15 @@ class GenerationJob:
         default = self.model.generation_defaults.get("max_new_tokens")
         return min(int(default), rest) if isinstance(default, int) and default > 0 else rest
 
-    def _check_limits(self, max_tokens: int, params: JobParams) -> None:
+    def _check_limits(self, max_tokens: int, params: JobParams, prompts: list[Prompt] = (),
+                      templates: TemplateSettings | None = None) -> None:
         limit = self.model.max_model_len
-        for ids in self.prompt_ids:
+        for index, ids in enumerate(self.prompt_ids):
             if len(ids) + max_tokens > limit:
-                raise JobError(400, context_error(limit, len(ids), max_tokens),
+                parts = (conversation_parts(self.model.tokenizer, prompts[index], len(ids), templates)
+                         if index < len(prompts) and templates is not None and self.media_inputs[index] is None
+                         else None)
+                raise JobError(400, context_error(limit, len(ids), max_tokens, parts.described() if parts else ""),
                                "prompt" if len(ids) >= limit else "max_tokens", "context_length_exceeded")
         vocab = self.model.vocab_size
         bad = [k for k in (params.logit_bias or {}) if not 0 <= int(k) < vocab]
@@ -252,18 +257,23 @@ class GenerationJob:
         return [delta for seq in self.sequences if (delta := seq.output.take_delta()) is not None]
 
 
-def context_error(limit: int, prompt: int, max_tokens: int) -> str:
+def context_error(limit: int, prompt: int, max_tokens: int, parts: str = "") -> str:
     """What fits, said in the request's terms: the worker names the fields `prompt` and `max_tokens` in
-    backticks, and the web side says them as the endpoint calls them (messages, max_completion_tokens…)."""
+    backticks, and the web side says them as the endpoint calls them (messages, max_completion_tokens…).
+    `parts`: a conversation's split (prompt_parts), so tools and system prompt are counted apart."""
     said = f"This model's maximum context length is {limit} tokens"
     if prompt >= limit:
         fits = f"shorten the `prompt` to at most {limit - max(max_tokens, 1)} tokens"
         if max_tokens > 1:
             fits += f" (or to {limit - 1} with a smaller `max_tokens`)"
+        if parts:
+            return (f"{said}, and the rendered conversation is {parts}: {fits}. Send fewer tools or messages, or "
+                    "use a model with a longer context.")
         return (f"{said}, and the `prompt` alone is {prompt} tokens: {fits}. A chat's tools and system prompt count "
                 "as prompt tokens; send fewer, or use a model with a longer context.")
     fits = f"set `max_tokens` to at most {limit - prompt}"
     if limit - max_tokens > 0:
         fits += f", or shorten the `prompt` to at most {limit - max_tokens} tokens"
-    return (f"{said}. However, you requested {prompt + max_tokens} tokens ({prompt} in your prompt and "
+    in_prompt = parts or f"{prompt}"
+    return (f"{said}. However, you requested {prompt + max_tokens} tokens ({in_prompt} in your prompt and "
             f"{max_tokens} for the completion): {fits}.")

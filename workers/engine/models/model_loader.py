@@ -75,6 +75,8 @@ class LoadOptions:
     trust_remote_code: bool = False  # run the repo's own modeling code (its config's auto_map)
     attn_implementation: str = ""  # "": the model's default
     gguf_file: str = ""  # a GGUF model's file chosen in the catalog (protocol/gguf.py); "": its default one
+    max_model_len: int = 0  # the server's cap on the context (vLLM's --max-model-len); 0: the model's own
+    generation_config: str = "auto"  # sampling defaults from: auto (generation_config.json), vllm (none), a folder
 
 
 @dataclass
@@ -141,8 +143,19 @@ def resolve_dtype(requested: str, device: torch.device) -> torch.dtype | str:
     return torch.float32
 
 
-def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
-    """Sampling defaults and EOS ids the model's generation_config.json declares, verbatim."""
+def _generation_defaults(repo_id: str, revision: str, source: str = "auto") -> tuple[dict, list[int]]:
+    """Sampling defaults and EOS ids the model's generation_config.json declares, verbatim; vLLM's
+    --generation-config: "vllm" keeps the EOS ids but no sampling defaults, a folder's file replaces the model's."""
+    if source not in ("auto", "vllm"):
+        own_defaults, eos_ids = _generation_defaults(repo_id, revision)
+        path = Path(source).expanduser() / "generation_config.json"
+        if not path.is_file():
+            return own_defaults, eos_ids
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return own_defaults, eos_ids
+        return {key: raw[key] for key in MODEL_DEFAULT_KEYS if raw.get(key) is not None}, eos_ids
     path = cached_file(repo_id, "generation_config.json", revision=revision, local_files_only=True,
                        _raise_exceptions_for_missing_entries=False)
     if not path:
@@ -153,6 +166,8 @@ def _generation_defaults(repo_id: str, revision: str) -> tuple[dict, list[int]]:
         return {}, []
     eos = raw.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
+    if source == "vllm":
+        return {}, eos_ids
     return {key: raw[key] for key in MODEL_DEFAULT_KEYS if raw.get(key) is not None}, eos_ids
 
 
@@ -305,6 +320,8 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if gguf is not None:
             fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress,
                                        options.quantization, options.attn_implementation)
+            if options.max_model_len:
+                fields["max_model_len"] = min(fields["max_model_len"], options.max_model_len)
             return LoadedModel(**fields, memory_bytes=model_bytes(fields["model"]))
         quantize = quantization_config(options.quantization, torch_device) if options.quantization else None
         report("processor", None)
@@ -367,7 +384,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
     elif torch_device.type == "cpu":
         release_checkpoint_map(model)
     model.eval()
-    defaults, eos_ids = _generation_defaults(repo_id, revision)
+    defaults, eos_ids = _generation_defaults(repo_id, revision, options.generation_config)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids.append(tokenizer.eos_token_id)
     quantized = options.quantization or (quant_method(saved_quantized) if saved_quantized is not None else "")
@@ -381,7 +398,8 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         model=model,
         tokenizer=tokenizer,
         device=torch_device,
-        max_model_len=min(_max_model_len(repo_id, revision, tokenizer), (pooling and pooling.max_seq_length) or 10**9),
+        max_model_len=min(_max_model_len(repo_id, revision, tokenizer), (pooling and pooling.max_seq_length) or 10**9,
+                          options.max_model_len or 10**9),
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         memory_bytes=model_bytes(model),

@@ -4,13 +4,27 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from catalog.config import set_inference
+from protocol.version import version_line
+from workers.management.vllm_flags import ENGINE_FLAG_SETTINGS, add_engine_flags
 from workers.adapter.runtime import run_worker
 
 
 class Command(BaseCommand):
     help = "Run a generation worker that takes jobs from the channel layer (set CHANNEL_LAYER_URL=redis://…)."
 
+    def get_version(self) -> str:
+        import django
+
+        return version_line(django.get_version())
+
+    def add_arguments(self, parser):
+        add_engine_flags(parser)
+
     def handle(self, *args, **options):
+        for key, setting in ENGINE_FLAG_SETTINGS:  # vLLM's engine flags override the environment's settings
+            if options.get(key) is not None:
+                set_inference(setting, options[key])
         backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
         if backend.endswith("InMemoryChannelLayer"):
             self.stderr.write(self.style.WARNING(

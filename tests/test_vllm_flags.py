@@ -1,0 +1,92 @@
+"""A vLLM user's command line starts `serve` unchanged and means what it means to vLLM (issue 49)."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import TINY_MODEL
+from tests.live_server import ROOT, LiveServer, base_env
+
+ORIGIN = "http://webui.example"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(hf_cache, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp("vllm-flags")
+    key = "sk-vllm-" + secrets.token_hex(16)
+    live = LiveServer(base_env(hf_cache, work_dir), work_dir, name="vllm", extra_args=(
+        TINY_MODEL, "--api-key", key, "--served-model-name", "tiny", "--max-model-len", "64", "--seed", "7",
+        "--allowed-origins", f'["{ORIGIN}"]', "--max-num-seqs", "4", "--revision", "main",
+        "--tokenizer", TINY_MODEL, "--generation-config", "vllm", "--tool-call-parser", "hermes",
+        "--reasoning-parser", "qwen3", "--enable-auto-tool-choice"))
+    live.key = key
+    yield live
+    live.stop()
+
+
+def sdk(server: LiveServer, key: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key or server.key, max_retries=0, timeout=120)
+
+
+def test_api_key_is_the_key_and_no_other(vllm_server):
+    assert sdk(vllm_server).models.list().data
+    with pytest.raises(openai.AuthenticationError):
+        sdk(vllm_server, "sk-vllm-" + secrets.token_hex(16)).models.list()
+
+
+def test_served_model_name_is_a_name_clients_may_send(vllm_server):
+    reply = sdk(vllm_server).completions.create(model="tiny", prompt="Once upon a time", max_tokens=3, temperature=0)
+    by_repo = sdk(vllm_server).completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=3,
+                                                  temperature=0)
+    assert reply.choices[0].text == by_repo.choices[0].text
+    assert reply.usage.completion_tokens == 3
+
+
+def test_max_model_len_caps_the_context(vllm_server):
+    listed = httpx.get(f"{vllm_server.base_url}/v1/models", headers=vllm_server.headers).json()["data"]
+    assert {m["id"]: m["max_model_len"] for m in listed}[TINY_MODEL] == 64
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(vllm_server).completions.create(model="tiny", prompt="word " * 80, max_tokens=4)
+    assert refused.value.code == "context_length_exceeded"
+    fits = sdk(vllm_server).completions.create(model="tiny", prompt="word " * 20, max_tokens=4)
+    assert fits.usage.prompt_tokens <= 60
+
+
+def test_allowed_origins_answers_that_origins_preflight_only(vllm_server):
+    def preflight(origin: str) -> httpx.Response:
+        return httpx.options(f"{vllm_server.base_url}/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+
+    assert preflight(ORIGIN).headers.get("access-control-allow-origin") == ORIGIN
+    assert "access-control-allow-origin" not in preflight("http://elsewhere.example").headers
+
+
+def test_the_flags_are_in_help_and_a_wrong_one_is_refused_before_start():
+    helped = subprocess.run([sys.executable, "manage.py", "serve", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120).stdout
+    for flag in ("--api-key", "--served-model-name", "--max-model-len", "--seed", "--allowed-origins",
+                 "--max-num-seqs", "--revision", "--tokenizer", "--generation-config", "--tool-call-parser",
+                 "--reasoning-parser"):
+        assert flag in helped, flag
+    refused = subprocess.run([sys.executable, "manage.py", "serve", "--tool-call-parser", "hermes"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "pinned model" in refused.stderr
+    worker_help = subprocess.run([sys.executable, "manage.py", "run_worker", "--help"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120).stdout
+    for flag in ("--max-model-len", "--seed", "--max-num-seqs", "--generation-config"):
+        assert flag in worker_help, flag
+
+
+def test_version_is_this_projects():
+    from protocol.version import __version__
+
+    for command in ("serve", "run_worker", "client"):
+        printed = subprocess.run([sys.executable, "manage.py", command, "--version"], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=120).stdout.strip()
+        assert printed.startswith(f"inference-site {__version__} (Django "), (command, printed)
