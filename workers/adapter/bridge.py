@@ -54,6 +54,7 @@ class EngineBridge:
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
         self._cut_off: OrderedDict[str, None] = OrderedDict()  # reply channels that lost a message: silent now
+        self._last_word: dict[str, dict] = {}  # reply channels a graceful stop ended: only this message goes out
         self.dead: asyncio.Future[str] = self.loop.create_future()  # why the engine or a task died
         self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name,
                              on_dead=lambda reason: self.loop.call_soon_threadsafe(self._die, reason))
@@ -80,6 +81,20 @@ class EngineBridge:
         deadline = time.monotonic() + timeout
         while (self._pending or not self.outbox.empty()) and time.monotonic() < deadline and not self.sender.done():
             await asyncio.sleep(0.05)
+
+    def end_all(self, message: dict) -> int:
+        """A graceful stop past its grace: every job held here is cancelled and its reply channel hears
+        `message` last (whatever the engine still publishes for it is dropped). How many were ended."""
+        held = list(self._held.items())
+        for channel, (request_id, _) in held:
+            self._last_word[channel] = message
+            self.engine.cancel(request_id)
+            self.send(channel, message)
+        return len(held)
+
+    async def stop(self, timeout: float) -> None:
+        """The engine's threads stopped and joined (off the loop), so the process exits with none mid-forward."""
+        await asyncio.to_thread(self.engine.stop, timeout)
 
     # --- from the event loop -----------------------------------------------------
     def submit(self, job: protocol.SubmitMessage, acknowledged: bool = False) -> None:
@@ -147,7 +162,8 @@ class EngineBridge:
             items = [await self.outbox.get()]
             while not self.outbox.empty():
                 items.append(self.outbox.get_nowait())
-            items = [(channel, message) for channel, message in items if channel not in self._cut_off]
+            items = [(channel, message) for channel, message in items if channel not in self._cut_off
+                     and self._last_word.get(channel, message) is message]
             if not items:
                 continue
             try:

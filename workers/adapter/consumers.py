@@ -65,6 +65,7 @@ class InferenceConsumer(AsyncConsumer):
         self._bridge: EngineBridge | None = None
         self._engine_import: asyncio.Future | None = None
         self.dead: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.stopping = False  # a graceful stop began: jobs that still come are refused
         await self._join_group()
         InferenceConsumer.running = self
         upkeep = watch(self._keep_catalog(), "the worker's catalog heartbeat", self._die)
@@ -193,7 +194,28 @@ class InferenceConsumer(AsyncConsumer):
             await self.channel_layer.send(message["reply_channel"], protocol.progress_message(
                 self.worker_name, {"status": "not_loaded", "model": protocol.ModelRef.from_wire(message["model"]).key}))
 
+    async def stop_gracefully(self, grace: float) -> None:
+        """SIGINT/SIGTERM: take nothing new, let the jobs held here run on for `grace` seconds, end the rest
+        with a `server_shutting_down` error (their clients' streams end with it and `[DONE]`), carry the last
+        messages out, then stop the engine's threads, so the process exits 0 and never mid-forward."""
+        self.stopping = True
+        bridge = self._bridge
+        if bridge is None:
+            return
+        deadline = asyncio.get_running_loop().time() + grace
+        while bridge.engine.outstanding and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if bridge.engine.outstanding:
+            ended = bridge.end_all(protocol.shutting_down_message())
+            logger.warning("stopping: ended %d jobs still running after %gs with server_shutting_down", ended, grace)
+        await bridge.drained(DRAIN_SECONDS)
+        await bridge.stop(DRAIN_SECONDS)
+        logger.info("worker %s: engine stopped", self.worker_name)
+
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
+        if self.stopping:  # said at once: the web side answers its client (or another worker takes it next time)
+            await self.channel_layer.send(message["reply_channel"], protocol.shutting_down_message())
+            return
         # Passed here by another worker: confirm at once, whatever becomes of it here. The confirmation
         # says "a live worker has it"; a copy this worker already took (the layer can deliver a shared
         # channel's message twice) or a cancelled job is dropped below, and left unconfirmed the passer
