@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
 import logging
 import os
 import socket
@@ -35,6 +34,12 @@ DRAIN_SECONDS = 2.0  # a dying worker's last errors get this long to reach their
 # A worker that has just started waits this long at most for its first routing table before it chooses
 # where a job runs: with none it would run every job itself, loading a model a live worker already holds.
 FIRST_TABLE_SECONDS = 2.0
+
+
+def _warm_up() -> None:
+    from workers.engine.warmup import warm_up
+
+    warm_up()
 
 
 class WorkerDead(RuntimeError):
@@ -63,9 +68,11 @@ class InferenceConsumer(AsyncConsumer):
         self.unconfirmed = Unconfirmed(self.config["WORKER_LOST_AFTER"])
         self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
-        self._engine_import: asyncio.Future | None = None
         self.dead: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.stopping = False  # a graceful stop began: jobs that still come are refused
+        self._preloading: set[str] | None = None  # models to load before this worker is ready (None: not joined yet)
+        # Readiness (issue 49): the engine and what a first load imports lazily are warmed now, not on the first job.
+        self._engine_import = asyncio.ensure_future(asyncio.to_thread(_warm_up))
         await self._join_group()
         InferenceConsumer.running = self
         upkeep = watch(self._keep_catalog(), "the worker's catalog heartbeat", self._die)
@@ -114,8 +121,7 @@ class InferenceConsumer(AsyncConsumer):
         # Created on the first job: an idle worker has not even imported torch.
         if self._bridge is None:
             self._bridge = EngineBridge(self.channel_layer, self.worker_name, EngineConfig.from_settings(self.config),
-                                        self.catalog_settings,
-                                        functools.partial(catalog_sync.record_change, self.worker_name),
+                                        self.catalog_settings, self._record_change,
                                         self.config["WORKER_KEEPALIVE_SECONDS"])
             self._bridge.dead.add_done_callback(lambda dead: self._die(dead.result()))
         return self._bridge
@@ -123,8 +129,6 @@ class InferenceConsumer(AsyncConsumer):
     async def _started_bridge(self) -> EngineBridge:
         """The bridge, torch imported in a thread first (once) so the loop keeps answering meanwhile."""
         if self._bridge is None:
-            if self._engine_import is None:
-                self._engine_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "workers.engine.core.engine"))
             await asyncio.shield(self._engine_import)
         return self.bridge
 
@@ -138,6 +142,7 @@ class InferenceConsumer(AsyncConsumer):
                                                   self.config["WORKER_MEMORY_BUDGET_MB"] or None)) is None:
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
         self.catalog_settings = welcome.settings
+        self._preloading = {protocol.ModelRef.parse(name).key for name in welcome.preload}
         self._route_by(welcome.routing)  # before any preload: jobs go to the live holders meanwhile
         if welcome.preload:
             await self._started_bridge()
@@ -311,10 +316,29 @@ class InferenceConsumer(AsyncConsumer):
         if not task.cancelled() and task.exception() is not None:
             logger.error("background work failed", exc_info=task.exception())
 
+    async def _record_change(self, change: protocol.ModelChange) -> None:
+        """A model change goes to the catalog; a preloaded model's load, done or failed, ends its wait."""
+        if change["type"] in ("model.loaded", "model.load_failed") and self._preloading:
+            self._preloading -= {change["model"], protocol.ModelRef.parse(change["model"]).key}
+        await catalog_sync.record_change(self.worker_name, change)
+
+    def not_ready(self) -> str | None:
+        """Why this worker cannot serve a request at once yet (readiness), or None."""
+        if not self._engine_import.done():
+            return "starting: the engine is warming up"
+        if self._engine_import.exception() is not None:
+            return f"the engine cannot start: {self._engine_import.exception()}"
+        if self._preloading is None:
+            return "starting: not yet joined the catalog"
+        if self._preloading:
+            return "starting: loading " + ", ".join(sorted(self._preloading))
+        return None
+
     async def worker_ping(self, message: protocol.PingMessage) -> None:
         """/health asks: answered from the event loop with the engine thread's own liveness (its loop's
-        heartbeat, workers/engine/core/supervision.py), so a dead or stalled engine is reported, not hidden."""
-        problem = self._bridge.problem() if self._bridge is not None else None
+        heartbeat, workers/engine/core/supervision.py), so a dead or stalled engine is reported, not hidden;
+        and with its readiness: the engine warmed up and the pinned and preloaded models loaded (or failed)."""
+        problem = (self._bridge.problem() if self._bridge is not None else None) or self.not_ready()
         await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:

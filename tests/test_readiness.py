@@ -1,0 +1,61 @@
+"""/health is readiness (issue 49): once it says ok, the first completion of a fresh process is as quick as
+the next (at most 0.5 s more) — the engine and what a first load imports lazily were warmed before."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from .conftest import TINY_MODEL
+from .live_server import LiveServer, ManagedProcess, base_env
+
+
+def wait_healthy(base_url: str, timeout: float = 120.0) -> list[str]:
+    """Poll /health until 200; the reasons it gave meanwhile."""
+    reasons: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = httpx.get(f"{base_url}/health", timeout=10)
+        if response.status_code == 200:
+            return reasons
+        reasons += response.json().get("reasons", [])
+        time.sleep(0.1)
+    raise TimeoutError(f"/health never said ok: {reasons[-3:]}")
+
+
+def first_and_second(base_url: str, headers: dict[str, str]) -> tuple[float, float]:
+    times = []
+    for _ in range(2):
+        started = time.monotonic()
+        response = httpx.post(f"{base_url}/v1/completions", headers=headers, timeout=60,
+                              json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4,
+                                    "temperature": 0})
+        times.append(time.monotonic() - started)
+        assert response.status_code == 200, response.text
+    return times[0], times[1]
+
+
+def test_serve_pinned_is_ready_when_health_says_ok(hf_cache, tmp_path):
+    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, (TINY_MODEL,))
+    try:
+        wait_healthy(server.base_url)
+        first, second = first_and_second(server.base_url, server.headers)
+        assert first <= second + 0.5, (first, second)
+        assert "engine warmed up in" in server.log()
+    finally:
+        server.stop()
+
+
+def test_scale_out_worker_is_ready_when_health_says_ok(hf_cache, tmp_path, redis_server):
+    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_MODEL=TINY_MODEL)
+    web = LiveServer(env, tmp_path, extra_args=("--no-worker", TINY_MODEL), name="web")
+    worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / "worker.log")
+    try:
+        reasons = wait_healthy(web.base_url)
+        assert any("starting" in reason or "no worker" in reason for reason in reasons)  # not ok before the worker
+        first, second = first_and_second(web.base_url, web.headers)
+        assert first <= second + 0.5, (first, second)
+    finally:
+        worker.stop()
+        web.stop()
