@@ -59,3 +59,24 @@ def test_scale_out_worker_is_ready_when_health_says_ok(hf_cache, tmp_path, redis
     finally:
         worker.stop()
         web.stop()
+
+
+def test_a_model_whose_forward_raises_shows_degraded_within_10_requests(hf_cache, tmp_path):
+    server = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.forward=raise"), tmp_path,
+                        (TINY_MODEL,))
+    try:
+        wait_healthy(server.base_url)
+        statuses = []
+        for _ in range(10):
+            response = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=60,
+                                  json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4})
+            statuses.append(response.status_code)
+            health = httpx.get(f"{server.base_url}/health", timeout=10).json()
+            if health["status"] == "degraded":
+                break
+        assert all(status == 500 for status in statuses), statuses
+        record = health["models"][f"{TINY_MODEL}@main"]
+        assert record["status"] == "degraded" and record["failed"] == record["of"] == len(statuses)
+        assert "engine.forward" in record["last_error"]
+    finally:
+        server.stop()

@@ -28,11 +28,14 @@ from collections.abc import Awaitable, Callable
 import protocol
 from protocol import failpoints
 from protocol.tasks import watch
+from workers.adapter.model_health import ModelHealth
 from workers.engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
 RecordChange = Callable[[protocol.ModelChange], Awaitable[None]]
+# Errors that say nothing of the model: the server full, stopping, or its worker's layer gone.
+NOT_THE_MODELS = frozenset({"queue_full", "server_shutting_down", "channel_layer_unavailable", "server_busy"})
 CUT_OFF_CHANNELS = 10_000  # reply channels remembered as cut off (each job has its own; the oldest are forgotten)
 
 
@@ -54,6 +57,8 @@ class EngineBridge:
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
         self._cut_off: OrderedDict[str, None] = OrderedDict()  # reply channels that lost a message: silent now
+        self.model_health = ModelHealth()  # each model's recent failures (degraded models, for /health)
+        self._job_models: dict[str, str] = {}  # reply channel -> its job's model, until it ends
         self._last_word: dict[str, dict] = {}  # reply channels a graceful stop ended: only this message goes out
         self.dead: asyncio.Future[str] = self.loop.create_future()  # why the engine or a task died
         self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name,
@@ -112,6 +117,7 @@ class EngineBridge:
         if not acknowledged:
             self.send(job["reply_channel"], protocol.accepted_message(self.name))
         self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
+        self._job_models[job["reply_channel"]] = protocol.ModelRef.from_wire(job["model"]).key
         from workers.engine.inputs.media_prompts import job_has_media
 
         if job_has_media(job):  # read on a thread of its own: the loop keeps carrying messages meanwhile
@@ -201,6 +207,12 @@ class EngineBridge:
                 if len(self._cut_off) > CUT_OFF_CHANNELS:
                     self._cut_off.popitem(last=False)
             return
+        if message.get("type") in (protocol.DONE, protocol.ERROR) and channel in self._job_models:
+            model = self._job_models.pop(channel)
+            if message.get("type") == protocol.DONE:
+                self.model_health.ended(model, None)
+            elif (message.get("status") or 500) >= 500 and message.get("code") not in NOT_THE_MODELS:
+                self.model_health.ended(model, message.get("message") or "error")
         held = self._held.get(channel)
         if held is not None:
             if message.get("type") in (protocol.DONE, protocol.ERROR):
@@ -228,6 +240,8 @@ class EngineBridge:
 
     # --- from the engine thread --------------------------------------------------
     def _on_model_change(self, change: protocol.ModelChange) -> None:
+        if change["type"] in (protocol.MODEL_LOADED, "model.unloaded"):  # unloaded or reloaded: a fresh record
+            self.loop.call_soon_threadsafe(self.model_health.forget, change["model"])
         self.loop.call_soon_threadsafe(self._changes.put_nowait, change)
 
     def _emit(self, channel: str, message: dict) -> None:

@@ -339,7 +339,8 @@ class InferenceConsumer(AsyncConsumer):
         heartbeat, workers/engine/core/supervision.py), so a dead or stalled engine is reported, not hidden;
         and with its readiness: the engine warmed up and the pinned and preloaded models loaded (or failed)."""
         problem = (self._bridge.problem() if self._bridge is not None else None) or self.not_ready()
-        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
+        degraded = self._bridge.model_health.degraded() if self._bridge is not None else {}
+        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem, degraded))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
         if message["request_id"] not in self.claims.taken:  # not here (yet): if it comes later, drop it
