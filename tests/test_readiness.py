@@ -5,23 +5,9 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 
 from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
-
-
-def wait_healthy(base_url: str, timeout: float = 120.0) -> list[str]:
-    """Poll /health until 200; the reasons it gave meanwhile."""
-    reasons: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        response = httpx.get(f"{base_url}/health", timeout=10)
-        if response.status_code == 200:
-            return reasons
-        reasons += response.json().get("reasons", [])
-        time.sleep(0.1)
-    raise TimeoutError(f"/health never said ok: {reasons[-3:]}")
 
 
 def first_and_second(base_url: str, headers: dict[str, str]) -> tuple[float, float]:
@@ -39,7 +25,7 @@ def first_and_second(base_url: str, headers: dict[str, str]) -> tuple[float, flo
 def test_serve_pinned_is_ready_when_health_says_ok(hf_cache, tmp_path):
     server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, (TINY_MODEL,))
     try:
-        wait_healthy(server.base_url)
+        server.wait_healthy()
         first, second = first_and_second(server.base_url, server.headers)
         assert first <= second + 0.5, (first, second)
         assert "engine warmed up in" in server.log()
@@ -52,7 +38,7 @@ def test_scale_out_worker_is_ready_when_health_says_ok(hf_cache, tmp_path, redis
     web = LiveServer(env, tmp_path, extra_args=("--no-worker", TINY_MODEL), name="web")
     worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / "worker.log")
     try:
-        reasons = wait_healthy(web.base_url)
+        reasons = web.wait_healthy()
         assert any("starting" in reason or "no worker" in reason for reason in reasons)  # not ok before the worker
         first, second = first_and_second(web.base_url, web.headers)
         assert first <= second + 0.5, (first, second)
@@ -65,7 +51,7 @@ def test_a_model_whose_forward_raises_shows_degraded_within_10_requests(hf_cache
     server = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.forward=raise"), tmp_path,
                         (TINY_MODEL,))
     try:
-        wait_healthy(server.base_url)
+        server.wait_healthy()
         statuses = []
         for _ in range(10):
             response = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=60,
