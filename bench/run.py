@@ -174,6 +174,8 @@ SCENARIOS = {
              "(bench/abuse.py)",
     "faults": "a fault drill on scale-out (a worker and the web killed, Redis and PostgreSQL stopped): requests sent "
               "vs ledger rows vs rows with the status and tokens the client saw (bench/faults.py)",
+    "shutdown": "SIGINT and SIGTERM, 10 tries each, with 16 streams in flight: exit 0 and every stream ended with "
+                "[DONE] (bench/shutdown.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }

@@ -43,6 +43,7 @@ class AdmissionLimit:
         self.on_refused = on_refused
         self.in_flight = 0
         self.at_the_edge = False
+        self.stopping = False  # a graceful stop began (inference_site/graceful_stop.py): nothing new is taken
 
     async def __call__(self, scope, receive, send) -> None:
         if (self.at_the_edge or scope["type"] != "http" or scope.get("method") != "POST"
@@ -61,6 +62,8 @@ class AdmissionLimit:
 
     def enter(self) -> tuple[str, str] | None:
         """Count one more request in, or (code, message) when it is one too many."""
+        if self.stopping:
+            return "server_shutting_down", "The server is shutting down. Retry shortly (on another server)."
         capacity = self.capacity() if self.capacity is not None else None
         if capacity is not None and self.in_flight >= capacity and (self.limit <= 0 or capacity < self.limit):
             return "queue_full", "The server is at capacity: too many requests are queued. Retry shortly."

@@ -29,6 +29,7 @@ Twisted's address objects no longer are.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 import time
@@ -68,6 +69,7 @@ class EdgeConfig:
     max_upload_bytes: int  # POST /v1/files
     trusted: tuple[Network, ...]
     django_paths: tuple[bytes, ...]  # the admin and pages: Django's own body limits apply
+    shutdown_grace: float = 10.0  # SIGINT/SIGTERM: streams in flight run on this long (inference_site/graceful_stop.py)
 
     @classmethod
     def from_settings(cls, inference: dict[str, Any], full_stack_paths: tuple[str, ...]) -> EdgeConfig:
@@ -79,7 +81,8 @@ class EdgeConfig:
             max_request_bytes=inference["MAX_REQUEST_BYTES"],
             max_upload_bytes=inference["BATCH_FILE_MAX_BYTES"] + 64 * 1024,
             trusted=parse_networks(inference["TRUSTED_PROXIES"]),
-            django_paths=tuple(path.encode() for path in full_stack_paths))
+            django_paths=tuple(path.encode() for path in full_stack_paths),
+            shutdown_grace=inference["SHUTDOWN_GRACE_SECONDS"])
 
     def body_limit(self, method: bytes, path: bytes) -> int | None:
         """The most a request's body may declare at the edge (None: Django's own limits, the admin's forms)."""
@@ -425,6 +428,23 @@ class EdgeServer(daphne.server.Server):
     connections per turn of the loop as it did the turn before, plus 20: after a quiet spell that is one,
     and 800 clients arriving at once took nine turns, each as long as the requests already admitted made
     it (seconds, on a loaded box, before a refusal was even read)."""
+
+    def kill_all_applications(self):
+        """A graceful stop first (inference_site/graceful_stop.py), then Daphne's: it cancels what is left."""
+        from twisted.internet import defer
+
+        from inference_site.graceful_stop import stop_gracefully
+
+        async def stop() -> None:
+            if _door is not None:
+                try:
+                    await stop_gracefully(_door, edge_config().shutdown_grace)
+                except Exception:
+                    logger.exception("the graceful stop failed; closing what is left")
+            await defer.Deferred.asFuture(super(EdgeServer, self).kill_all_applications(),
+                                          asyncio.get_running_loop())
+
+        return defer.Deferred.fromFuture(asyncio.ensure_future(stop()))
 
     def listen_success(self, port) -> None:
         read = port.doRead

@@ -279,6 +279,7 @@ INFERENCE = {
     "LISTEN_BACKLOG": env_int("INFERENCE_LISTEN_BACKLOG", 2048),
     # /health: how long it waits for the database and for some worker to answer a ping.
     "HEALTH_TIMEOUT": env_float("INFERENCE_HEALTH_TIMEOUT", 2.0),
+    "SHUTDOWN_GRACE_SECONDS": env_float("INFERENCE_SHUTDOWN_GRACE_SECONDS", 10.0),
     # Media in chat/Responses (worker side): bytes one image/audio/video may have, how long fetching an
     # http(s) URL may take, and hosts fetched even though they resolve to private or local addresses
     # (comma-separated; none by default). A video becomes this many frames, sampled evenly.

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -93,6 +94,7 @@ class GenerationStream:
         self.claimed = False  # the response began reading it (whoever claims it cancels it at the end)
         self.responding = False  # its response started (a stream's status and headers went out)
         self._held: list[dict] = []  # messages read ahead of a joined delta, next in line
+        OPEN_STREAMS.add(self)
 
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
@@ -394,3 +396,22 @@ async def _open(request_id: str, model: protocol.ModelRef, prompts: list[protoco
     logger.info("job %s submitted for %s", request_id, model)
     await stream.open_or_resubmit()
     return stream
+
+
+OPEN_STREAMS: weakref.WeakSet[GenerationStream] = weakref.WeakSet()  # every job this process waits on
+
+
+async def end_open_streams() -> int:
+    """A graceful stop's last word (inference_site/graceful_stop.py): every job still unfinished here hears an
+    OpenAI-shaped 503 `server_shutting_down` on its own reply channel, so its client's stream ends with that
+    error event and `[DONE]` instead of a cut connection. How many were ended."""
+    ended = 0
+    for stream in list(OPEN_STREAMS):
+        if stream.finished:
+            continue
+        try:
+            await stream.layer.send(stream.reply_channel, protocol.shutting_down_message())
+            ended += 1
+        except Exception:  # the layer is down: Daphne's own stop cuts this one
+            logger.warning("could not end %s before the stop", stream.request_id, exc_info=True)
+    return ended

@@ -50,7 +50,7 @@ async def _database_problem(timeout: float) -> str | None:
     return None
 
 
-async def _worker_problem(timeout: float) -> str | None:
+async def _worker_problem(timeout: float, degraded: dict[str, dict]) -> str | None:
     """Ping the group of workers; any answer from a worker whose engine is alive will do.
 
     A worker answers from its event loop but reports its engine thread's own liveness
@@ -66,6 +66,7 @@ async def _worker_problem(timeout: float) -> str | None:
                 message = await layer.receive(reply)
                 if message.get("type") != protocol.PONG:
                     continue
+                degraded.update(message.get("degraded") or {})
                 if not message.get("problem"):
                     return None
                 sick[message.get("worker") or "?"] = message["problem"]
@@ -94,10 +95,14 @@ async def health(request) -> JsonResponse:
     if (refused := _wrong_method(request)) is not None:
         return refused
     timeout = web_config().health_timeout
-    checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout))
+    degraded: dict[str, dict] = {}
+    checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout, degraded))
     problems = [f"{source}: {problem}" for source, problem in LOCAL_PROBLEMS.items()]
     problems += [problem for problem in checks if problem]
-    if not problems:
+    if not problems:  # ready; a model failing most of its requests is named (the others serve on: still 200)
+        if degraded:
+            return JsonResponse({"status": "degraded", "models": {name: {"status": "degraded", **record}
+                                                                  for name, record in degraded.items()}})
         return JsonResponse({"status": "ok"})
     body = {"status": "unavailable", "reasons": problems,
             **error_body(503, "; ".join(problems), None, "unhealthy")}

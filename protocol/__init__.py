@@ -79,6 +79,8 @@ from protocol.jobs import (  # noqa: F401
     claim_key,
     cancel_message,
     error_message,
+    shutting_down_message,
+    SHUTTING_DOWN,
 )
 from protocol.control import (  # noqa: F401
     MODEL_LOAD,

@@ -123,11 +123,13 @@ class PongMessage(TypedDict):
     type: Literal["worker.pong"]
     worker: str
     problem: NotRequired[str | None]  # why this worker cannot serve (its engine dead or stalled), else None
+    degraded: NotRequired[dict]  # models failing most of their recent jobs here, with the last error
 
 
 def ping_message(reply_channel: str) -> PingMessage:
     return {"type": PING, "reply_channel": reply_channel}
 
 
-def pong_message(worker: str, problem: str | None = None) -> PongMessage:
-    return {"type": PONG, "worker": worker, "problem": problem}
+def pong_message(worker: str, problem: str | None = None, degraded: dict | None = None) -> PongMessage:
+    """`degraded`: {model: {"failed", "of", "last_error"}}, the models failing most of their recent jobs."""
+    return {"type": PONG, "worker": worker, "problem": problem, "degraded": degraded or {}}

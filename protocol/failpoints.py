@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 ENV = "INFERENCE_FAILPOINTS"
 POINTS = {
     "engine.loop": "each turn of the engine loop, outside any one request's work",
+    "engine.forward": "a model's forward over a prefill (as a model whose forward raises: a degraded model)",
     "engine.publish": "the engine publishing a request's tokens or its end",
     "bridge.send": "the worker carrying a batch of messages onto the channel layer",
     "media.read": "the worker reading a job's images, audio or video",

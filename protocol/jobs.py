@@ -271,6 +271,14 @@ def cancel_message(request_id: str) -> CancelMessage:
     return {"type": CANCEL, "request_id": request_id}
 
 
+SHUTTING_DOWN = "The server is shutting down: this request was ended before it finished. Retry it."
+
+
+def shutting_down_message() -> ErrorMessage:
+    """What a graceful stop tells a job it ends (web side or worker side): a 503 the client may retry."""
+    return error_message(503, SHUTTING_DOWN, None, "server_shutting_down", retry_after=1)
+
+
 def error_message(status: int, message: str, param: str | None = None, code: str | None = None,
                   retry_after: int | None = None) -> ErrorMessage:
     return {"type": ERROR, "status": status, "message": message, "param": param, "code": code,

@@ -104,6 +104,19 @@ class LiveServer(ManagedProcess):
             time.sleep(0.1)
         raise TimeoutError(f"server not ready:\n{self.log()}")
 
+    def wait_healthy(self, timeout: float = 120.0) -> list[str]:
+        """Poll /health (readiness: the engine warmed up, the pinned model loaded) until 200; the reasons it
+        gave meanwhile."""
+        reasons: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            response = httpx.get(f"{self.base_url}/health", timeout=10)
+            if response.status_code == 200:
+                return reasons
+            reasons += response.json().get("reasons", [])
+            time.sleep(0.1)
+        raise TimeoutError(f"/health never said ok: {reasons[-3:]}")
+
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}

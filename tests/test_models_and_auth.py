@@ -14,6 +14,7 @@ from .live_server import ROOT, LiveServer, base_env
 
 
 def test_health_is_open(server):
+    server.wait_healthy()  # readiness: a fresh server warms its engine first (tests/test_readiness.py)
     response = httpx.get(f"{server.base_url}/health")
     assert response.status_code == 200
     assert response.json()["status"] == "ok"

@@ -28,11 +28,14 @@ from collections.abc import Awaitable, Callable
 import protocol
 from protocol import failpoints
 from protocol.tasks import watch
+from workers.adapter.model_health import ModelHealth
 from workers.engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
 RecordChange = Callable[[protocol.ModelChange], Awaitable[None]]
+# Errors that say nothing of the model: the server full, stopping, or its worker's layer gone.
+NOT_THE_MODELS = frozenset({"queue_full", "server_shutting_down", "channel_layer_unavailable", "server_busy"})
 CUT_OFF_CHANNELS = 10_000  # reply channels remembered as cut off (each job has its own; the oldest are forgotten)
 
 
@@ -54,6 +57,9 @@ class EngineBridge:
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
         self._cut_off: OrderedDict[str, None] = OrderedDict()  # reply channels that lost a message: silent now
+        self.model_health = ModelHealth()  # each model's recent failures (degraded models, for /health)
+        self._job_models: dict[str, str] = {}  # reply channel -> its job's model, until it ends
+        self._last_word: dict[str, dict] = {}  # reply channels a graceful stop ended: only this message goes out
         self.dead: asyncio.Future[str] = self.loop.create_future()  # why the engine or a task died
         self.engine = Engine(self._emit, config, on_model_event=self._on_model_change, name=name,
                              on_dead=lambda reason: self.loop.call_soon_threadsafe(self._die, reason))
@@ -81,6 +87,20 @@ class EngineBridge:
         while (self._pending or not self.outbox.empty()) and time.monotonic() < deadline and not self.sender.done():
             await asyncio.sleep(0.05)
 
+    def end_all(self, message: dict) -> int:
+        """A graceful stop past its grace: every job held here is cancelled and its reply channel hears
+        `message` last (whatever the engine still publishes for it is dropped). How many were ended."""
+        held = list(self._held.items())
+        for channel, (request_id, _) in held:
+            self._last_word[channel] = message
+            self.engine.cancel(request_id)
+            self.send(channel, message)
+        return len(held)
+
+    async def stop(self, timeout: float) -> None:
+        """The engine's threads stopped and joined (off the loop), so the process exits with none mid-forward."""
+        await asyncio.to_thread(self.engine.stop, timeout)
+
     # --- from the event loop -----------------------------------------------------
     def submit(self, job: protocol.SubmitMessage, acknowledged: bool = False) -> None:
         """Admit a job, or refuse it at once when the worker is full (bounded admission)."""
@@ -97,6 +117,7 @@ class EngineBridge:
         if not acknowledged:
             self.send(job["reply_channel"], protocol.accepted_message(self.name))
         self._held[job["reply_channel"]] = (job["request_id"], time.monotonic())
+        self._job_models[job["reply_channel"]] = protocol.ModelRef.from_wire(job["model"]).key
         from workers.engine.inputs.media_prompts import job_has_media
 
         if job_has_media(job):  # read on a thread of its own: the loop keeps carrying messages meanwhile
@@ -147,7 +168,8 @@ class EngineBridge:
             items = [await self.outbox.get()]
             while not self.outbox.empty():
                 items.append(self.outbox.get_nowait())
-            items = [(channel, message) for channel, message in items if channel not in self._cut_off]
+            items = [(channel, message) for channel, message in items if channel not in self._cut_off
+                     and self._last_word.get(channel, message) is message]
             if not items:
                 continue
             try:
@@ -185,6 +207,12 @@ class EngineBridge:
                 if len(self._cut_off) > CUT_OFF_CHANNELS:
                     self._cut_off.popitem(last=False)
             return
+        if message.get("type") in (protocol.DONE, protocol.ERROR) and channel in self._job_models:
+            model = self._job_models.pop(channel)
+            if message.get("type") == protocol.DONE:
+                self.model_health.ended(model, None)
+            elif (message.get("status") or 500) >= 500 and message.get("code") not in NOT_THE_MODELS:
+                self.model_health.ended(model, message.get("message") or "error")
         held = self._held.get(channel)
         if held is not None:
             if message.get("type") in (protocol.DONE, protocol.ERROR):
@@ -212,6 +240,8 @@ class EngineBridge:
 
     # --- from the engine thread --------------------------------------------------
     def _on_model_change(self, change: protocol.ModelChange) -> None:
+        if change["type"] in (protocol.MODEL_LOADED, "model.unloaded"):  # unloaded or reloaded: a fresh record
+            self.loop.call_soon_threadsafe(self.model_health.forget, change["model"])
         self.loop.call_soon_threadsafe(self._changes.put_nowait, change)
 
     def _emit(self, channel: str, message: dict) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
 import logging
 import os
 import socket
@@ -35,6 +34,12 @@ DRAIN_SECONDS = 2.0  # a dying worker's last errors get this long to reach their
 # A worker that has just started waits this long at most for its first routing table before it chooses
 # where a job runs: with none it would run every job itself, loading a model a live worker already holds.
 FIRST_TABLE_SECONDS = 2.0
+
+
+def _warm_up() -> None:
+    from workers.engine.warmup import warm_up
+
+    warm_up()
 
 
 class WorkerDead(RuntimeError):
@@ -63,8 +68,11 @@ class InferenceConsumer(AsyncConsumer):
         self.unconfirmed = Unconfirmed(self.config["WORKER_LOST_AFTER"])
         self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
-        self._engine_import: asyncio.Future | None = None
         self.dead: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.stopping = False  # a graceful stop began: jobs that still come are refused
+        self._preloading: set[str] | None = None  # models to load before this worker is ready (None: not joined yet)
+        # Readiness (issue 49): the engine and what a first load imports lazily are warmed now, not on the first job.
+        self._engine_import = asyncio.ensure_future(asyncio.to_thread(_warm_up))
         await self._join_group()
         InferenceConsumer.running = self
         upkeep = watch(self._keep_catalog(), "the worker's catalog heartbeat", self._die)
@@ -113,8 +121,7 @@ class InferenceConsumer(AsyncConsumer):
         # Created on the first job: an idle worker has not even imported torch.
         if self._bridge is None:
             self._bridge = EngineBridge(self.channel_layer, self.worker_name, EngineConfig.from_settings(self.config),
-                                        self.catalog_settings,
-                                        functools.partial(catalog_sync.record_change, self.worker_name),
+                                        self.catalog_settings, self._record_change,
                                         self.config["WORKER_KEEPALIVE_SECONDS"])
             self._bridge.dead.add_done_callback(lambda dead: self._die(dead.result()))
         return self._bridge
@@ -122,8 +129,6 @@ class InferenceConsumer(AsyncConsumer):
     async def _started_bridge(self) -> EngineBridge:
         """The bridge, torch imported in a thread first (once) so the loop keeps answering meanwhile."""
         if self._bridge is None:
-            if self._engine_import is None:
-                self._engine_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "workers.engine.core.engine"))
             await asyncio.shield(self._engine_import)
         return self.bridge
 
@@ -137,6 +142,7 @@ class InferenceConsumer(AsyncConsumer):
                                                   self.config["WORKER_MEMORY_BUDGET_MB"] or None)) is None:
             await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
         self.catalog_settings = welcome.settings
+        self._preloading = {protocol.ModelRef.parse(name).key for name in welcome.preload}
         self._route_by(welcome.routing)  # before any preload: jobs go to the live holders meanwhile
         if welcome.preload:
             await self._started_bridge()
@@ -193,7 +199,28 @@ class InferenceConsumer(AsyncConsumer):
             await self.channel_layer.send(message["reply_channel"], protocol.progress_message(
                 self.worker_name, {"status": "not_loaded", "model": protocol.ModelRef.from_wire(message["model"]).key}))
 
+    async def stop_gracefully(self, grace: float) -> None:
+        """SIGINT/SIGTERM: take nothing new, let the jobs held here run on for `grace` seconds, end the rest
+        with a `server_shutting_down` error (their clients' streams end with it and `[DONE]`), carry the last
+        messages out, then stop the engine's threads, so the process exits 0 and never mid-forward."""
+        self.stopping = True
+        bridge = self._bridge
+        if bridge is None:
+            return
+        deadline = asyncio.get_running_loop().time() + grace
+        while bridge.engine.outstanding and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if bridge.engine.outstanding:
+            ended = bridge.end_all(protocol.shutting_down_message())
+            logger.warning("stopping: ended %d jobs still running after %gs with server_shutting_down", ended, grace)
+        await bridge.drained(DRAIN_SECONDS)
+        await bridge.stop(DRAIN_SECONDS)
+        logger.info("worker %s: engine stopped", self.worker_name)
+
     async def generation_submit(self, message: protocol.SubmitMessage) -> None:
+        if self.stopping:  # said at once: the web side answers its client (or another worker takes it next time)
+            await self.channel_layer.send(message["reply_channel"], protocol.shutting_down_message())
+            return
         # Passed here by another worker: confirm at once, whatever becomes of it here. The confirmation
         # says "a live worker has it"; a copy this worker already took (the layer can deliver a shared
         # channel's message twice) or a cancelled job is dropped below, and left unconfirmed the passer
@@ -289,11 +316,31 @@ class InferenceConsumer(AsyncConsumer):
         if not task.cancelled() and task.exception() is not None:
             logger.error("background work failed", exc_info=task.exception())
 
+    async def _record_change(self, change: protocol.ModelChange) -> None:
+        """A model change goes to the catalog; a preloaded model's load, done or failed, ends its wait."""
+        if change["type"] in ("model.loaded", "model.load_failed") and self._preloading:
+            self._preloading -= {change["model"], protocol.ModelRef.parse(change["model"]).key}
+        await catalog_sync.record_change(self.worker_name, change)
+
+    def not_ready(self) -> str | None:
+        """Why this worker cannot serve a request at once yet (readiness), or None."""
+        if not self._engine_import.done():
+            return "starting: the engine is warming up"
+        if self._engine_import.exception() is not None:
+            return f"the engine cannot start: {self._engine_import.exception()}"
+        if self._preloading is None:
+            return "starting: not yet joined the catalog"
+        if self._preloading:
+            return "starting: loading " + ", ".join(sorted(self._preloading))
+        return None
+
     async def worker_ping(self, message: protocol.PingMessage) -> None:
         """/health asks: answered from the event loop with the engine thread's own liveness (its loop's
-        heartbeat, workers/engine/core/supervision.py), so a dead or stalled engine is reported, not hidden."""
-        problem = self._bridge.problem() if self._bridge is not None else None
-        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem))
+        heartbeat, workers/engine/core/supervision.py), so a dead or stalled engine is reported, not hidden;
+        and with its readiness: the engine warmed up and the pinned and preloaded models loaded (or failed)."""
+        problem = (self._bridge.problem() if self._bridge is not None else None) or self.not_ready()
+        degraded = self._bridge.model_health.degraded() if self._bridge is not None else {}
+        await self.channel_layer.send(message["reply_channel"], protocol.pong_message(self.worker_name, problem, degraded))
 
     async def generation_cancel(self, message: protocol.CancelMessage) -> None:
         if message["request_id"] not in self.claims.taken:  # not here (yet): if it comes later, drop it

@@ -20,12 +20,14 @@ from workers.adapter.resilience import retrying
 logger = logging.getLogger(__name__)
 
 
-async def run_worker(engine_first: bool = False) -> None:
+async def run_worker(engine_first: bool = False, stop: asyncio.Event | None = None) -> None:
     """Receive jobs from the shared worker channel and hand them to this process's consumer.
 
     With `engine_first` (a worker process of its own) torch and the engine are imported before
     the first job is taken: a worker restarted beside live ones leaves the shared channel to them
     until it can run what it takes, rather than hold jobs while it imports for seconds.
+    `stop` set (SIGINT, SIGTERM): a graceful stop — the shared channel is left to other workers, the jobs
+    held here run on for INFERENCE_SHUTDOWN_GRACE_SECONDS and the rest end with `server_shutting_down`.
     """
     layer = get_channel_layer()
     channel = settings.INFERENCE["WORKER_CHANNEL"]
@@ -38,16 +40,24 @@ async def run_worker(engine_first: bool = False) -> None:
     if engine_first:
         await asyncio.to_thread(importlib.import_module, "workers.engine.core.engine")
     receive = retrying(lambda: layer.receive(channel), f"worker channel {channel!r}")
+    stopping = asyncio.ensure_future(stop.wait() if stop is not None else asyncio.Event().wait())
     try:
         while True:
             receiving = asyncio.ensure_future(receive())
-            await asyncio.wait({receiving, consumer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({receiving, consumer, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done() and not consumer.done():
+                receiving.cancel()
+                running = InferenceConsumer.running
+                if running is not None:
+                    await running.stop_gracefully(settings.INFERENCE["SHUTDOWN_GRACE_SECONDS"])
+                return
             if consumer.done():
                 receiving.cancel()
                 consumer.result()  # re-raise what stopped the consumer
                 return
             await inbox.put(receiving.result())
     finally:
+        stopping.cancel()
         # A clean stop (SIGTERM, Ctrl-C) lets the consumer mark this worker stopped in the catalog.
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from protocol import failpoints
+
 from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.prefix_cache import PrefixCache
@@ -74,6 +76,7 @@ class ModelRunner:
         """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
         (workers/engine/models/lora_batch.py; peft's mixed forward for variants it does not serve), so adapters
         and the base share the batch."""
+        failpoints.hit("engine.forward")
         names = adapter_names(rows) if self.loaded.peft is not None else None
         if names is None:
             return self.loaded.model(**inputs)

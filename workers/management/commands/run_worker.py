@@ -36,11 +36,20 @@ class Command(BaseCommand):
 
 
 async def _until_signalled() -> None:
-    """SIGTERM (supervisord, systemd) or SIGINT stops the worker cleanly: it marks itself stopped."""
-    worker = asyncio.ensure_future(run_worker(engine_first=True))
+    """SIGTERM (supervisord, systemd) or SIGINT stops the worker gracefully (its jobs run on for
+    INFERENCE_SHUTDOWN_GRACE_SECONDS, the rest end with an error their clients see) and it marks itself
+    stopped; a second signal stops it at once."""
+    stop = asyncio.Event()
+    worker = asyncio.ensure_future(run_worker(engine_first=True, stop=stop))
     loop = asyncio.get_running_loop()
+
+    def signalled() -> None:
+        if stop.is_set():
+            worker.cancel()
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, worker.cancel)
+        loop.add_signal_handler(signum, signalled)
     try:
         await worker
     except asyncio.CancelledError:

@@ -1,0 +1,68 @@
+"""/health is readiness (issue 49): once it says ok, the first completion of a fresh process is as quick as
+the next (at most 0.5 s more) — the engine and what a first load imports lazily were warmed before."""
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from .conftest import TINY_MODEL
+from .live_server import LiveServer, ManagedProcess, base_env
+
+
+def first_and_second(base_url: str, headers: dict[str, str]) -> tuple[float, float]:
+    times = []
+    for _ in range(2):
+        started = time.monotonic()
+        response = httpx.post(f"{base_url}/v1/completions", headers=headers, timeout=60,
+                              json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4,
+                                    "temperature": 0})
+        times.append(time.monotonic() - started)
+        assert response.status_code == 200, response.text
+    return times[0], times[1]
+
+
+def test_serve_pinned_is_ready_when_health_says_ok(hf_cache, tmp_path):
+    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, (TINY_MODEL,))
+    try:
+        server.wait_healthy()
+        first, second = first_and_second(server.base_url, server.headers)
+        assert first <= second + 0.5, (first, second)
+        assert "engine warmed up in" in server.log()
+    finally:
+        server.stop()
+
+
+def test_scale_out_worker_is_ready_when_health_says_ok(hf_cache, tmp_path, redis_server):
+    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_MODEL=TINY_MODEL)
+    web = LiveServer(env, tmp_path, extra_args=("--no-worker", TINY_MODEL), name="web")
+    worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / "worker.log")
+    try:
+        reasons = web.wait_healthy()
+        assert any("starting" in reason or "no worker" in reason for reason in reasons)  # not ok before the worker
+        first, second = first_and_second(web.base_url, web.headers)
+        assert first <= second + 0.5, (first, second)
+    finally:
+        worker.stop()
+        web.stop()
+
+
+def test_a_model_whose_forward_raises_shows_degraded_within_10_requests(hf_cache, tmp_path):
+    server = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_FAILPOINTS="engine.forward=raise"), tmp_path,
+                        (TINY_MODEL,))
+    try:
+        server.wait_healthy()
+        statuses = []
+        for _ in range(10):
+            response = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=60,
+                                  json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4})
+            statuses.append(response.status_code)
+            health = httpx.get(f"{server.base_url}/health", timeout=10).json()
+            if health["status"] == "degraded":
+                break
+        assert all(status == 500 for status in statuses), statuses
+        record = health["models"][f"{TINY_MODEL}@main"]
+        assert record["status"] == "degraded" and record["failed"] == record["of"] == len(statuses)
+        assert "engine.forward" in record["last_error"]
+    finally:
+        server.stop()
