@@ -5,28 +5,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from .conftest import TINY_MODEL
+from .helpers.catalog import wait_until as wait_for
 from .live_server import ROOT, ManagedProcess, base_env, free_port
 from .services import RedisServer, require_binary
 
 pytestmark = pytest.mark.scale_out
 SUPERVISE = ROOT / "deploy" / "supervise"
-
-
-def wait_for(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def ctl(env: dict[str, str], *args: str) -> str:
