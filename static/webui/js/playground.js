@@ -5,7 +5,7 @@
 // hovering shows the top 5; clicking one cuts the text there, puts it in, and continues.
 import { apiJSON, messageOf, streamSSE, unreachable } from "./api.js";
 import { Connection } from "./connection.js";
-import { $, el, paintOnNextFrame } from "./dom.js";
+import { $, el, paintOnNextFrame, probabilityColour } from "./dom.js";
 import { initCompare } from "./compare.js";
 import { ModelPicker, writesText } from "./models.js";
 import { initViewCode } from "./view-code.js";
@@ -86,8 +86,7 @@ function undo() {
 
 export function colourOf(logprob) {
   if (logprob === null || logprob === undefined) return "";
-  const p = Math.exp(logprob);
-  return `hsl(${Math.round(p * 130)}, var(--tok-s), var(--tok-l))`;
+  return probabilityColour(Math.exp(logprob));
 }
 
 function render() {
