@@ -38,7 +38,8 @@ def test_continuation_tokens_are_coloured_with_five_alternatives_and_branch(page
     tokens = page.locator("#doc .tok")
     assert tokens.count() >= 1
     colours = tokens.evaluate_all("spans => spans.map(s => getComputedStyle(s).backgroundColor)")
-    assert all(colour.startswith("rgb") for colour in colours)
+    # A colour mixed from the palette (color-mix may compute to rgb() or color(srgb ...)), never transparent.
+    assert all(colour.startswith(("rgb", "color(")) and colour != "rgba(0, 0, 0, 0)" for colour in colours), colours
 
     # Hover the first generated token: the API's top 5 there, most likely first.
     first = expected.logprobs.tokens[0]

@@ -1,18 +1,15 @@
 // /account: the team, its limits and what is left (GET /v1/key, as any client), the user's usage
 // over time and their own keys (/ui/api/usage, /ui/api/keys), and the team's batches (GET /v1/batches,
 // POST /v1/batches/{id}/cancel, the files from GET /v1/files/{id}/content: the public API, with the session).
-import { apiJSON, messageOf } from "./api.js";
+import { apiJSON } from "./api.js";
+import { showErrorIn } from "./banner.js";
 import { Connection } from "./connection.js";
 import { $, el } from "./dom.js";
 
 // The server cannot be reached: a banner and retries with backoff; once it answers, the page is read again.
 const connection = new Connection({ check: () => apiJSON("/v1/key"), back: () => location.reload() });
 
-function showError(error) {
-  $("error").textContent = messageOf(error);
-  $("error").hidden = false;
-  connection.failed(error);
-}
+function showError(error) { showErrorIn($("error"), connection, error); }
 
 const show = (value) => (value === null || value === undefined ? "–" : String(value));
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "–");

@@ -11,6 +11,7 @@ import { ConversationList } from "./chat-list.js";
 import { checkSettings, fitToContext, mergeToolCall, readOptions as optionsOf, requestBody } from "./chat-request.js";
 import { createConversation, flushOutbox, newId, pendingFor, saveOnLeave, unqueue, writeTurns } from "./chat-store.js";
 import { asNewVersion, fillAnswer, messageElement, withVersion } from "./chat-view.js";
+import { clearUnreachable, showErrorIn } from "./banner.js";
 import { Composer } from "./composer.js";
 import { Connection } from "./connection.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
@@ -44,12 +45,7 @@ function blankConversation() {
 
 /** Show an error (a failure or a text); `cause`: the failure behind a text (the server unreachable starts
  * the retries, and the error goes once it answers). */
-function showError(error, cause = error) {
-  ui.error.textContent = typeof error === "string" ? error : messageOf(error);
-  ui.error.hidden = false;
-  ui.error.dataset.unreachable = unreachable(cause);
-  connection.failed(cause);
-}
+function showError(error, cause = error) { showErrorIn(ui.error, connection, error, cause); }
 
 /** A failure of something the user did not ask for now (the model list, the conversation list): when the
  * server cannot be reached the banner says so, anything else is shown. */
@@ -62,7 +58,7 @@ function clearError() { ui.error.hidden = true; }
 
 /** The server answers again: the turns kept in this browser are saved, the list is read again. */
 async function reconnected() {
-  if (ui.error.dataset.unreachable === "true") clearError();
+  clearUnreachable(ui.error);
   const flushed = await flushOutbox().catch(() => new Set());
   // The open conversation again when some of it waited here (or it could not be opened at all).
   const wanted = current.id ?? conversationInUrl();

@@ -1,7 +1,7 @@
 // Compare mode: one text continued by 2–4 models side by side (the same sampling and seed), and
 // "Score text": each token's log-probability under each model, with its difference from the first.
 import { apiJSON, messageOf } from "./api.js";
-import { $, el } from "./dom.js";
+import { $, el, probabilityColour } from "./dom.js";
 import { pickerEntries, writesText } from "./models.js";
 
 const MAX_MODELS = 4;
@@ -23,9 +23,9 @@ function tokenSpans(logprobs, text, colour, title) {
 }
 
 const probColour = (lp) => (lp === null || lp === undefined ? ""
-  : `hsl(${Math.round(Math.exp(lp) * 130)}, var(--tok-s), var(--tok-l))`);
+  : probabilityColour(Math.exp(lp)));
 // A token more likely under this model than under the first: green; less likely: red.
-const deltaColour = (d) => (d === null ? "" : `hsl(${d >= 0 ? 130 : 0}, var(--tok-s), var(--tok-l))`);
+const deltaColour = (d) => (d === null ? "" : `var(${d >= 0 ? "--tok-high" : "--tok-low"})`);
 
 function column(model, ...children) {
   const box = el("div", { className: "compare-column" }, el("h3", { textContent: model }), ...children);

@@ -25,3 +25,9 @@ export function paintOnNextFrame(paint) {
     });
   };
 }
+
+/** A token's background for its probability p (0..1): red (unlikely) to green (likely), mixed from the palette's
+ * --tok-low and --tok-high so it follows the theme (the palette is written once, in app.css). */
+export function probabilityColour(p) {
+  return `color-mix(in hsl, var(--tok-low), var(--tok-high) ${Math.round(p * 100)}%)`;
+}

@@ -3,9 +3,10 @@
 // The document is a list of segments: plain text (typed or pasted) and tokens (generated or scored),
 // each token with its logprob and the top alternatives there. Tokens are coloured by probability;
 // hovering shows the top 5; clicking one cuts the text there, puts it in, and continues.
-import { apiJSON, messageOf, streamSSE, unreachable } from "./api.js";
+import { apiJSON, streamSSE } from "./api.js";
+import { clearUnreachable, showErrorIn } from "./banner.js";
 import { Connection } from "./connection.js";
-import { $, el, paintOnNextFrame } from "./dom.js";
+import { $, el, paintOnNextFrame, probabilityColour } from "./dom.js";
 import { initCompare } from "./compare.js";
 import { ModelPicker, writesText } from "./models.js";
 import { initViewCode } from "./view-code.js";
@@ -26,15 +27,10 @@ let running = null;     // AbortController of the generation in progress
 
 // The server cannot be reached: a banner, retries with backoff (the model list), then the page goes on.
 const connection = new Connection({ check: () => picker.refresh(), back: () => {
-  if (ui.error.dataset.unreachable === "true") ui.error.hidden = true;
+  clearUnreachable(ui.error);
 } });
 
-function showError(error) {
-  ui.error.textContent = typeof error === "string" ? error : messageOf(error);
-  ui.error.hidden = false;
-  ui.error.dataset.unreachable = unreachable(error);
-  connection.failed(error);
-}
+function showError(error) { showErrorIn(ui.error, connection, error); }
 
 const documentText = () => segments.map((s) => s.text).join("");
 
@@ -86,8 +82,7 @@ function undo() {
 
 export function colourOf(logprob) {
   if (logprob === null || logprob === undefined) return "";
-  const p = Math.exp(logprob);
-  return `hsl(${Math.round(p * 130)}, var(--tok-s), var(--tok-l))`;
+  return probabilityColour(Math.exp(logprob));
 }
 
 function render() {
