@@ -157,7 +157,7 @@ def refuse_other_task(model: protocol.ModelRef, task: str | None) -> None:
         return
     where = "; ".join(TASK_ENDPOINTS.get(own, own) for own in entry.tasks)
     raise APIError(400, f"{model.repo_id} cannot {task} (it does: {', '.join(entry.tasks)}); send it to {where}.",
-                   "model", "model_not_supported")
+                   "model", "unsupported_model")
 
 
 class GenerationView(OpenAIView):

@@ -45,6 +45,12 @@ class ManagedProcess:
             time.sleep(0.05)
         raise TimeoutError(f"{text!r} not in log after {timeout}s:\n{self.log()}")
 
+    def kill(self) -> None:
+        """A crash, not a stop: SIGKILL to the whole group, no graceful drain."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

@@ -7,6 +7,7 @@ which the docs give as port 8000's. A page that says its `client` is the README'
 snippet run before it."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -56,7 +57,10 @@ def as_run_here(code: str, server) -> str:
 def test_every_snippet_runs_against_a_real_server(page, line, code, media_server, tmp_path):
     readme_first = python_snippets(ROOT / "README.md")[0][1]
     preamble = readme_first if README_CLIENT in page.read_text() else ""
+    # As a user's shell runs it: the tests' own offline switch would stop huggingface_hub's client (a snippet
+    # uses it) from reaching even the local server.
+    env = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
     result = subprocess.run([sys.executable, "-c", as_run_here(preamble + "\n" + code, media_server)],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, f"{page.name}:{line} failed:\n{result.stderr[-3000:]}"
     assert result.stdout.strip(), f"{page.name}:{line} printed nothing"

@@ -41,7 +41,7 @@ def test_a_chat_request_to_a_speech_model_is_refused_before_it_loads(speech_serv
     with pytest.raises(openai.BadRequestError) as refused:
         sdk(speech_server).chat.completions.create(model=TINY_WHISPER, max_tokens=4,
                                                    messages=[{"role": "user", "content": "Hello"}])
-    assert refused.value.code == "model_not_supported" and refused.value.param == "model"
+    assert refused.value.code == "unsupported_model" and refused.value.param == "model"
     assert "/v1/audio/transcriptions" in refused.value.message
     with pytest.raises(openai.BadRequestError):
         sdk(speech_server).completions.create(model=TINY_WHISPER, prompt="Hello", max_tokens=4)
