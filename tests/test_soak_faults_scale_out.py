@@ -236,8 +236,10 @@ def test_undeliverable_messages_never_make_a_protocol_error_or_a_hole(catalog_ca
         assert "failpoint bridge.send fired" in worker.log()
         # no_worker: a starved machine (a CI run beside another) can leave the worker's heartbeats 2 s late;
         # still an OpenAI-shaped answer, never a protocol error or a hole
-        assert set(kinds) <= {"ok", "event worker_lost", "http 503 worker_lost", "http 503 no_worker"}, kinds
-        assert kinds["http 503 no_worker"] <= 2, kinds
+        # (as an HTTP 503 before the stream starts, or as an error event when a re-sent job finds none)
+        allowed = {"ok", "event worker_lost", "http 503 worker_lost", "http 503 no_worker", "event no_worker"}
+        assert set(kinds) <= allowed, kinds
+        assert kinds["http 503 no_worker"] + kinds["event no_worker"] <= 3, kinds
         texts = Counter(text for _, _, outcome, text in results if outcome == "ok")
         assert kinds["ok"] >= 10 and len(texts) == 1, texts  # greedy: every whole answer is the same text
     finally:
