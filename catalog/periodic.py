@@ -6,9 +6,9 @@ import logging
 import time
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
 from .services import cached_models, worker_registry
-from .config import web_config
 
 logger = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ async def maintain_catalog() -> None:
     """Runs beside the web server (with or without a worker), so a lost worker is noticed by the web side too."""
     last_scan = time.monotonic()
     while True:
-        config = web_config()
+        config = settings.INFERENCE.fleet
         await asyncio.sleep(config.heartbeat_seconds)
         try:
             await database_sync_to_async(worker_registry.mark_lost_workers)()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
@@ -11,7 +12,6 @@ from protocol.hub import hub_reachable
 from protocol.output_formats import ParserChoice, choose_parsers
 from protocol import ModelRef
 
-from .config import web_config
 from .errors import ModelDisabled, ModelNotFound
 from .hf_cache import CacheEntry, cached_served_models, cached_served_models_now, detected_parsers, gguf_entry_name
 from .models import CachedModel, ModelLoad, Worker
@@ -73,9 +73,9 @@ def model_settings_map() -> dict[str, dict]:
               "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser", "gguf_file")
     settings = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
                 for row in CachedModel.objects.filter(gone=False).values(*fields)}
-    config = web_config()
-    if config.pinned_model:
-        repo_id = ModelRef.parse(config.pinned_model).repo_id
+    config = settings.INFERENCE.models
+    if config.pinned:
+        repo_id = ModelRef.parse(config.pinned).repo_id
         own = settings.setdefault(repo_id, {"enabled": True})
         own.update(preload=True, idle_timeout=-1,
                    trust_remote_code=bool(own.get("trust_remote_code")) or config.pinned_trust_remote_code)
@@ -84,7 +84,7 @@ def model_settings_map() -> dict[str, dict]:
 
 def preload_models() -> list[str]:
     """The models a worker loads when it starts: the pinned one first, then the catalog's preloaded ones."""
-    pinned = web_config().pinned_model
+    pinned = settings.INFERENCE.models.pinned
     rows = CachedModel.objects.filter(gone=False, enabled=True, preload=True).values_list("repo_id", flat=True)
     return [pinned] * bool(pinned) + [repo_id for repo_id in rows if repo_id != pinned]
 
@@ -95,7 +95,7 @@ def worker_is_alive(worker: Worker) -> bool:
     """Online and heard from recently (a silent worker is lost even before anyone marks it)."""
     if worker.status != Worker.Status.ONLINE or worker.last_heartbeat is None:
         return False
-    return (timezone.now() - worker.last_heartbeat).total_seconds() <= web_config().worker_lost_after
+    return (timezone.now() - worker.last_heartbeat).total_seconds() <= settings.INFERENCE.fleet.worker_lost_after
 
 
 def live_workers() -> list[Worker]:

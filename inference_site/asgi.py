@@ -46,7 +46,7 @@ def record_door_refusal(path: str, authorization: bytes, status: int, code: str)
     record_unmetered(new_request_id("door"), path, status, code, authorization=authorization)
 
 
-api_app = AdmissionLimit(APIHandler(request_threads), settings.INFERENCE["WEB_MAX_IN_FLIGHT"],
+api_app = AdmissionLimit(APIHandler(request_threads), settings.INFERENCE.edge.web_max_in_flight,
                          on_refused=record_door_refusal)
 
 
@@ -67,7 +67,7 @@ application = ProtocolTypeRouter(
     {
         "http": RequestGuard(http_app),
         "channel": ChannelNameRouter(
-            {settings.INFERENCE["WORKER_CHANNEL"]: InferenceConsumer.as_asgi()}
+            {settings.INFERENCE.fleet.worker_channel: InferenceConsumer.as_asgi()}
         ),
     }
 )

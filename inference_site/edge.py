@@ -35,7 +35,6 @@ import resource
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import daphne.server
 from daphne.http_protocol import HTTPFactory
@@ -47,6 +46,7 @@ from teams.client_address import Network, address_bucket, in_networks, parse_net
 
 from .admission import GENERATION_PATHS, RETRY_AFTER_SECONDS, AdmissionLimit
 from .http_limits import PARSER_LIMIT, UnparsedBodyWebRequest, bad_request, line_too_long, refuse
+from .inference_settings import InferenceSettings
 
 logger = logging.getLogger(__name__)
 refusals = BurstLog(logger)
@@ -72,17 +72,20 @@ class EdgeConfig:
     shutdown_grace: float = 10.0  # SIGINT/SIGTERM: streams in flight run on this long (inference_site/graceful_stop.py)
 
     @classmethod
-    def from_settings(cls, inference: dict[str, Any], full_stack_paths: tuple[str, ...]) -> EdgeConfig:
+    def from_settings(cls, inference: InferenceSettings, full_stack_paths: tuple[str, ...]) -> EdgeConfig:
+        """The edge's settings group as `serve` runs it: the descriptor cap fitted to this process's open-file
+        limit, the trusted networks parsed, the uploads' own limit beside the API's."""
+        edge = inference.edge
         return cls(
-            header_timeout=inference["HEADER_TIMEOUT"], keepalive_timeout=inference["KEEPALIVE_TIMEOUT"],
-            body_read_timeout=inference["BODY_READ_TIMEOUT"], min_body_rate=inference["MIN_BODY_RATE"],
-            max_per_address=inference["MAX_CONNECTIONS_PER_ADDRESS"],
-            max_connections=inference["MAX_CONNECTIONS"] or descriptor_budget(inference["FD_RESERVE"]),
-            max_request_bytes=inference["MAX_REQUEST_BYTES"],
-            max_upload_bytes=inference["BATCH_FILE_MAX_BYTES"] + 64 * 1024,
-            trusted=parse_networks(inference["TRUSTED_PROXIES"]),
+            header_timeout=edge.header_timeout, keepalive_timeout=edge.keepalive_timeout,
+            body_read_timeout=edge.body_read_timeout, min_body_rate=edge.min_body_rate,
+            max_per_address=edge.max_connections_per_address,
+            max_connections=edge.max_connections or descriptor_budget(edge.fd_reserve),
+            max_request_bytes=inference.api.max_request_bytes,
+            max_upload_bytes=inference.batches.file_max_bytes + 64 * 1024,
+            trusted=parse_networks(inference.teams.trusted_proxies),
             django_paths=tuple(path.encode() for path in full_stack_paths),
-            shutdown_grace=inference["SHUTDOWN_GRACE_SECONDS"])
+            shutdown_grace=inference.lifecycle.shutdown_grace_seconds)
 
     def body_limit(self, method: bytes, path: bytes) -> int | None:
         """The most a request's body may declare at the edge (None: Django's own limits, the admin's forms)."""

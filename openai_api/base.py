@@ -10,10 +10,10 @@ from typing import Literal
 
 from adrf.views import APIView
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.http import HttpResponseBase, StreamingHttpResponse
 from rest_framework.response import Response
 
-from catalog.config import web_config
 from catalog.hf_cache import cached_served_models_now
 from catalog.selectors import resolve_model as resolve_catalog_model, resolve_model_now
 import protocol
@@ -36,7 +36,7 @@ class OpenAIView(RateLimitHeadersMixin, LookupOnLongLivedThread, APIView):
     buffers_body = True  # False: a view that streams its (multipart) body itself, bounded by `body_limit`
 
     def body_limit(self, request) -> int:
-        return web_config().max_request_bytes
+        return settings.INFERENCE.api.max_request_bytes
 
     def initial(self, request, *args, **kwargs):
         limit = self.body_limit(request)
@@ -58,7 +58,7 @@ class OpenAIView(RateLimitHeadersMixin, LookupOnLongLivedThread, APIView):
 
 def serializer_context() -> dict:
     """The server's request limits, as serializers read them from their context."""
-    config = web_config()
+    config = settings.INFERENCE.api
     return {"max_n": config.max_n, "max_prompts": config.max_prompts, "max_beams": config.max_beams,
             "max_logprobs": config.max_logprobs,
             "max_schema_bytes": config.max_schema_bytes, "max_schema_depth": config.max_schema_depth,
@@ -109,7 +109,7 @@ def sse_response(chunks: AsyncIterator[dict], stream: GenerationStream) -> Strea
             stream.meter.response_started()
         yield b": accepted\n\n"
         try:
-            async for chunk in keepalives_until_first(chunks, web_config().sse_keepalive_seconds):
+            async for chunk in keepalives_until_first(chunks, settings.INFERENCE.jobs.sse_keepalive_seconds):
                 yield SSE_KEEPALIVE if chunk is None else sse_frame(chunk)
         except Exception as exc:  # mid-stream, every error is an OpenAI-shaped event, then [DONE]
             error = client_error(exc)

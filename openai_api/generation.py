@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
-from catalog.config import web_config
 from teams.metering import RequestMeter
 import protocol
 from protocol import failpoints
@@ -98,10 +98,10 @@ class GenerationStream:
 
     async def open(self) -> None:
         """Submit the job and wait until a worker has validated it and started generating."""
-        config = web_config()
+        config = settings.INFERENCE.jobs
         # A job still queued when the wait below ends (no worker was up) must not run later: giving up
         # cancels it (send_cancel claims its id first and tells the workers, who remember it).
-        await self.layer.send(config.worker_channel, self.job)
+        await self.layer.send(settings.INFERENCE.fleet.worker_channel, self.job)
         try:
             accepted = await self._first_answer(time.monotonic() + config.worker_ack_timeout)
             started = await self._next() if accepted.get("type") == protocol.ACCEPTED else accepted
@@ -125,7 +125,7 @@ class GenerationStream:
         between Redis popping the job and the worker answering): it goes out again under a new id
         (the old one cancelled everywhere) while resubmits are left. TimeoutError at the deadline.
         """
-        config = web_config()
+        config = settings.INFERENCE.jobs
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -136,7 +136,7 @@ class GenerationStream:
                 if deadline - time.monotonic() <= 0 or self.resubmits >= config.job_resubmits:
                     continue
                 await self._prepare_resubmit()
-                await self.layer.send(config.worker_channel, self.job)
+                await self.layer.send(settings.INFERENCE.fleet.worker_channel, self.job)
 
     async def open_or_resubmit(self) -> None:
         """`open()`, sending the job again each time its worker is lost before it starts."""
@@ -147,7 +147,7 @@ class GenerationStream:
                 await self._prepare_resubmit()
 
     async def _prepare_resubmit(self) -> None:
-        if self.produced or self.resubmits >= web_config().job_resubmits:
+        if self.produced or self.resubmits >= settings.INFERENCE.jobs.job_resubmits:
             self.finished = True
             self.error = worker_lost()
             raise self.error from None
@@ -166,7 +166,7 @@ class GenerationStream:
             self._take_ready()
         if self._held:
             return self._held.pop(0)
-        config = web_config()
+        config = settings.INFERENCE.jobs
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.worker_event_timeout
         while True:
@@ -324,7 +324,7 @@ async def send_cancel(layer, request_id: str) -> None:
             key = layer.prefix + protocol.claim_key(request_id)
             await connection(layer.consistent_hash(key)).set(key, "cancelled", nx=True, ex=CANCELLED_CLAIM_SECONDS)
         await layer.group_send(
-            web_config().worker_group, protocol.cancel_message(request_id))
+            settings.INFERENCE.fleet.worker_group, protocol.cancel_message(request_id))
     except Exception:  # the client is gone either way; a lost cancel only wastes a slot
         logger.exception("could not send cancel for %s", request_id)
 

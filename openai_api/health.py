@@ -10,10 +10,10 @@ import asyncio
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 
-from catalog.config import web_config
 import protocol
 
 from .errors import SERVICE_RETRY_AFTER, error_body
@@ -61,7 +61,7 @@ async def _worker_problem(timeout: float, degraded: dict[str, dict]) -> str | No
     try:
         async with asyncio.timeout(timeout):
             reply = await layer.new_channel("health.")
-            await layer.group_send(web_config().worker_group, protocol.ping_message(reply))
+            await layer.group_send(settings.INFERENCE.fleet.worker_group, protocol.ping_message(reply))
             while True:
                 message = await layer.receive(reply)
                 if message.get("type") != protocol.PONG:
@@ -94,7 +94,7 @@ def report_problem(source: str, problem: str | None) -> None:
 async def health(request) -> JsonResponse:
     if (refused := _wrong_method(request)) is not None:
         return refused
-    timeout = web_config().health_timeout
+    timeout = settings.INFERENCE.api.health_timeout
     degraded: dict[str, dict] = {}
     checks = await asyncio.gather(_database_problem(timeout), _worker_problem(timeout, degraded))
     problems = [f"{source}: {problem}" for source, problem in LOCAL_PROBLEMS.items()]

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpResponse
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from rest_framework.permissions import BasePermission
 
-from catalog.config import web_config
 from teams.client_address import in_networks, parse_networks, request_client_address
 from teams.principal import Principal
 
@@ -78,7 +78,7 @@ def exposition() -> bytes:
 
 
 def metrics_networks() -> tuple:
-    return parse_networks(web_config().metrics_allow)
+    return parse_networks(settings.INFERENCE.api.metrics_allow)
 
 
 class KeyOrAllowedAddress(BasePermission):
@@ -86,7 +86,7 @@ class KeyOrAllowedAddress(BasePermission):
     behind a trusted proxy the client's, never the proxy's."""
 
     def has_permission(self, request, view) -> bool:
-        if not web_config().auth_enabled or isinstance(request.auth, Principal):
+        if not settings.INFERENCE.teams.auth_enabled or isinstance(request.auth, Principal):
             return True
         return in_networks(request_client_address(request._request), metrics_networks())
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.response import Response
 
 from catalog.services import model_control
-from catalog.config import web_config
 from catalog.errors import NoWorker
 from catalog.selectors import canonical_repo_id, live_workers, load_state
 from teams.errors import ModelNotAllowed
@@ -37,7 +37,7 @@ async def _resolved(request) -> protocol.ModelRef:
     model = await resolve_model(asked)
     if not request.auth.may_use(str(model)):
         raise ModelNotAllowed(asked)
-    if web_config().auth_enabled and not request.auth.may_manage_models:
+    if settings.INFERENCE.teams.auth_enabled and not request.auth.may_manage_models:
         raise APIError(403, "Loading and unloading models is for administrators: this key or user lacks the "
                             "manage_models permission.", None, "permission_denied")
     return model
@@ -76,14 +76,14 @@ class LoadModelView(OpenAIView):
     permission_classes: list = []  # a caller without a key (or without manage_models) may learn a model is loaded
 
     async def post(self, request):
-        if request.auth is None or (web_config().auth_enabled and not request.auth.may_manage_models):
+        if request.auth is None or (settings.INFERENCE.teams.auth_enabled and not request.auth.may_manage_models):
             ready = await database_sync_to_async(_ready_without_the_right, thread_sensitive=False)(request)
             if ready is not None:
                 return _event_stream(_frames(ready))
             if request.auth is None:  # anything else needs a key (before the name is even looked up)
                 raise NotAuthenticated()
         name = await _resolved(request)
-        config = web_config()
+        config = settings.INFERENCE.jobs
         messages = model_control.load_model(name, requested_by(request), ack_timeout=config.worker_ack_timeout,
                                        event_timeout=config.worker_event_timeout)
         try:
@@ -116,7 +116,7 @@ class UnloadModelView(OpenAIView):
         name = await _resolved(request)
         expected = max(1, len(await database_sync_to_async(live_workers, thread_sensitive=False)()))
         replies = [reply async for reply in model_control.unload_model(
-            name, requested_by(request), timeout=web_config().worker_ack_timeout, answers=expected)]
+            name, requested_by(request), timeout=settings.INFERENCE.jobs.worker_ack_timeout, answers=expected)]
         if not replies:
             raise _no_worker()
         events = [(r.get("worker"), r.get("event") or {}) for r in replies]

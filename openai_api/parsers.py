@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import re
 
+from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
-
-from catalog.config import web_config
 
 from .errors import APIError
 
@@ -67,7 +66,7 @@ class BoundedJSONParser(JSONParser):
 
     def parse(self, stream, media_type=None, parser_context=None):
         body = stream.read() if stream is not None else b""
-        limit = web_config().max_json_depth
+        limit = settings.INFERENCE.api.max_json_depth
         if nesting_exceeds(body, limit):
             raise APIError(400, f"The JSON body nests deeper than {limit} levels.", None, "json_too_deep")
         try:

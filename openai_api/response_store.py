@@ -10,11 +10,10 @@ import datetime as dt
 import json
 import uuid
 
-
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.config import web_config
 from teams.principal import Principal
 from teams.selectors import principal_for_key
 
@@ -64,7 +63,7 @@ def conversation_before(principal: Principal, response_id: str) -> list[dict]:
 
 def check_size(history: list[dict], items: list[dict]) -> None:
     """A conversation over INFERENCE_RESPONSES_MAX_BYTES is not stored (nor continued)."""
-    limit = web_config().responses_max_bytes
+    limit = settings.INFERENCE.api.responses_max_bytes
     size = len(json.dumps([history, items], ensure_ascii=False, separators=(",", ":")).encode())
     if size > limit:
         raise APIError(400, f"The stored conversation would be {size} bytes, over this server's limit of {limit}: "
@@ -75,7 +74,7 @@ def save(principal: Principal, response: dict, request_body: dict, history: list
          background: bool = False) -> None:
     """Store a response (a background one while still queued) with its turn's input and what came before."""
     now = timezone.now()
-    days = web_config().responses_retention_days
+    days = settings.INFERENCE.api.responses_retention_days
     StoredResponse.objects.filter(expires_at__lte=now).delete()  # retention: expired rows go as new ones come
     StoredResponse.objects.create(
         id=response["id"], team=principal.team, key=principal.key, user_id=getattr(principal.user, "pk", None),

@@ -38,7 +38,7 @@ def config_max_model_len(snapshot: Path) -> int:
 
 def served_context_length(own: int) -> int:
     """A model's context as served: `serve --max-model-len` caps it, as the worker does on load."""
-    cap = settings.INFERENCE.get("MAX_MODEL_LEN") or 0
+    cap = settings.INFERENCE.engine.max_model_len
     return min(own, cap) if cap and own else own
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from django.conf import settings
 from rest_framework import serializers
 from rest_framework.response import Response
-
-from catalog.config import web_config
 
 from .base import GenerationView, OpenAIView, resolve_model, sse_response
 from .errors import APIError
@@ -50,7 +49,7 @@ def completion_body(body, stream: bool | None = None) -> dict:
     new_tokens = given.get("max_new_tokens")
     if isinstance(new_tokens, int) and not isinstance(new_tokens, bool) and new_tokens < 1:
         raise serializers.ValidationError({"parameters.max_new_tokens": ["max_new_tokens must be strictly positive."]})
-    request = {"model": given.get("adapter_id") or web_config().default_model, "prompt": body["inputs"],
+    request = {"model": given.get("adapter_id") or settings.INFERENCE.models.default, "prompt": body["inputs"],
                "max_tokens": given.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
                "stream": bool(body.get("stream")) if stream is None else stream, "logprobs": 0,
                "echo": bool(given.get("return_full_text", False))}
@@ -141,10 +140,10 @@ class TGIRootView(TGIGenerateView):
 
 class TGIInfoView(OpenAIView):
     async def get(self, request):
-        model = str(await resolve_model(web_config().default_model))
+        model = str(await resolve_model(settings.INFERENCE.models.default))
         return Response({"model_id": model.split("@")[0], "model_sha": None, "model_dtype": None,
                          "model_device_type": None, "model_pipeline_tag": "text-generation",
-                         "max_concurrent_requests": web_config().max_prompts,
+                         "max_concurrent_requests": settings.INFERENCE.api.max_prompts,
                          "max_best_of": 1, "max_stop_sequences": 16, "max_input_tokens": None,
                          "max_total_tokens": None, "validation_workers": 1, "max_client_batch_size": 1,
                          "router": "text-generation-router", "version": "2.0.0", "sha": None,

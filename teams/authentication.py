@@ -25,8 +25,6 @@ from rest_framework.authentication import BaseAuthentication, SessionAuthenticat
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, Throttled
 from rest_framework.permissions import BasePermission
 
-from catalog.config import web_config
-
 from . import bad_keys, selectors, services
 from .client_address import address_bucket, request_client_address
 from .principal import Principal
@@ -43,14 +41,14 @@ class BearerKeyAuthentication(BaseAuthentication):
     def authenticate(self, request):
         header = get_authorization_header(request).split()
         looked_up = getattr(request._request, "looked_up", NOT_LOOKED_UP)  # by LookupOnLongLivedThread
-        if not web_config().auth_enabled:
+        if not settings.INFERENCE.teams.auth_enabled:
             team = looked_up if looked_up is not NOT_LOOKED_UP else services.default_team()
             return None, Principal.of(team)
         if not header:
             return None
         key = looked_up if looked_up is not NOT_LOOKED_UP else _key_of(header)
         if key is None:
-            config, sources = web_config(), _wrong_key_sources(request, header)
+            config, sources = settings.INFERENCE.teams, _wrong_key_sources(request, header)
             wait = bad_keys.refused_for(sources, config.bad_key_limit, config.bad_key_window)
             bad_keys.failed(sources, config.bad_key_window)
             if wait is not None:
@@ -100,7 +98,7 @@ def _on_kept_connection(lookup, *args):
 
 def _lane(request, header: list[bytes]) -> ThreadPoolExecutor:
     """The throttled sources' own lane, unless the key was valid lately."""
-    config = web_config()
+    config = settings.INFERENCE.teams
     if not bad_keys.any_failed() or bad_keys.recently_valid(header[-1]) or bad_keys.refused_for(
             _wrong_key_sources(request, header), config.bad_key_limit, config.bad_key_window) is None:
         return _lookups
@@ -112,7 +110,7 @@ async def look_up_before_initial(request) -> bool:
     request for `BearerKeyAuthentication`; whether `initial` may now run on the event loop (it reads the
     database no more). False: a browser session, no key, or a key whose use is due to be recorded."""
     django_request = request._request
-    if not web_config().auth_enabled:
+    if not settings.INFERENCE.teams.auth_enabled:
         lookup, args, lane = services.default_team, (), _lookups
     else:
         header = get_authorization_header(request).split()
@@ -121,7 +119,7 @@ async def look_up_before_initial(request) -> bool:
         lookup, args, lane = _key_of, (header,), _lane(request, header)
     found = await asyncio.get_running_loop().run_in_executor(lane, _on_kept_connection, lookup, *args)
     django_request.looked_up = found
-    django_request.auth_on_loop = not (web_config().auth_enabled and found is not None and services.touch_due(found))
+    django_request.auth_on_loop = not (settings.INFERENCE.teams.auth_enabled and found is not None and services.touch_due(found))
     return django_request.auth_on_loop
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 
-from catalog.config import web_config
+from django.conf import settings
+
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -38,7 +39,7 @@ def _trusted(text: str) -> tuple[Network, ...]:
 
 
 def trusted_proxies() -> tuple[Network, ...]:
-    return _trusted(web_config().trusted_proxies)
+    return _trusted(settings.INFERENCE.teams.trusted_proxies)
 
 
 def _parsed(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

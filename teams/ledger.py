@@ -20,9 +20,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
+from django.conf import settings
 from django.db import DataError, IntegrityError, close_old_connections
 
-from catalog.config import web_config
 from protocol import failpoints
 
 from .ledger_dead_letter import database_spool_dir, insert_each
@@ -95,7 +95,7 @@ def attribute(rows: list[dict]) -> list[dict]:
         digest = row.get("key_digest")
         if digest is None or row.get("team_id") is not None:
             attributed.append(row)
-        elif digest == "" and not web_config().auth_enabled:
+        elif digest == "" and not settings.INFERENCE.teams.auth_enabled:
             attributed.append({**row, "team_id": default_team().pk})
         elif digest in keys:
             key = keys[digest]
@@ -129,10 +129,10 @@ class LedgerWriter:
     def get(cls) -> "LedgerWriter":
         with cls._lock:
             if cls._instance is None:
-                config = web_config()
-                cls._instance = cls(config.ledger_batch_size, config.ledger_flush_seconds, config.ledger_queue_max,
-                                    config.ledger_put_wait, config.ledger_write_tries, config.ledger_spool_dir,
-                                    config.ledger_replay_seconds, pending_store())
+                config = settings.INFERENCE.ledger
+                cls._instance = cls(config.batch_size, config.flush_seconds, config.queue_max,
+                                    config.put_wait, config.write_tries, config.spool_dir,
+                                    config.replay_seconds, pending_store())
             return cls._instance
 
     def record(self, entry: UsageEntry) -> None:

@@ -22,10 +22,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from django.conf import settings
 import redis
 import redis.asyncio as aioredis
 
-from catalog.config import web_config
 
 logger = logging.getLogger(__name__)
 PENDING_TTL = 86_400
@@ -117,5 +117,5 @@ class RedisPending:
 
 def pending_store() -> LocalPending | RedisPending:
     """Redis when the limiter's counters are there (every web process sees them), else this process."""
-    url = web_config().limits_redis_url
+    url = settings.INFERENCE.teams.limits_redis_url
     return RedisPending(url) if url else LocalPending()

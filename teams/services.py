@@ -6,11 +6,10 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
-
-from catalog.config import web_config
 
 from .models import DEFAULT_TEAM_NAME, KEY_PREFIX, VISIBLE_PREFIX_LENGTH, APIKey, Membership, Team, hash_key
 
@@ -129,7 +128,7 @@ def touch_key(key: APIKey) -> None:
 
 def key_file_path(port: int) -> Path:
     """Per-port, so a client of http://127.0.0.1:PORT finds the key of the server on PORT."""
-    return web_config().key_dir / f"{port}.key"
+    return settings.INFERENCE.teams.key_dir / f"{port}.key"
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -52,10 +52,10 @@ def listener():
     """A channel in the worker group, and the worker channel: what a worker would receive."""
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(settings.INFERENCE["WORKER_GROUP"], channel)
+    async_to_sync(layer.group_add)(settings.INFERENCE.fleet.worker_group, channel)
 
     def receive(from_worker_channel: bool = False) -> dict:
-        name = settings.INFERENCE["WORKER_CHANNEL"] if from_worker_channel else channel
+        name = settings.INFERENCE.fleet.worker_channel if from_worker_channel else channel
         return async_to_sync(layer.receive)(name)
 
     yield receive
@@ -215,7 +215,7 @@ def test_a_worker_that_stops_beating_is_lost_and_its_models_not_loaded(cache):
     assert selectors.load_state("local/alpha")["loaded_on"] == [worker.name]
     assert worker_registry.mark_lost_workers() == []
     Worker.objects.filter(pk=worker.pk).update(
-        last_heartbeat=timezone.now() - timedelta(seconds=settings.INFERENCE["WORKER_LOST_AFTER"] + 1))
+        last_heartbeat=timezone.now() - timedelta(seconds=settings.INFERENCE.fleet.worker_lost_after + 1))
     assert selectors.load_state("local/alpha") is None  # readers see it at once
     assert worker_registry.mark_lost_workers() == [worker.name]
     worker.refresh_from_db()

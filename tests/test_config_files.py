@@ -75,16 +75,3 @@ def test_unknown_or_mistyped_keys_stop_the_command_and_are_named(tmp_path, comma
         if command == "client" else run_manage(command, "--config", str(tmp_path / "config.yaml"), env_extra=env)
     assert result.returncode != 0
     assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
-
-
-def test_the_kept_web_settings_follow_serve_flags_and_overrides(settings):
-    """`web_config()` is kept between reads: a `serve` flag (`set_inference`) and a settings override
-    (Django's `setting_changed`) are both seen by the next read."""
-    from catalog.config import set_inference, web_config
-
-    before = web_config()
-    assert web_config() is before  # kept
-    settings.INFERENCE = {**settings.INFERENCE, "MAX_N": before.max_n + 1}  # an override
-    assert web_config().max_n == before.max_n + 1
-    set_inference("MAX_N", before.max_n + 2)  # in place, as serve does
-    assert web_config().max_n == before.max_n + 2

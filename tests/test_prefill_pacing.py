@@ -37,9 +37,9 @@ def test_the_budget_stays_between_the_floor_and_the_chunk():
     assert PrefillPacer(8).budget(decoding=True) == 8
 
 
-def test_the_share_setting_reaches_the_engines_pacer(settings):
-    from workers.engine.config import EngineConfig
+def test_the_share_setting_reaches_the_engines_pacer():
+    from inference_site.inference_settings import InferenceSettings
     from workers.engine.core.engine import Engine
 
-    config = EngineConfig.from_settings({**settings.INFERENCE, "PREFILL_SHARE": 0.25})
+    config = InferenceSettings.from_environ({"INFERENCE_PREFILL_SHARE": "0.25"}).engine
     assert Engine(lambda channel, message: None, config).scheduler.pacer.share == 0.25

@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache, wraps
 
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.staticfiles import finders
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import ensure_csrf_cookie
-
-from catalog.config import web_config
 
 from teams.selectors import team_for_user
 
@@ -58,7 +57,7 @@ def app_page(template: str, active: str) -> Callable:
     @ensure_csrf_cookie
     def view(request):
         join_default_team_if_staff(request.user)
-        return render(request, template, {"active": active, "default_model": web_config().default_model,
+        return render(request, template, {"active": active, "default_model": settings.INFERENCE.models.default,
                                           "has_team": team_for_user(request.user) is not None,
                                           # /load_model is an operator's act (docs/reliability.md); for
                                           # everyone else the first request loads the model

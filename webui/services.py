@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Sum
-
-from catalog.config import web_config
 
 from openai_api.errors import APIError
 from teams.models import APIKey
@@ -22,7 +21,7 @@ from .serializers import MAX_MESSAGES
 def _sized(user, messages: list, conversation_id: int | None = None) -> int:
     """The messages' stored size; 413 when the user's conversations would pass their bound with them."""
     size = len(json.dumps(messages, ensure_ascii=False).encode())
-    limit = web_config().ui_storage_bytes_per_user
+    limit = settings.INFERENCE.pages.ui_storage_bytes_per_user
     others = (Conversation.objects.filter(user=user).exclude(pk=conversation_id)
               .aggregate(total=Sum("size_bytes"))["total"] or 0)
     if others + size > limit:

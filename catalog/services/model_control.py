@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 import protocol
 
-from ..config import web_config
 from ..errors import NoWorker
 from ..models import Worker
 
@@ -24,12 +24,12 @@ def _send(channel: str, message: dict) -> None:
 
 def send_to_all_workers(message: dict) -> None:
     """To the group of every worker (settings, unloads): each acts on it."""
-    async_to_sync(get_channel_layer().group_send)(web_config().worker_group, message)
+    async_to_sync(get_channel_layer().group_send)(settings.INFERENCE.fleet.worker_group, message)
 
 
 def _load_channel(worker: Worker | None) -> str:
     """A given worker's own channel, else the shared one (whichever worker takes it)."""
-    return worker.channel_name if worker is not None and worker.channel_name else web_config().worker_channel
+    return worker.channel_name if worker is not None and worker.channel_name else settings.INFERENCE.fleet.worker_channel
 
 
 def request_load(model: protocol.ModelRef, requested_by: str, worker: Worker | None = None) -> str:
@@ -77,7 +77,7 @@ async def unload_model(model: protocol.ModelRef, requested_by: str, *, timeout: 
     """The round trip of an unload: every worker's answer, until `answers` came (None: all within `timeout`)."""
     layer = get_channel_layer()
     reply = await layer.new_channel("reply.")
-    await layer.group_send(web_config().worker_group,
+    await layer.group_send(settings.INFERENCE.fleet.worker_group,
                            protocol.control_message(protocol.MODEL_UNLOAD, model, reply, requested_by))
     deadline = asyncio.get_running_loop().time() + timeout
     received = 0

@@ -9,11 +9,11 @@ import logging
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
+from django.conf import settings
 from django.utils import timezone
 
 import protocol
 
-from ..config import web_config
 from ..models import CachedModel, LoadEvent, ModelLoad, Worker
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
 
 def mark_lost_workers(lost_after: float | None = None) -> list[str]:
     """Workers silent for too long are lost; what they held counts as not loaded."""
-    lost_after = web_config().worker_lost_after if lost_after is None else lost_after
+    lost_after = settings.INFERENCE.fleet.worker_lost_after if lost_after is None else lost_after
     cutoff = timezone.now() - timedelta(seconds=lost_after)
     lost = list(Worker.objects.filter(status=Worker.Status.ONLINE, last_heartbeat__lt=cutoff))
     for worker in lost:

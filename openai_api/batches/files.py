@@ -9,9 +9,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from django.conf import settings
 from django.db.models import Q, QuerySet
-
-from catalog.config import web_config
 
 from ..errors import APIError
 from .models import StoredFile, new_id
@@ -22,7 +21,7 @@ ID = re.compile(r"[A-Za-z0-9_-]{1,40}")  # what new_id makes; anything else (a N
 
 
 def files_dir() -> Path:
-    path = web_config().batch_files_dir
+    path = settings.INFERENCE.batches.files_dir
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 
@@ -47,7 +46,7 @@ def save_upload(team_id: int, purpose: str, upload) -> StoredFile:
     if purpose not in PURPOSES:
         raise APIError(400, f"Invalid purpose {purpose!r}: this server accepts files for 'batch' only.",
                        param="purpose", code="invalid_value")
-    limit = web_config().batch_file_max_bytes
+    limit = settings.INFERENCE.batches.file_max_bytes
     file_id = new_id("file-")
     path = files_dir() / file_id
     size = 0

@@ -20,9 +20,9 @@ import time
 from collections import deque
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
-from catalog.config import web_config
 from protocol.tasks import watch
 
 from . import service, state
@@ -45,7 +45,7 @@ class BatchRunner:
 
     def __init__(self) -> None:
         self.batches: dict[str, asyncio.Task] = {}
-        self.slots = asyncio.Semaphore(max(1, web_config().batch_concurrency))
+        self.slots = asyncio.Semaphore(max(1, settings.INFERENCE.batches.concurrency))
         self.wake = asyncio.Event()
         self.loop_task: asyncio.Task | None = None
 
@@ -65,12 +65,12 @@ class BatchRunner:
                 logger.warning("batch runner tick failed", exc_info=True)
             self.wake.clear()
             try:
-                await asyncio.wait_for(self.wake.wait(), web_config().batch_poll_seconds)
+                await asyncio.wait_for(self.wake.wait(), settings.INFERENCE.batches.poll_seconds)
             except TimeoutError:
                 pass
 
     async def tick(self) -> None:
-        held = await db(state.claim_batches)(RUNNER_ID, web_config().batch_lost_after)
+        held = await db(state.claim_batches)(RUNNER_ID, settings.INFERENCE.batches.lost_after)
         for batch_id in held:
             task = self.batches.get(batch_id)
             if task is None or task.done():
@@ -117,8 +117,8 @@ class BatchRunner:
         running: dict[asyncio.Task, int] = {}
         ahead: deque[tuple[int, int, str, dict]] = deque()  # read, not started
         writer = LineWriter(batch_id)
-        limit = max(1, web_config().batch_concurrency)
-        every = min(STATE_SECONDS, web_config().batch_poll_seconds)
+        limit = max(1, settings.INFERENCE.batches.concurrency)
+        every = min(STATE_SECONDS, settings.INFERENCE.batches.poll_seconds)
         checked = time.monotonic()
         try:
             while True:

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-
-from catalog.config import web_config
 
 from ..errors import APIError
 from .files import ID, file_not_found, get_file, paginate, path_of
@@ -110,7 +109,7 @@ def validate_input(batch_id: str) -> Batch:
     if batch.status != Batch.VALIDATING:
         return batch
     errors, lines, seen = [], [], set()
-    max_lines = web_config().batch_max_lines
+    max_lines = settings.INFERENCE.batches.max_lines
     try:
         with open(path_of(batch.input_file), "rb") as source:
             for number, raw in enumerate(source, start=1):

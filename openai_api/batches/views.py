@@ -6,12 +6,11 @@ this process's batch runner if it is not running (a process started without `ser
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.http import FileResponse
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
-
-from catalog.config import web_config
 
 from ..base import OpenAIView
 from ..errors import APIError
@@ -67,7 +66,7 @@ class FilesView(BatchAPIView):
     buffers_body = False  # the upload is streamed to disk, bounded by INFERENCE_BATCH_FILE_MAX_BYTES
 
     def body_limit(self, request) -> int:
-        return web_config().batch_file_max_bytes + 64 * 1024 if request.method == "POST" else super().body_limit(request)
+        return settings.INFERENCE.batches.file_max_bytes + 64 * 1024 if request.method == "POST" else super().body_limit(request)
 
     async def get(self, request):
         query = FileListSerializer(data=request.query_params)

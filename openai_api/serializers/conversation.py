@@ -9,9 +9,8 @@ import json
 import logging
 import re
 
+from django.conf import settings
 from rest_framework import serializers
-
-from catalog.config import web_config
 
 from protocol import Conversation
 
@@ -68,7 +67,7 @@ def clean_message(message, index: int) -> dict:
     path = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid(path, "each message must be an object.")
-    extras = web_config().pass_message_extras
+    extras = settings.INFERENCE.api.pass_message_extras
     unknown = sorted(set(message) - MESSAGE_KEYS)
     if unknown and not extras:
         logger.debug("%s: ignoring fields the server does not know: %s", path, ", ".join(unknown))

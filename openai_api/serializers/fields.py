@@ -52,9 +52,9 @@ class StrictCharField(serializers.CharField):
 
 def pinned_model_or_required() -> str:
     """A request without `model` gets the pinned model (`serve MODEL`); without one, `model` is required."""
-    from catalog.config import web_config
+    from django.conf import settings
 
-    pinned = web_config().pinned_model
+    pinned = settings.INFERENCE.models.pinned
     if not pinned:
         raise serializers.ValidationError("This field is required (this server pins no model).", code="required")
     return pinned

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from catalog.config import web_config
+from django.conf import settings
 
 from ..principal import Scope
 from .base import LimitExceeded, Ticket, rate_headers, reservation_size, ticket_headers
@@ -23,7 +23,7 @@ _limiter: DatabaseLimiter | RedisLimiter | None = None
 def limiter() -> DatabaseLimiter | RedisLimiter:
     global _limiter
     if _limiter is None:
-        url = web_config().limits_redis_url
+        url = settings.INFERENCE.teams.limits_redis_url
         _limiter = RedisLimiter(url) if url else DatabaseLimiter()
     return _limiter
 

@@ -28,7 +28,6 @@ from workers.adapter import catalog_sync
 from workers.adapter.bridge import EngineBridge
 from workers.adapter.resilience import retrying
 from workers.adapter.routing import EMPTY_TABLE, JobClaims, PassedJobs, RoutingTable, Unconfirmed, choose_worker
-from workers.engine.config import EngineConfig
 
 DRAIN_SECONDS = 2.0  # a dying worker's last errors get this long to reach their clients
 # A worker that has just started waits this long at most for its first routing table before it chooses
@@ -59,13 +58,13 @@ class InferenceConsumer(AsyncConsumer):
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = retrying(functools.partial(self.channel_layer.receive, self.channel_name),
                                         "worker's own channel", reconnect=self._join_group)
-        self.config = settings.INFERENCE
+        self.config = settings.INFERENCE  # typed groups (inference_site/inference_settings.py)
         self.catalog_settings: dict[str, protocol.ModelSettings] = {}
         self.routing: RoutingTable = EMPTY_TABLE
         self.routing_known = asyncio.Event()  # set once the catalog gave this worker a table
         self.claims = JobClaims(self.channel_layer, self.channel_name)
         self.passed = PassedJobs()
-        self.unconfirmed = Unconfirmed(self.config["WORKER_LOST_AFTER"])
+        self.unconfirmed = Unconfirmed(self.config.fleet.worker_lost_after)
         self._tasks: set[asyncio.Task] = set()
         self._bridge: EngineBridge | None = None
         self.dead: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -90,8 +89,13 @@ class InferenceConsumer(AsyncConsumer):
             dispatching.cancel()
             upkeep.cancel()
             with contextlib.suppress(Exception):  # a worker started after it in this process (serve) joins anew
-                await self.channel_layer.group_discard(self.config["WORKER_GROUP"], self.channel_name)
+                await self.channel_layer.group_discard(self.config.fleet.worker_group, self.channel_name)
             await catalog_sync.say_stopped(self.worker_name)
+
+    def _memory_budget_mb(self) -> float | None:
+        """INFERENCE_WORKER_MEMORY_BUDGET_MB as the catalog keeps it (None: no budget; the machine's memory)."""
+        budget = self.config.engine.memory_budget_bytes
+        return budget / catalog_sync.MIB if budget else None
 
     def _die(self, reason: str) -> None:
         if not self.dead.done():
@@ -100,7 +104,7 @@ class InferenceConsumer(AsyncConsumer):
 
     async def _join_group(self) -> None:
         """Group membership lives in the layer: joined at start and again after a Redis restart."""
-        await self.channel_layer.group_add(self.config["WORKER_GROUP"], self.channel_name)
+        await self.channel_layer.group_add(self.config.fleet.worker_group, self.channel_name)
 
     async def dispatch(self, message: dict) -> None:
         # As AsyncConsumer.dispatch without closing old DB connections first: handlers never
@@ -120,9 +124,9 @@ class InferenceConsumer(AsyncConsumer):
     def bridge(self) -> EngineBridge:
         # Created on the first job: an idle worker has not even imported torch.
         if self._bridge is None:
-            self._bridge = EngineBridge(self.channel_layer, self.worker_name, EngineConfig.from_settings(self.config),
+            self._bridge = EngineBridge(self.channel_layer, self.worker_name, self.config.engine,
                                         self.catalog_settings, self._record_change,
-                                        self.config["WORKER_KEEPALIVE_SECONDS"])
+                                        self.config.jobs.worker_keepalive_seconds)
             self._bridge.dead.add_done_callback(lambda dead: self._die(dead.result()))
         return self._bridge
 
@@ -138,9 +142,9 @@ class InferenceConsumer(AsyncConsumer):
         Joining is retried every beat: a worker may start before the web side has migrated the
         database, or while the database is down.
         """
-        while (welcome := await catalog_sync.join(self.worker_name, self.channel_name, self.config["DEVICE"],
-                                                  self.config["WORKER_MEMORY_BUDGET_MB"] or None)) is None:
-            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+        while (welcome := await catalog_sync.join(self.worker_name, self.channel_name, self.config.engine.device,
+                                                  self._memory_budget_mb())) is None:
+            await asyncio.sleep(self.config.fleet.heartbeat_seconds)
         self.catalog_settings = welcome.settings
         self._preloading = {protocol.ModelRef.parse(name).key for name in welcome.preload}
         self._route_by(welcome.routing)  # before any preload: jobs go to the live holders meanwhile
@@ -155,7 +159,7 @@ class InferenceConsumer(AsyncConsumer):
                 self._route_by(await catalog_sync.beat(self.worker_name, loaded, self._free_slots()))
             except Exception:  # a missed beat is retried at the next; the catalog calls the worker lost only after several
                 logger.exception("the heartbeat of worker %s failed", self.worker_name)
-            await asyncio.sleep(self.config["HEARTBEAT_SECONDS"])
+            await asyncio.sleep(self.config.fleet.heartbeat_seconds)
 
     def _route_by(self, table: RoutingTable | None) -> None:
         if table is not None:
@@ -233,7 +237,7 @@ class InferenceConsumer(AsyncConsumer):
             return
         # The in-process layer reaches no other worker (a channel in the catalog from an earlier
         # process is dead), so only a layer shared between processes routes.
-        if (self.config["ROUTE_JOBS"] and not message.get("routed")
+        if (self.config.fleet.route_jobs and not message.get("routed")
                 and getattr(self.channel_layer, "connection", None) is not None):
             await self._pass_or_take(message)
             return
@@ -270,7 +274,7 @@ class InferenceConsumer(AsyncConsumer):
         """A receiver that does not confirm died since the last heartbeat (or is slow): it is left out of
         this worker's choices until it beats again (`Unconfirmed`), and the job goes to another holder (or
         is run here)."""
-        if await self.passed.confirmed(message["request_id"], self.config["ROUTE_ACK_TIMEOUT"]):
+        if await self.passed.confirmed(message["request_id"], self.config.fleet.route_ack_timeout):
             return
         claimed_by = await self.claims.claimed_by(message["request_id"])
         if claimed_by == target:  # it runs the job: alive, only its confirmation came late
@@ -303,7 +307,7 @@ class InferenceConsumer(AsyncConsumer):
 
     async def _say_alive(self, reply_channel: str) -> None:
         while True:
-            await asyncio.sleep(self.config["WORKER_KEEPALIVE_SECONDS"])
+            await asyncio.sleep(self.config.jobs.worker_keepalive_seconds)
             await self.channel_layer.send(reply_channel, protocol.alive_message())
 
     def _in_background(self, work) -> None:

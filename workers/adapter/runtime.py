@@ -30,7 +30,7 @@ async def run_worker(engine_first: bool = False, stop: asyncio.Event | None = No
     held here run on for INFERENCE_SHUTDOWN_GRACE_SECONDS and the rest end with `server_shutting_down`.
     """
     layer = get_channel_layer()
-    channel = settings.INFERENCE["WORKER_CHANNEL"]
+    channel = settings.INFERENCE.fleet.worker_channel
     inbox: asyncio.Queue = asyncio.Queue()
     application = InferenceConsumer.as_asgi()
     consumer = asyncio.ensure_future(
@@ -49,7 +49,7 @@ async def run_worker(engine_first: bool = False, stop: asyncio.Event | None = No
                 receiving.cancel()
                 running = InferenceConsumer.running
                 if running is not None:
-                    await running.stop_gracefully(settings.INFERENCE["SHUTDOWN_GRACE_SECONDS"])
+                    await running.stop_gracefully(settings.INFERENCE.lifecycle.shutdown_grace_seconds)
                 return
             if consumer.done():
                 receiving.cancel()

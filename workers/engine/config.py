@@ -1,13 +1,12 @@
 """What an engine is told when it starts: device, batching limits, chat-template choices, media limits.
 
-Plain Python. The worker's adapter builds one EngineConfig from Django's settings and
-passes it down; nothing below the adapter reads settings or the environment.
+Plain Python. `inference_site/inference_settings.py` parses the environment into one EngineConfig
+(`settings.INFERENCE.engine`) and the worker's adapter passes it down; nothing below the adapter reads
+settings or the environment. Tests build their own (`EngineConfig(max_num_seqs=8)`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from workers.media.limits import MIB, MediaSettings
 
@@ -79,33 +78,3 @@ class EngineConfig:
             fitted = replace(fitted, batch_rows_beside_interactive=fitted.max_num_seqs if gpu
                              else BATCH_ROWS_BESIDE_INTERACTIVE_CPU)
         return fitted
-
-    @classmethod
-    def from_settings(cls, inference: Mapping[str, Any]) -> EngineConfig:
-        """From `settings.INFERENCE` (inference_site/settings.py owns every default)."""
-        return cls(
-            device=inference["DEVICE"], dtype=inference["DTYPE"], torch_threads=inference["TORCH_THREADS"],
-            gil_switch_ms=float(inference.get("GIL_SWITCH_MS", 0.0)),
-            cudnn_attention=inference.get("CUDNN_ATTENTION", False),
-            quantization=inference.get("QUANTIZATION") or "", attn_implementation=inference.get("ATTN_IMPLEMENTATION") or "",
-            max_num_seqs=inference["MAX_NUM_SEQS"], max_queue=inference["MAX_QUEUE"],
-            max_model_len=inference.get("MAX_MODEL_LEN", 0), seed=inference.get("SEED"),
-            generation_config=inference.get("GENERATION_CONFIG") or "auto",
-            batch_rows_beside_interactive=inference.get("BATCH_ROWS_BESIDE_INTERACTIVE", -1),
-            prefill_chunk=inference["PREFILL_CHUNK"], prefill_share=inference["PREFILL_SHARE"],
-            model_timeout=inference["MODEL_TIMEOUT"],
-            memory_budget_bytes=int(inference["WORKER_MEMORY_BUDGET_MB"] * MIB) or None,
-            grammar_timeout=inference["GRAMMAR_TIMEOUT"], grammar_cache_size=inference["GRAMMAR_CACHE_SIZE"],
-            kv_budget_bytes=int(inference.get("KV_BUDGET_MB", 0) * MIB) or None,
-            prefix_cache_bytes=int(inference.get("PREFIX_CACHE_MB", 512) * MIB),
-            embedding_batch=inference.get("EMBEDDING_BATCH", 32),
-            stream_interval=max(1, inference.get("STREAM_INTERVAL", 1)),
-            static_decode=inference.get("STATIC_DECODE", "auto"), cuda_graphs=inference.get("CUDA_GRAPHS", True),
-            max_faults=inference.get("ENGINE_MAX_FAULTS", 5), stall_seconds=inference.get("ENGINE_STALL_SECONDS", 60.0),
-            templates=TemplateSettings(path=inference.get("CHAT_TEMPLATE") or "",
-                                       kwargs_json=inference.get("CHAT_TEMPLATE_KWARGS") or "",
-                                       reasoning=inference.get("REASONING") or "auto"),
-            media=MediaSettings(max_bytes=inference["MEDIA_MAX_BYTES"], fetch_timeout=inference["MEDIA_FETCH_TIMEOUT"],
-                                allow_hosts=frozenset(inference["MEDIA_ALLOW_HOSTS"]),
-                                video_frames=inference["VIDEO_FRAMES"]),
-        )

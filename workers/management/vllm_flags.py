@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-# (option key, settings.INFERENCE key) of the engine flags both `serve` and `run_worker` take.
+# (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
                         ("generation_config", "GENERATION_CONFIG"))
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")

@@ -13,10 +13,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog.config import set_inference
 from catalog.hf_cache import cached_served_models
 from catalog.local_folders import link_gguf, link_local_model
 from inference_site import edge, version_line
+from inference_site.inference_settings import SettingError
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
 from workers.management.vllm_flags import (ENGINE_FLAG_SETTINGS, add_engine_flags, add_server_flags, allowed_origins,
@@ -24,7 +24,7 @@ from workers.management.vllm_flags import (ENGINE_FLAG_SETTINGS, add_engine_flag
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
 
-# Settings a server config file (or a flag) sets, as (config key, settings.INFERENCE key).
+# Settings a server config file (or a flag) sets, as (config key, INFERENCE_* environment variable suffix).
 ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "MODEL_TIMEOUT"),
                    ("max_num_seqs", "MAX_NUM_SEQS"), ("max_queue", "MAX_QUEUE"), ("prefill_chunk", "PREFILL_CHUNK"),
                    ("prefill_share", "PREFILL_SHARE"), ("quantization", "QUANTIZATION"),
@@ -38,6 +38,17 @@ logger = logging.getLogger(__name__)
 RESTART_WINDOW_SECONDS = 600
 RESTART_DELAY_SECONDS = 1.0  # the dead worker's last answers go out first
 STOP_NOTICE_SECONDS = 3.0
+
+
+def update_settings(changes: dict[str, str]) -> None:
+    """`changes` (INFERENCE_* variables) set in this process's environment and `settings.INFERENCE` read again;
+    a value its setting cannot take stops the start, naming the flag's variable."""
+    if not changes:
+        return
+    try:
+        settings.INFERENCE = settings.INFERENCE.updated(changes)
+    except SettingError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def given_key(token: str | None, token_file: str | None) -> str | None:
@@ -130,14 +141,13 @@ class Command(BaseCommand):
         kwargs = options.get("chat_template_kwargs")
         self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
                              options.get("reasoning"))
-        for key, setting in ENGINE_SETTINGS:  # settings, and env for workers started from here
-            if options.get(key) is not None:
-                set_inference(setting, options[key])
-                os.environ[f"INFERENCE_{setting}"] = str(options[key])
-        self._configure_cors(allowed_origins(options.get("cors_allow_origins")), bool(options.get("enable_cors")))
+        # Flags become environment variables (workers started from here inherit them), read again into the settings.
+        changes = {f"INFERENCE_{setting}": str(options[key]) for key, setting in ENGINE_SETTINGS
+                   if options.get(key) is not None}
         if options.get("stop_sequences"):
-            set_inference("STOP_SEQUENCES", list(options["stop_sequences"]))
-            os.environ["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
+            changes["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
+        update_settings(changes)
+        self._configure_cors(allowed_origins(options.get("cors_allow_origins")), bool(options.get("enable_cors")))
         if options.get("log_level"):  # settings.LOGGING too: the ASGI app's django.setup() applies it again
             settings.LOGGING["root"]["level"] = str(options["log_level"]).upper()
             logging.getLogger().setLevel(str(options["log_level"]).upper())
@@ -193,7 +203,7 @@ class Command(BaseCommand):
 
         server = edge.EdgeServer(
             application=application,
-            endpoints=[f"{endpoint}:backlog={settings.INFERENCE['LISTEN_BACKLOG']}"
+            endpoints=[f"{endpoint}:backlog={settings.INFERENCE.edge.listen_backlog}"
                        for endpoint in build_endpoint_description_strings(host=host, port=port)],
             http_timeout=None,
             ready_callable=start_worker,
@@ -226,7 +236,7 @@ class Command(BaseCommand):
 
         now = time.monotonic()
         self.restarts = [at for at in self.restarts if now - at < RESTART_WINDOW_SECONDS]
-        allowed = settings.INFERENCE["ENGINE_RESTARTS"]
+        allowed = settings.INFERENCE.lifecycle.engine_restarts
         if len(self.restarts) < allowed:
             self.restarts.append(now)
             logger.critical("%s; starting a fresh engine (restart %d of %d within %d minutes)", reason,
@@ -246,7 +256,8 @@ class Command(BaseCommand):
         reactor.callLater(STOP_NOTICE_SECONDS, reactor.stop)  # /health says why before the process is gone
 
     def _configure_chat(self, template: str | None, kwargs: str | None, reasoning: str | None) -> None:
-        """Chat flags become settings (and env, for workers started from here); bad values stop the start."""
+        """Chat flags become settings (through the environment, for workers started from here); bad values stop the
+        start."""
         values = {}
         if template:
             path = Path(template).expanduser().resolve()
@@ -263,9 +274,7 @@ class Command(BaseCommand):
             values["CHAT_TEMPLATE_KWARGS"] = kwargs
         if reasoning:
             values["REASONING"] = reasoning
-        for key, value in values.items():
-            set_inference(key, value)
-            os.environ[f"INFERENCE_{key}"] = value
+        update_settings({f"INFERENCE_{key}": value for key, value in values.items()})
 
     def _configure_cors(self, origins: list[str], any_origin: bool) -> None:
         """--enable-cors / --cors-allow-origins: CORS headers on the API for these origins (settings.py's CORS_*)."""
@@ -276,7 +285,7 @@ class Command(BaseCommand):
             raise CommandError(f"--cors-allow-origins: {bad[0]!r} is not an origin (scheme://host[:port]).")
         settings.CORS_ALLOW_ALL_ORIGINS = any_origin or "*" in origins
         settings.CORS_ALLOWED_ORIGINS = [origin.rstrip("/") for origin in origins if origin != "*"]
-        os.environ["INFERENCE_CORS_ORIGINS"] = "*" if settings.CORS_ALLOW_ALL_ORIGINS else ",".join(origins)
+        update_settings({"INFERENCE_CORS_ORIGINS": "*" if settings.CORS_ALLOW_ALL_ORIGINS else ",".join(origins)})
         self.stdout.write("CORS: the API answers browser pages from "
                           f"{'any origin' if settings.CORS_ALLOW_ALL_ORIGINS else ', '.join(settings.CORS_ALLOWED_ORIGINS)}")
 
@@ -353,14 +362,14 @@ class Command(BaseCommand):
     def _ensure_a_model(self) -> None:
         if cached_served_models():
             return
-        name = settings.INFERENCE["DEFAULT_MODEL"]
+        name = settings.INFERENCE.models.fallback
         self.stdout.write(f"No model to serve in the Hugging Face cache: building {name} offline (random weights)…")
         call_command("create_tiny_model", name, size="tiny-long")
 
     def _announce_auth(self, port: int, no_auth: bool, given: str | None) -> None:
         if no_auth:
-            set_inference("AUTH_ENABLED", False)
-        if not settings.INFERENCE["AUTH_ENABLED"]:
+            update_settings({"INFERENCE_AUTH": "false"})
+        if not settings.INFERENCE.teams.auth_enabled:
             self.stderr.write(self.style.WARNING(
                 "WARNING: authentication is OFF. Anyone who can reach this port can use every model."
             ))

@@ -2,9 +2,8 @@ import asyncio
 import signal
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from catalog.config import set_inference
 from protocol.version import version_line
 from workers.management.vllm_flags import ENGINE_FLAG_SETTINGS, add_engine_flags
 from workers.adapter.runtime import run_worker
@@ -22,16 +21,21 @@ class Command(BaseCommand):
         add_engine_flags(parser)
 
     def handle(self, *args, **options):
-        for key, setting in ENGINE_FLAG_SETTINGS:  # vLLM's engine flags override the environment's settings
-            if options.get(key) is not None:
-                set_inference(setting, options[key])
+        # vLLM's engine flags override the environment's settings: set in it, and the settings read again.
+        changes = {f"INFERENCE_{setting}": str(options[key]) for key, setting in ENGINE_FLAG_SETTINGS
+                   if options.get(key) is not None}
+        if changes:
+            try:
+                settings.INFERENCE = settings.INFERENCE.updated(changes)
+            except ValueError as exc:  # inference_site.inference_settings.SettingError, naming the variable
+                raise CommandError(str(exc)) from None
         backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
         if backend.endswith("InMemoryChannelLayer"):
             self.stderr.write(self.style.WARNING(
                 "The in-process channel layer cannot reach a separate web server: set CHANNEL_LAYER_URL=redis://… "
                 "(or use `manage.py serve`, which runs a worker beside the server)."
             ))
-        self.stdout.write(f"worker listening on channel {settings.INFERENCE['WORKER_CHANNEL']!r} via {backend}")
+        self.stdout.write(f"worker listening on channel {settings.INFERENCE.fleet.worker_channel!r} via {backend}")
         asyncio.run(_until_signalled())
 
 
