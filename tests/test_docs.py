@@ -228,13 +228,50 @@ def test_the_readme_links_every_docs_page():
     assert missing == []
 
 
+SETTINGS_MODULES = ("inference_site/settings.py", "inference_site/inference_settings.py")
+
+
 def test_every_setting_read_by_the_settings_is_documented():
-    settings_text = (ROOT / "inference_site" / "settings.py").read_text()
+    settings_text = "\n".join((ROOT / path).read_text() for path in SETTINGS_MODULES)
     names = set(re.findall(r"""["']((?:INFERENCE|DJANGO)_[A-Z0-9_]+|[A-Z]+_URL|CHANNEL_CAPACITY|LOG_FORMAT)["']""",
                            settings_text))
+    assert len(names) > 100  # every INFERENCE_* variable is read here, nowhere else
     documented = (ROOT / "docs" / "settings.md").read_text()
     missing = sorted(n for n in names if f"`{n}`" not in documented)
-    assert missing == [], f"settings read in inference_site/settings.py but not in docs/settings.md: {missing}"
+    assert missing == [], f"settings read in {SETTINGS_MODULES} but not in docs/settings.md: {missing}"
+
+
+def test_no_module_but_the_settings_reads_an_inference_variable():
+    """Settings from environment variables, read in one place: no other module asks the environment for one
+    (`serve` and `run_worker` write theirs and read the settings again). The `client` command is a client: its
+    INFERENCE_API_KEY is the caller's key, no server setting."""
+    readers = []
+    for path in TRACKED:
+        if path.endswith(".py") and path.split("/", 1)[0] in {"inference_site", "protocol", "catalog", "teams",
+                                                                "openai_api", "webui", "workers"} \
+                and path not in (*SETTINGS_MODULES, "inference_site/management/commands/client.py"):
+            text = (ROOT / path).read_text()
+            if re.search(r"""(?:environ\.get|getenv|environ\[)\(?\s*f?["']INFERENCE_""", text):
+                readers.append(path)
+    assert readers == [], readers
+
+
+def test_the_package_notes_name_real_files():
+    """Each bullet of docs/architecture.md's "Packages in detail" starts with a package (`workers/engine/`); a file
+    or folder it names without one (`core/engine.py`) is in that package (moved files leave no stale names)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Packages in detail", 1)[1].split("\n## ", 1)[0]
+    problems = []
+    for bullet in re.split(r"\n(?=- `)", section):
+        m = re.match(r"\s*- `([\w/]+/)`", bullet)
+        if not m:
+            continue
+        for span in re.findall(r"`([^`\n]+)`", bullet)[1:]:
+            if re.fullmatch(r"[\w./-]+(?:\.py|\.jinja|/)", span) and span.split("/", 1)[0] not in {*TOP_DIRS, "var"} \
+                    and not (ROOT / m.group(1) / span).exists():
+                problems.append(f"{m.group(1)}: no such file: {span}")
+    assert len(re.findall(r"\n- `", section)) >= 10
+    assert problems == []
 
 
 def test_the_where_is_table_points_at_real_definitions():
