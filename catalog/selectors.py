@@ -71,15 +71,15 @@ def model_settings_map() -> dict[str, dict]:
     never unloaded (and whether its code may run), whatever its row says."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
               "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser", "gguf_file")
-    settings = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
+    by_model = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
                 for row in CachedModel.objects.filter(gone=False).values(*fields)}
     config = settings.INFERENCE.models
     if config.pinned:
         repo_id = ModelRef.parse(config.pinned).repo_id
-        own = settings.setdefault(repo_id, {"enabled": True})
+        own = by_model.setdefault(repo_id, {"enabled": True})
         own.update(preload=True, idle_timeout=-1,
                    trust_remote_code=bool(own.get("trust_remote_code")) or config.pinned_trust_remote_code)
-    return settings
+    return by_model
 
 
 def preload_models() -> list[str]:
