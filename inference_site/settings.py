@@ -1,7 +1,10 @@
 """Settings for the inference site.
 
 Every knob comes from an environment variable with a default that runs the
-embedded mode (SQLite, in-process channel layer) with no services at all.
+embedded mode (SQLite, in-process channel layer) with no services at all. The
+inference service's own (INFERENCE_*, the channel layer's, logging's) are parsed
+once by inference_settings.py into `INFERENCE`, typed groups by reader; Django's
+own (DJANGO_*, DATABASE_URL) are read here with the same typed reads.
 """
 import os
 from datetime import timedelta
