@@ -74,8 +74,8 @@ def test_a_model_whose_forward_raises_shows_degraded_within_10_requests(hf_cache
         assert "engine.forward" in record["last_error"]
 
         # The catalog heard it when the model turned (not at the next heartbeat): /v1/models and /metrics.
-        model = wait_until(lambda: (m := listed(server)[TINY_MODEL])["status"] == "degraded" and m, timeout=5,
-                           what="/v1/models to say degraded")
+        model = wait_until(lambda: (m := listed(server)[TINY_MODEL])["status"] == "degraded" and m, timeout=2,
+                           what="/v1/models to say degraded")  # before a heartbeat (3 s)
         assert model["health"]["failed"] == model["health"]["of"] == len(statuses)
         assert "engine.forward" in model["health"]["last_error"] and len(model["health"]["degraded_on"]) == 1
         assert model["loaded_on"] == model["health"]["degraded_on"]  # still loaded: degraded is not unloaded
