@@ -44,7 +44,8 @@ class ModelLoadInline(admin.TabularInline):
     model = ModelLoad
     extra = 0
     can_delete = False
-    fields = readonly_fields = ("worker", "status", "memory", "loaded_at", "last_used", "error")
+    fields = readonly_fields = ("worker", "status", "memory", "loaded_at", "last_used", "error", "degraded",
+                                "recent_failures", "last_error")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -52,6 +53,10 @@ class ModelLoadInline(admin.TabularInline):
     @admin.display(description="memory (MiB)")
     def memory(self, obj: ModelLoad) -> str:
         return f"{obj.memory_mb:.1f}"
+
+    @admin.display(description="recent failures")
+    def recent_failures(self, obj: ModelLoad) -> str:
+        return f"{obj.recent_failed} of {obj.recent_jobs}" if obj.recent_jobs else ""
 
 
 @admin.register(CachedModel)
@@ -65,7 +70,7 @@ class CachedModelAdmin(admin.ModelAdmin):
                        "modalities", "last_modified", "last_scanned", "gone", "detected_parsers", "parsers", "gguf")
     exclude = ("gguf_files",)  # shown as `gguf` (the served file marked)
     inlines = [ModelLoadInline]
-    actions = ["preload_now", "unload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
+    actions = ["preload_now", "unload_now", "reload_now", "set_idle_timeout", "enable", "disable", "rescan_cache",
                "delete_from_cache"]
 
     class Media:
@@ -87,14 +92,19 @@ class CachedModelAdmin(admin.ModelAdmin):
 
     @admin.display(description="status")
     def status(self, obj: CachedModel) -> str:
-        if obj.gone:
-            status = "gone"
-        else:
-            state = selectors.load_state(obj.repo_id)
-            status = state["status"] if state else "cached"
+        state = None if obj.gone else selectors.load_state(obj.repo_id)
+        status = "gone" if obj.gone else state["status"] if state else "cached"
         # The model's name and size for the script that shows a load's progress in this cell.
-        return format_html('<span class="model-status" data-model="{}" data-bytes="{}">{}</span>',
+        cell = format_html('<span class="model-status" data-model="{}" data-bytes="{}">{}</span>',
                            obj.repo_id, obj.size_on_disk or 0, status)
+        health = state and state.get("health")
+        if not health:
+            return cell
+        # Degraded: how many of its recent requests failed, and the last error (whole, on hover).
+        error = health["last_error"]
+        return format_html('{}<br><span class="model-health" title="{}">{} of {} failed on {}: {}</span>', cell,
+                           error, health["failed"], health["of"], ", ".join(health["degraded_on"]),
+                           error if len(error) <= 80 else error[:79] + "…")
 
     @admin.display(description="loaded on")
     def loaded_on(self, obj: CachedModel) -> str:
@@ -150,6 +160,13 @@ class CachedModelAdmin(admin.ModelAdmin):
             model_control.request_unload(protocol.ModelRef(model.repo_id), _who(request))
         self.message_user(request, f"Asked every worker to unload {queryset.count()} model(s); "
                                    "a worker refuses while the model is generating.")
+
+    @admin.action(description="Reload now (unload, then load again: a degraded model starts afresh)")
+    def reload_now(self, request, queryset) -> None:
+        for model in queryset:
+            where = model_control.request_reload(protocol.ModelRef(model.repo_id), _who(request))
+            self.message_user(request, f"Asked {', '.join(where)} to reload {model.repo_id}; "
+                                       "a worker refuses while the model is generating.")
 
     @admin.action(description="Set idle timeout…")
     def set_idle_timeout(self, request, queryset):

@@ -161,6 +161,11 @@ class ModelLoad(models.Model):
     loaded_at = models.DateTimeField(null=True, blank=True)
     last_used = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Its recent requests here (workers/adapter/model_health.py), cleared when it is unloaded or loaded again.
+    degraded = models.BooleanField(default=False, help_text="most of its recent requests on this worker failed")
+    recent_failed = models.IntegerField(default=0, help_text="failed of its last `recent_jobs` requests")
+    recent_jobs = models.IntegerField(default=0, help_text="its last requests counted (at most 10)")
+    last_error = models.TextField(blank=True, help_text="the last error a request of it ended with")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["model", "worker"], name="one_load_per_model_and_worker")]

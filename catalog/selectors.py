@@ -106,15 +106,17 @@ STATUS_ORDER = {ModelLoad.Status.LOADED: 3, ModelLoad.Status.LOADING: 2, ModelLo
 
 
 def load_states(loads=None) -> dict[str, dict]:
-    """{repo_id: {"status": loaded|loading|error, "loaded_on": [worker], "last_used", "memory_mb"}} on live workers
-    (`memory_mb`: what one loaded copy holds, quantized weights as packed; None while loaded nowhere)."""
+    """{repo_id: {"status": loaded|degraded|loading|error, "loaded_on": [worker], "last_used", "memory_mb",
+    "health"}} on live workers (`memory_mb`: what one loaded copy holds, quantized weights as packed; None while
+    loaded nowhere). A loaded model failing most of its recent requests on some worker is *degraded*, its
+    `health` {"degraded_on": [worker], "failed", "of", "last_error"} (else None)."""
     states: dict[str, dict] = {}
     alive = [w.pk for w in live_workers()]
     rows = ((loads if loads is not None else ModelLoad.objects).filter(worker_id__in=alive).exclude(status=ModelLoad.Status.UNLOADED)
             .select_related("model", "worker"))
     for row in rows:
         state = states.setdefault(row.model.repo_id, {"status": row.status, "loaded_on": [], "last_used": None,
-                                                      "error": "", "memory_mb": None})
+                                                      "error": "", "memory_mb": None, "health": None})
         if STATUS_ORDER.get(row.status, 0) > STATUS_ORDER.get(state["status"], 0):
             state["status"] = row.status
         if row.status == ModelLoad.Status.LOADED:
@@ -122,9 +124,28 @@ def load_states(loads=None) -> dict[str, dict]:
             state["memory_mb"] = max(state["memory_mb"] or 0.0, row.memory_mb)
         if row.status == ModelLoad.Status.ERROR:
             state["error"] = row.error
+        if row.status == ModelLoad.Status.LOADED and row.degraded:
+            _add_degraded(state, row)
         if row.last_used and (state["last_used"] is None or row.last_used > state["last_used"]):
             state["last_used"] = row.last_used
+    for state in states.values():
+        if state["health"] is not None:
+            state["status"] = "degraded"
     return states
+
+
+def _add_degraded(state: dict, row: ModelLoad) -> None:
+    """A loaded copy failing most of its recent requests: counted into its model's `health`."""
+    health = state["health"] = state["health"] or {"degraded_on": [], "failed": 0, "of": 0, "last_error": ""}
+    health["degraded_on"].append(row.worker.name)
+    health["failed"] += row.recent_failed
+    health["of"] += row.recent_jobs
+    health["last_error"] = row.last_error or health["last_error"]
+
+
+def serves(state: dict | None) -> bool:
+    """Whether a load state (`load_state`'s) says the model is loaded somewhere, degraded or not."""
+    return state is not None and state["status"] in (ModelLoad.Status.LOADED, "degraded")
 
 
 def load_state(repo_id: str) -> dict | None:
@@ -160,7 +181,7 @@ def listed_models() -> list[tuple[CacheEntry, dict]]:
     overrides = {row[0]: row[1:] for row in CachedModel.objects.filter(gone=False).exclude(
         tool_parser="", reasoning_parser="", chat_template="").values_list(
         "repo_id", "tool_parser", "reasoning_parser", "chat_template")}
-    return [(m, {**states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None}),
+    return [(m, {**states.get(m.repo_id, {"status": "cached", "loaded_on": [], "last_used": None, "health": None}),
                  "parsers": effective_parsers(m.parsers, *overrides.get(m.repo_id, ()), snapshot=m.snapshot_path)})
             for m in cached_served_models() if m.repo_id not in disabled]
 

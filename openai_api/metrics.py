@@ -2,7 +2,8 @@
 
 What it shows: the engine's vLLM-named metrics (workers.engine.core.metrics), HTTP requests by route and
 status (counted by the ASGI guard through `observe_http`), and from the catalog, which every
-web and worker process shares: workers by status and the models loaded on live workers.
+web and worker process shares: workers by status, the models loaded on live workers and whether each is
+degraded there (most of its recent requests failed), with its recent failures.
 With PROMETHEUS_MULTIPROC_DIR set (several processes on one host), the values of every process
 writing there are merged, as prometheus-client's multiprocess mode does.
 """
@@ -38,7 +39,7 @@ KNOWN_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TR
 
 
 class CatalogCollector:
-    """Workers by status and loaded models, read from the catalog at scrape time."""
+    """Workers by status, loaded models and their recent failures, read from the catalog at scrape time."""
 
     def collect(self):
         from catalog.models import ModelLoad, Worker
@@ -54,13 +55,22 @@ class CatalogCollector:
         for status, count in sorted(counts.items()):
             workers.add_metric([status], count)
         yield workers
-        loaded = GaugeMetricFamily("inference_model_loaded", "1 for each model loaded on a live worker.",
-                                   labels=["model_name", "worker"])
+        labels = ["model_name", "worker"]
+        loaded = GaugeMetricFamily("inference_model_loaded", "1 for each model loaded on a live worker.", labels=labels)
+        degraded = GaugeMetricFamily("inference_model_degraded", "1 for a loaded model failing most of its recent "
+                                     "requests on that worker (0: not).", labels=labels)
+        failed = GaugeMetricFamily("inference_model_recent_failures", "Of a loaded model's last requests on that "
+                                   "worker (inference_model_recent_requests), how many failed.", labels=labels)
+        counted = GaugeMetricFamily("inference_model_recent_requests", "A loaded model's last requests on that worker "
+                                    "that its health counts (at most 10).", labels=labels)
         rows = (ModelLoad.objects.filter(worker__in=alive, status=ModelLoad.Status.LOADED)
-                .values_list("model__repo_id", "worker__name"))
-        for repo_id, worker in rows:
+                .values_list("model__repo_id", "worker__name", "degraded", "recent_failed", "recent_jobs"))
+        for repo_id, worker, is_degraded, recent_failed, recent_jobs in rows:
             loaded.add_metric([repo_id, worker], 1)
-        yield loaded
+            degraded.add_metric([repo_id, worker], int(is_degraded))
+            failed.add_metric([repo_id, worker], recent_failed)
+            counted.add_metric([repo_id, worker], recent_jobs)
+        yield from (loaded, degraded, failed, counted)
 
 
 def exposition() -> bytes:

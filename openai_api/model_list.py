@@ -1,7 +1,8 @@
 """`GET /v1/models` and `GET /v1/models/{id}`: the enabled models the server can serve.
 
-OpenAI's model object plus where each model stands: `status` (cached, loading, loaded,
-error), `loaded_on` (worker names), `size_bytes` on disk, `memory_bytes` a loaded copy holds (quantized weights
+OpenAI's model object plus where each model stands: `status` (cached, loading, loaded, degraded: loaded and
+failing most of its recent requests on some worker, error), `health` (a degraded model's `degraded_on` workers,
+`failed` of its last `of` requests there and the `last_error`; null otherwise), `loaded_on` (worker names), `size_bytes` on disk, `memory_bytes` a loaded copy holds (quantized weights
 as packed; null while loaded nowhere) and the input `modalities` it takes
 (text, image, audio, video), `parent` (a LoRA adapter's base), the `tasks` it serves (generate, transcribe, embed: `embed` ones answer
 `/v1/embeddings`), the `parsers` its chat answers get ({tool_parser, reasoning_parser, source}), and vLLM's
@@ -33,6 +34,7 @@ def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> 
         "owned_by": model.repo_id.split("/", 1)[0] if "/" in model.repo_id else "local",
         "status": state["status"],
         "loaded_on": state["loaded_on"],
+        "health": state.get("health"),  # a degraded model's recent failures (catalog.selectors.load_states)
         "size_bytes": model.size_on_disk,
         "memory_bytes": None if state.get("memory_mb") is None else int(state["memory_mb"] * 1024 * 1024),  # loaded
         "modalities": list(model.modalities),

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 
 from catalog.services import model_control
 from catalog.errors import NoWorker
-from catalog.selectors import canonical_repo_id, live_workers, load_state
+from catalog.selectors import canonical_repo_id, live_workers, load_state, serves
 from teams.errors import ModelNotAllowed
 from teams.selectors import open_to_every_team
 import protocol
@@ -67,7 +67,7 @@ def _ready_without_the_right(request) -> dict | None:
     if not (request.auth.may_use(repo_id) if request.auth is not None else open_to_every_team(repo_id)):
         return None
     state = load_state(repo_id)
-    if state is None or state["status"] != "loaded":
+    if not serves(state):
         return None
     return {"status": "ready", "model": name, "cached": True}
 

@@ -16,7 +16,7 @@ Model control (web/admin -> a worker's channel, the shared worker channel, or th
     ControlMessage (model.load: one worker takes it; model.unload: every worker), SettingsMessage
 Worker -> the control request's reply channel:  ControlAccepted, then ProgressMessage until its
                                                 ModelEvent is terminal (`is_terminal`)
-Engine -> its own worker's catalog bookkeeping: ModelChange
+Engine -> its own worker's catalog bookkeeping: ModelChange; the worker's own: ModelHealthChange
 Health (web -> all workers, group), answered on its reply channel: PingMessage -> PongMessage
 """
 from __future__ import annotations
@@ -92,6 +92,7 @@ from protocol.control import (  # noqa: F401
     MODEL_LOADED,
     MODEL_LOAD_FAILED,
     MODEL_UNLOADED,
+    MODEL_HEALTH,
     PING,
     PONG,
     LOAD_STAGES,
@@ -102,6 +103,8 @@ from protocol.control import (  # noqa: F401
     ModelEvent,
     ProgressMessage,
     ModelChange,
+    ModelHealthChange,
+    model_health_change,
     control_message,
     settings_message,
     control_accepted,

@@ -15,6 +15,7 @@ MODEL_LOADING = "model.loading"
 MODEL_LOADED = "model.loaded"
 MODEL_LOAD_FAILED = "model.load_failed"
 MODEL_UNLOADED = "model.unloaded"
+MODEL_HEALTH = "model.health"  # a model became degraded on a worker, or recovered (ModelHealthChange)
 PING = "worker.ping"
 PONG = "worker.pong"
 LOAD_STAGES = ("processor", "config", "download", "weights")
@@ -86,6 +87,25 @@ class ModelChange(TypedDict):
     duration_s: NotRequired[float]
     error: NotRequired[str]
     memory_bytes: NotRequired[int]
+
+
+class ModelHealthChange(TypedDict):
+    """A model's recent jobs on a worker turned it degraded (most failed) or back, for the catalog at once
+    (its heartbeat carries the same record for every model it holds: {model@rev: {degraded, failed, of,
+    last_error}})."""
+
+    type: Literal["model.health"]
+    model: str
+    degraded: bool
+    failed: int  # of the last `of` jobs ended
+    of: int
+    last_error: str
+
+
+def model_health_change(model: str, record: dict) -> ModelHealthChange:
+    """`record`: {degraded, failed, of, last_error} (workers/adapter/model_health.py)."""
+    return {"type": MODEL_HEALTH, "model": model, "degraded": bool(record["degraded"]),
+            "failed": int(record["failed"]), "of": int(record["of"]), "last_error": str(record["last_error"])}
 
 
 def control_message(kind: str, model: ModelRef, reply_channel: str | None = None, requested_by: str = "") -> ControlMessage:

@@ -26,6 +26,7 @@ class ManagedProcess:
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path, python: bool = True, cwd: Path = ROOT) -> None:
         """`args` run under this Python (`python=False`: `args` is the whole command) in `cwd`."""
         self.log_path = log_path
+        self.env = env  # what it runs with (tests/helpers/admin.py runs manage.py against its database)
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, *args] if python else args, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,

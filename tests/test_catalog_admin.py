@@ -16,6 +16,7 @@ from catalog.services import cached_models, model_settings, worker_registry
 from catalog.errors import ModelDisabled
 from catalog.models import CachedModel, LoadEvent, ModelLoad, Worker
 from openai_api.errors import catalog_error
+from openai_api.metrics import exposition
 import protocol
 from workers.tiny.builders import build_non_causal_model, build_tiny_model
 
@@ -253,3 +254,54 @@ def test_admin_rounds_memory_and_durations(admin_client, cache):
     assert "0.9" in detail and "0.878" not in detail
     event = LoadEvent.objects.get()
     assert "1.2345" not in admin_client.get(f"/admin/catalog/loadevent/{event.pk}/change/").content.decode()
+
+
+def test_a_degraded_model_shows_with_its_last_error_until_it_recovers_or_loads_again(admin_client, cache):
+    worker = online_worker()
+    loaded = {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}}
+    failing = {"degraded": True, "failed": 3, "of": 3, "last_error": "RuntimeError: the forward raised"}
+    worker_registry.heartbeat(worker.name, loaded, health={"local/alpha@main": failing})
+    state = selectors.load_state("local/alpha")
+    assert state["status"] == "degraded" and state["loaded_on"] == [worker.name]
+    assert state["health"] == {"degraded_on": [worker.name], "failed": 3, "of": 3,
+                               "last_error": "RuntimeError: the forward raised"}
+    assert dict(selectors.listed_models()[0][1])["health"]["failed"] == 3  # what /v1/models shows
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert ">degraded<" in page and "3 of 3 failed on gpu-box:1: RuntimeError: the forward raised" in page
+    model = CachedModel.objects.get(repo_id="local/alpha")
+    assert "the forward raised" in admin_client.get(f"{CHANGELIST}{model.pk}/change/").content.decode()
+    metrics = exposition().decode()
+    assert 'inference_model_degraded{model_name="local/alpha",worker="gpu-box:1"} 1.0' in metrics
+    assert 'inference_model_recent_failures{model_name="local/alpha",worker="gpu-box:1"} 3.0' in metrics
+
+    # Recovered (the worker says so at once), degraded again, then loaded afresh: cleared each time.
+    worker_registry.record_model_health(worker.name, protocol.model_health_change(
+        "local/alpha@main", {"degraded": False, "failed": 1, "of": 4, "last_error": "RuntimeError: the forward raised"}))
+    assert selectors.load_state("local/alpha")["status"] == "loaded"
+    assert selectors.load_state("local/alpha")["health"] is None
+    worker_registry.record_model_health(worker.name, protocol.model_health_change("local/alpha@main", failing))
+    assert selectors.load_state("local/alpha")["status"] == "degraded"
+    worker_registry.record_model_event(worker.name, {"type": "model.loaded", "model": "local/alpha@main",
+                                                     "requested_by": "admin:root", "memory_bytes": 2**20})
+    assert selectors.load_state("local/alpha")["health"] is None
+    assert ModelLoad.objects.get(worker=worker).last_error == ""
+    assert 'inference_model_degraded{model_name="local/alpha",worker="gpu-box:1"} 0.0' in exposition().decode()
+    worker_registry.heartbeat(worker.name, loaded, health={"local/alpha@main": failing})
+    worker_registry.heartbeat(worker.name, loaded)  # its record forgotten there (reloaded, say): all clear
+    assert selectors.load_state("local/alpha")["status"] == "loaded"
+
+
+def test_reload_unloads_then_loads_on_each_worker_holding_the_model(admin_client, admin_user, cache, listener):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    done = admin_client.post(CHANGELIST, {"action": "reload_now", "_selected_action": [alpha.pk]}, follow=True)
+    assert b"Asked any worker to reload local/alpha" in done.content  # held nowhere: loaded somewhere
+    assert listener(from_worker_channel=True)["type"] == protocol.MODEL_LOAD
+    worker = online_worker()
+    worker_registry.heartbeat(worker.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9}})
+    done = admin_client.post(CHANGELIST, {"action": "reload_now", "_selected_action": [alpha.pk]}, follow=True)
+    assert b"Asked gpu-box:1 to reload local/alpha" in done.content
+    receive = async_to_sync(get_channel_layer().receive)
+    unload, load = receive(worker.channel_name), receive(worker.channel_name)  # its own channel: in this order
+    assert (unload["type"], load["type"]) == (protocol.MODEL_UNLOAD, protocol.MODEL_LOAD)
+    assert unload["model"] == load["model"] == {"repo_id": "local/alpha", "revision": None}
+    assert load["requested_by"] == f"admin:{admin_user.username}"

@@ -15,7 +15,8 @@ from django.conf import settings
 import protocol
 
 from ..errors import NoWorker
-from ..models import Worker
+from ..models import ModelLoad, Worker
+from ..selectors import live_workers
 
 
 def _send(channel: str, message: dict) -> None:
@@ -41,6 +42,21 @@ def request_load(model: protocol.ModelRef, requested_by: str, worker: Worker | N
 def request_unload(model: protocol.ModelRef, requested_by: str) -> None:
     """Ask every worker to unload a model; a worker refuses while the model is generating."""
     send_to_all_workers(protocol.control_message(protocol.MODEL_UNLOAD, model, None, requested_by))
+
+
+def request_reload(model: protocol.ModelRef, requested_by: str) -> list[str]:
+    """Load a model afresh (a degraded one, say) without waiting: each live worker holding it is asked to unload
+    it and then to load it again, both on that worker's own channel, so in that order; its record of recent
+    failures starts anew. Held nowhere: one worker loads it. Returns where it went. A worker refuses the
+    unload while the model is generating (it keeps the loaded copy)."""
+    holders = [worker for worker in live_workers() if worker.channel_name and ModelLoad.objects.filter(
+        worker=worker, model__repo_id=model.repo_id, status=ModelLoad.Status.LOADED).exists()]
+    if not holders:
+        return [request_load(model, requested_by)]
+    for worker in holders:
+        _send(worker.channel_name, protocol.control_message(protocol.MODEL_UNLOAD, model, None, requested_by))
+        _send(worker.channel_name, protocol.control_message(protocol.MODEL_LOAD, model, None, requested_by))
+    return [worker.name for worker in holders]
 
 
 async def load_model(model: protocol.ModelRef, requested_by: str, *, ack_timeout: float, event_timeout: float,

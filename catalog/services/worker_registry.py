@@ -20,13 +20,25 @@ logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
 
 
+# A load's health fields when it has no recent requests counted: after a load, an unload, a worker lost.
+HEALTHY = {"degraded": False, "recent_failed": 0, "recent_jobs": 0, "last_error": ""}
+
+
+def _health_fields(record: dict | None) -> dict:
+    """A worker's record of a model's recent requests ({degraded, failed, of, last_error}) as ModelLoad fields."""
+    if not record:
+        return dict(HEALTHY)
+    return {"degraded": bool(record.get("degraded")), "recent_failed": int(record.get("failed") or 0),
+            "recent_jobs": int(record.get("of") or 0), "last_error": str(record.get("last_error") or "")}
+
+
 def register_worker(name: str, host: str, pid: int, channel_name: str, device: str,
                     memory_total_mb: float | None) -> Worker:
     worker, _ = Worker.objects.update_or_create(name=name, defaults=dict(
         host=host, pid=pid, channel_name=channel_name, device=device, memory_total_mb=memory_total_mb,
         status=Worker.Status.ONLINE, last_heartbeat=timezone.now(), memory_used_mb=0.0))
     ModelLoad.objects.filter(worker=worker).exclude(status=ModelLoad.Status.UNLOADED).update(
-        status=ModelLoad.Status.UNLOADED)
+        status=ModelLoad.Status.UNLOADED, **HEALTHY)
     return worker
 
 
@@ -35,8 +47,11 @@ def _catalog_row(model_name: str) -> CachedModel:
     return row
 
 
-def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: int | None = None) -> None:
-    """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used"}})."""
+def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: int | None = None,
+              health: dict[str, dict] | None = None) -> None:
+    """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used"}}), whose recent
+    requests went as `health` says ({name@rev: {"degraded", "failed", "of", "last_error"}}; none: all well)."""
+    health = health or {}
     worker, _ = Worker.objects.get_or_create(name=name)  # a row lost with a reset database comes back
     worker.last_heartbeat = timezone.now()
     worker.status = Worker.Status.ONLINE
@@ -51,9 +66,18 @@ def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: 
         held.add(row.pk)
         ModelLoad.objects.update_or_create(model=row, worker=worker, defaults=dict(
             status=ModelLoad.Status.LOADED, memory_mb=info["memory_bytes"] / MIB,
-            last_used=datetime.fromtimestamp(info["last_used"], tz=dt_timezone.utc)))
+            last_used=datetime.fromtimestamp(info["last_used"], tz=dt_timezone.utc),
+            **_health_fields(health.get(model_name))))
     ModelLoad.objects.filter(worker=worker, status=ModelLoad.Status.LOADED).exclude(model_id__in=held).update(
-        status=ModelLoad.Status.UNLOADED)
+        status=ModelLoad.Status.UNLOADED, **HEALTHY)
+
+
+def record_model_health(worker_name: str, change: protocol.ModelHealthChange) -> None:
+    """A model turned degraded on a worker, or recovered: its load's row says so now (the next heartbeat
+    says it again). Only a model loaded there has a row to mark."""
+    ModelLoad.objects.filter(worker__name=worker_name, status=ModelLoad.Status.LOADED,
+                             model__repo_id=protocol.ModelRef.parse(change["model"]).repo_id).update(
+        **_health_fields(change))
 
 
 def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
@@ -85,7 +109,7 @@ def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
     now = timezone.now()
     status = {protocol.MODEL_LOADING: ModelLoad.Status.LOADING, protocol.MODEL_LOADED: ModelLoad.Status.LOADED,
               protocol.MODEL_LOAD_FAILED: ModelLoad.Status.ERROR, protocol.MODEL_UNLOADED: ModelLoad.Status.UNLOADED}[kind]
-    defaults: dict = {"status": status, "error": event.get("error") or ""}
+    defaults: dict = {"status": status, "error": event.get("error") or "", **HEALTHY}  # loaded afresh, or gone
     if kind == protocol.MODEL_LOADED:
         defaults.update(loaded_at=now, last_used=now, memory_mb=event.get("memory_bytes", 0) / MIB)
     ModelLoad.objects.update_or_create(model=row, worker=worker, defaults=defaults)
@@ -106,7 +130,7 @@ def mark_lost_workers(lost_after: float | None = None) -> list[str]:
         worker.memory_used_mb = 0.0
         worker.save(update_fields=["status", "memory_used_mb"])
         ModelLoad.objects.filter(worker=worker).exclude(status=ModelLoad.Status.UNLOADED).update(
-            status=ModelLoad.Status.UNLOADED)
+            status=ModelLoad.Status.UNLOADED, **HEALTHY)
         logger.warning("worker %s lost: no heartbeat since %s", worker.name, worker.last_heartbeat)
     return [w.name for w in lost]
 
@@ -114,4 +138,4 @@ def mark_lost_workers(lost_after: float | None = None) -> list[str]:
 def stop_worker(name: str) -> None:
     Worker.objects.filter(name=name).update(status=Worker.Status.STOPPED, memory_used_mb=0.0)
     ModelLoad.objects.filter(worker__name=name).exclude(status=ModelLoad.Status.UNLOADED).update(
-        status=ModelLoad.Status.UNLOADED)
+        status=ModelLoad.Status.UNLOADED, **HEALTHY)

@@ -33,7 +33,7 @@ from workers.engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
-RecordChange = Callable[[protocol.ModelChange], Awaitable[None]]
+RecordChange = Callable[[protocol.ModelChange | protocol.ModelHealthChange], Awaitable[None]]
 # Errors that say nothing of the model: the server full, stopping, or its worker's layer gone.
 NOT_THE_MODELS = frozenset({"queue_full", "server_shutting_down", "channel_layer_unavailable", "server_busy"})
 CUT_OFF_CHANNELS = 10_000  # reply channels remembered as cut off (each job has its own; the oldest are forgotten)
@@ -57,7 +57,7 @@ class EngineBridge:
         self.keepalive_seconds = keepalive_seconds
         self._held: dict[str, tuple[str, float]] = {}  # reply channel -> (request id, last sent), until done
         self._cut_off: OrderedDict[str, None] = OrderedDict()  # reply channels that lost a message: silent now
-        self.model_health = ModelHealth()  # each model's recent failures (degraded models, for /health)
+        self.model_health = ModelHealth()  # each model's recent failures (degraded: /health, the catalog)
         self._job_models: dict[str, str] = {}  # reply channel -> its job's model, until it ends
         self._last_word: dict[str, dict] = {}  # reply channels a graceful stop ended: only this message goes out
         self.dead: asyncio.Future[str] = self.loop.create_future()  # why the engine or a task died
@@ -209,10 +209,13 @@ class EngineBridge:
             return
         if message.get("type") in (protocol.DONE, protocol.ERROR) and channel in self._job_models:
             model = self._job_models.pop(channel)
+            flipped = False
             if message.get("type") == protocol.DONE:
-                self.model_health.ended(model, None)
+                flipped = self.model_health.ended(model, None)
             elif (message.get("status") or 500) >= 500 and message.get("code") not in NOT_THE_MODELS:
-                self.model_health.ended(model, message.get("message") or "error")
+                flipped = self.model_health.ended(model, message.get("message") or "error")
+            if flipped:  # degraded, or recovered: the catalog hears it now, not at the next heartbeat
+                self._changes.put_nowait(protocol.model_health_change(model, self.model_health.record(model)))
         held = self._held.get(channel)
         if held is not None:
             if message.get("type") in (protocol.DONE, protocol.ERROR):

@@ -49,19 +49,23 @@ async def join(name: str, channel_name: str, device: str, memory_budget_mb: floa
         return None
 
 
-async def beat(name: str, loaded: dict[str, dict], free_slots: int | None = None) -> RoutingTable | None:
-    """The worker is alive, holds `loaded` and can admit `free_slots` more jobs; returns the routing table."""
+async def beat(name: str, loaded: dict[str, dict], free_slots: int | None = None,
+               health: dict[str, dict] | None = None) -> RoutingTable | None:
+    """The worker is alive, holds `loaded` and can admit `free_slots` more jobs, its models' recent outcomes
+    `health` ({model@rev: {degraded, failed, of, last_error}}); returns the routing table."""
     try:
-        await database_sync_to_async(worker_registry.heartbeat)(name, loaded, free_slots=free_slots)
+        await database_sync_to_async(worker_registry.heartbeat)(name, loaded, free_slots=free_slots, health=health)
         return await database_sync_to_async(selectors.routing_table)()
     except Exception:
         logger.warning("heartbeat of %s failed", name, exc_info=True)
         return None
 
 
-async def record_change(name: str, change: protocol.ModelChange) -> None:
+async def record_change(name: str, change: protocol.ModelChange | protocol.ModelHealthChange) -> None:
+    record = (worker_registry.record_model_health if change["type"] == protocol.MODEL_HEALTH
+              else worker_registry.record_model_event)
     try:
-        await database_sync_to_async(worker_registry.record_model_event)(name, change)
+        await database_sync_to_async(record)(name, change)
     except Exception:
         logger.warning("could not record %s", change, exc_info=True)
 

@@ -156,7 +156,8 @@ class InferenceConsumer(AsyncConsumer):
             try:
                 await failpoints.ahit("worker.heartbeat")
                 loaded = self._bridge.engine.manager.snapshot() if self._bridge is not None else {}
-                self._route_by(await catalog_sync.beat(self.worker_name, loaded, self._free_slots()))
+                health = self._bridge.model_health.records() if self._bridge is not None else {}
+                self._route_by(await catalog_sync.beat(self.worker_name, loaded, self._free_slots(), health))
             except Exception:  # a missed beat is retried at the next; the catalog calls the worker lost only after several
                 logger.exception("the heartbeat of worker %s failed", self.worker_name)
             await asyncio.sleep(self.config.fleet.heartbeat_seconds)
@@ -320,8 +321,9 @@ class InferenceConsumer(AsyncConsumer):
         if not task.cancelled() and task.exception() is not None:
             logger.error("background work failed", exc_info=task.exception())
 
-    async def _record_change(self, change: protocol.ModelChange) -> None:
-        """A model change goes to the catalog; a preloaded model's load, done or failed, ends its wait."""
+    async def _record_change(self, change: protocol.ModelChange | protocol.ModelHealthChange) -> None:
+        """A model change (or a model turned degraded or back) goes to the catalog; a preloaded model's load,
+        done or failed, ends its wait."""
         if change["type"] in ("model.loaded", "model.load_failed") and self._preloading:
             self._preloading -= {change["model"], protocol.ModelRef.parse(change["model"]).key}
         await catalog_sync.record_change(self.worker_name, change)

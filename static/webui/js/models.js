@@ -1,6 +1,9 @@
 // The model picker: /v1/models (with each model's status) and /load_model's progress events.
 import { APIProblem, apiJSON, streamSSE, unreachable } from "./api.js";
 
+/** The statuses of a model in memory (degraded: loaded, but failing most of its recent requests). */
+const IN_MEMORY = new Set(["loaded", "degraded"]);
+
 /** A model's input modalities as the picker shows them beside its name. */
 export const modalitiesOf = (model) => (model && model.modalities) || [];
 
@@ -108,14 +111,15 @@ export class ModelPicker {
     const status = model ? model.status : "";
     this.badge.textContent = status;
     this.badge.className = `badge ${status}`;
-    this.badge.title = status === "cached" ? "On disk, not in memory: the first request loads it." : "";
-    this.loadButton.hidden = !model || status === "loaded" || this.loading !== null || !this.managesModels;
+    this.badge.title = status === "cached" ? "On disk, not in memory: the first request loads it."
+      : status === "degraded" && model.health ? `Most of its recent requests failed: ${model.health.last_error}` : "";
+    this.loadButton.hidden = !model || IN_MEMORY.has(status) || this.loading !== null || !this.managesModels;
   }
 
   /** Load the chosen model if it is not in memory yet, showing /load_model's progress. */
   async ensureLoaded() {
     const model = this.models.get(this.select.value);
-    if (!model || model.status === "loaded" || !this.managesModels) return;
+    if (!model || IN_MEMORY.has(model.status) || !this.managesModels) return;
     if (this.loading) return this.loading;
     this.loading = this._load(model).finally(() => {
       this.loading = null;
