@@ -132,3 +132,45 @@ export async function lastTurnsWithin(messages, budget, count) {
   }
   return messages.slice(last);
 }
+
+/**
+ * The playground's document under the rolling window (its one policy: a document has no turns, so
+ * "truncate middle" does not apply, and its text is the user's to cut): when the document leaves no room
+ * for `maxTokens`, its start is left out of the request, which sends the document's last tokens as token
+ * ids; Max tokens is lowered to what is left, as in the chat. Changes `body` (prompt, max_tokens) and
+ * resolves to null (it fits as it is), or {note, notSentChars} saying what was done.
+ */
+export async function fitDocument(body, text) {
+  const tokenize = async (prompt) => {
+    try {
+      return await apiJSON("/tokenize", { method: "POST", body: { model: body.model, prompt } });
+    } catch (error) {
+      if (error.code === "context_length_exceeded") return null;
+      throw error;
+    }
+  };
+  // Over the context /tokenize gives no tokens: the document's end, shorter and shorter, until it does.
+  let tail = text;
+  let counted = await tokenize(tail);
+  while (!counted && tail.length > 1) {
+    tail = tail.slice(Math.floor(tail.length / 2));
+    counted = await tokenize(tail);
+  }
+  if (!counted || !counted.max_model_len) return null; // not counted: the request will say why
+  const limit = counted.max_model_len;
+  const room = answerRoom(limit, body.max_tokens);
+  const asked = body.max_tokens;
+  if (tail === text && counted.count + asked <= limit) return null;
+  if (tail === text && counted.count + room <= limit) {
+    body.max_tokens = limit - counted.count;
+    return { note: `Max tokens is ${asked}, but the text takes ${counted.count} of the model's ${limit} tokens: `
+      + `this continuation may have at most ${body.max_tokens}.`, notSentChars: 0 };
+  }
+  const kept = counted.tokens.slice(-(limit - room));
+  const keptText = (await apiJSON("/detokenize", { method: "POST", body: { model: body.model, tokens: kept } })).prompt;
+  body.prompt = kept;
+  body.max_tokens = Math.min(asked, limit - kept.length);
+  const notSentChars = Math.max(0, text.length - keptText.length);
+  return { notSentChars, note: `The first ${notSentChars} characters of the text were ${NOT_SENT} `
+    + `(rolling window): the model continued its last ${kept.length} tokens of ${limit}.` };
+}
