@@ -136,6 +136,7 @@ def test_stop_at_the_limit_says_so_before_sending_and_starts_a_new_chat_with_the
     assert not any(marked(page))
     page.wait_for_selector("#carry-over:visible")
     old = conversation_id(page)
+    page.click("#settings summary")  # closed: the messages, the message and the way on in view
     screenshot(page, "chat-overflow-stop")
     assert axe_violations(page) == []
 
