@@ -134,6 +134,7 @@ def test_stop_at_the_limit_says_so_before_sending_and_starts_a_new_chat_with_the
     assert page.input_value("#prompt") == turn_text(n, words=20)
     assert page.locator("#messages .message").count() == 2 * (n - 1)
     assert not any(marked(page))
+    page.wait_for_function("() => /full/.test(document.getElementById('context-meter').textContent)")
     page.wait_for_selector("#carry-over:visible")
     old = conversation_id(page)
     page.click("#settings summary")  # closed: the messages, the message and the way on in view

@@ -108,7 +108,7 @@ export class Composer {
     this.meter.dataset.notSent = left;
     if (!plan.fits) {
       this.meter.textContent = plan.count && plan.limit ? `${plan.count} / ${plan.limit} tokens: full`
-        : "more than the model's context";
+        : plan.limit ? `over ${plan.limit} tokens: full` : "more than the model's context";
       this.meter.classList.add("full");
       return;
     }
