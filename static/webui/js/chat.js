@@ -449,8 +449,9 @@ async function send() {
   let plan = null;
   try {
     // What of the chat this turn sends (Context overflow); "stop at the limit" says so before anything is saved.
-    plan = await planFor(current.messages);
-    if (!plan.fits) throw new APIProblem(fullMessage(plan, picker.value, readOptions().overflow));
+    // Not counted (no worker now, say): the turn is saved as ever, and the answer's request says why.
+    plan = await planFor(current.messages).catch(() => null);
+    if (plan && !plan.fits) throw new APIProblem(fullMessage(plan, picker.value, readOptions().overflow));
     await saveSettings().catch(() => {});
     if (current.id) {
       const outcome = await saveFrom(current.messages.length - 1);
