@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from openai import OpenAI
@@ -185,6 +186,11 @@ def test_a_text_longer_than_the_context_is_continued_from_its_end(page_of, web_s
     page.keyboard.insert_text(text)
     statuses: list[int] = []
     page.on("response", lambda response: response.url.endswith("/v1/completions") and statuses.append(response.status))
+
+    def requests_counted() -> int:
+        return page.request.get(f"{web_server.base_url}/v1/key").json()["data"]["period_requests"]
+
+    counted_before = requests_counted()
     with page.expect_request(lambda request: request.url.endswith("/v1/completions")) as sent:
         page.click("#continue")
     wait_for_continuation(page)
@@ -198,6 +204,12 @@ def test_a_text_longer_than_the_context_is_continued_from_its_end(page_of, web_s
     assert int(page.get_attribute("body", "data-not-sent-chars")) > 0
     continued = doc_text(page)
     assert continued.startswith(text) and len(continued) > len(text)
+    # Only the continuation was a request of the team's: neither /tokenize nor /detokenize from the page.
+    deadline = time.monotonic() + 10
+    while requests_counted() < counted_before + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert requests_counted() == counted_before + 1
     # The same continuation as the API gives for those token ids.
     assert continued[len(text):] == completion(web_server, body["prompt"], max_tokens=8).text
     assert page.js_errors == []
