@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.forms import Script
 from django.contrib import admin, messages
 from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
@@ -75,8 +76,8 @@ class CachedModelAdmin(admin.ModelAdmin):
 
     class Media:
         # Preload and Unload from the changelist stream /load_model's stages and bytes into each row
-        # (without the script they are the plain actions below).
-        js = ("catalog/admin-catalog.js",)
+        # (without the script they are the plain actions below). A module: it imports the pages' api.js.
+        js = (Script("catalog/admin-catalog.js", type="module"),)
         css = {"all": ("catalog/admin-catalog.css",)}
 
     def has_add_permission(self, request) -> bool:

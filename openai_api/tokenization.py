@@ -35,6 +35,9 @@ class DetokenizeView(GenerationView):
     serializer_class = DetokenizeRequestSerializer
     id_prefix = "detok"
 
+    def metered(self, request) -> bool:
+        return request.auth.key is not None  # as /tokenize: the playground's context fit spends no request quota
+
     def answer_without_job(self, data: dict) -> dict | None:
         return {"prompt": ""} if not data["tokens"] else None
 

@@ -89,6 +89,11 @@ class AnswerStatsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     usage = UsageSerializer(required=False, allow_null=True)
     finish_reason = StrictCharField(max_length=32, required=False, allow_null=True)
     model = StrictCharField(max_length=200, required=False)
+    # The messages this answer's request left out (the chat's Context overflow): [from, to) index ranges.
+    not_sent = serializers.ListField(
+        child=serializers.ListField(child=StrictIntegerField(min_value=0, max_value=MAX_MESSAGES), min_length=2,
+                                    max_length=2),
+        max_length=MAX_MESSAGES, required=False)
 
 
 class ToolCallFunctionSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -137,6 +142,8 @@ class ConversationOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serial
     max_tokens = StrictIntegerField(min_value=1, max_value=1_000_000, required=False, allow_null=True)
     thinking = serializers.ChoiceField(choices=["auto", "on", "off"], required=False)
     tools = StrictCharField(max_length=MAX_TEXT, allow_blank=True, required=False)
+    # When the next turn does not fit the model's context (static/webui/js/context-window.js).
+    overflow = serializers.ChoiceField(choices=["rolling", "middle", "stop"], required=False)
 
 
 class ConversationSerializer(RejectUnknownFieldsMixin, serializers.Serializer):

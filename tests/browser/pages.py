@@ -31,7 +31,7 @@ def greet(name):
 
 
 def chat_settings(page, temperature: float | None = None, max_tokens: int | None = None,
-                  thinking: str | None = None, tools: str | None = None) -> None:
+                  thinking: str | None = None, tools: str | None = None, overflow: str | None = None) -> None:
     if not page.is_visible("#max-tokens"):
         page.click("#settings summary")
     if temperature is not None:
@@ -42,6 +42,8 @@ def chat_settings(page, temperature: float | None = None, max_tokens: int | None
         page.select_option("#thinking", thinking)
     if tools is not None:
         page.fill("#tools", tools)
+    if overflow is not None:
+        page.select_option("#overflow", overflow)
 
 
 def record_streamed_lengths(page) -> None:

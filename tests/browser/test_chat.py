@@ -287,7 +287,10 @@ def test_the_conversation_store_validates_what_it_keeps(page_of, web_server):
     for body, param in [({"title": "x", "colour": "red"}, "colour"),
                         ({"title": "x", "messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
                         ({"title": "x" * 201}, "title"),
-                        ({"title": "x", "options": {"temperature": 5}}, "options.temperature")]:
+                        ({"title": "x", "options": {"temperature": 5}}, "options.temperature"),
+                        ({"title": "x", "options": {"overflow": "sideways"}}, "options.overflow"),
+                        ({"title": "x", "messages": [{"role": "assistant", "content": "a",
+                                                      "stats": {"not_sent": [[0]]}}]}, "messages[0].stats.not_sent")]:
         response = page.request.post(url, data=body, headers=csrf_header(page))
         assert response.status == 400, body
         assert response.json()["error"]["param"] == param

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from openai import OpenAI
@@ -171,3 +172,44 @@ def test_compare_mode_continues_and_scores_under_two_models(page_of, web_server)
     assert total == pytest.approx(sum(lp for lp in scores[SECOND_MODEL] if lp is not None), abs=1e-3)
     assert page.js_errors == []
     screenshot(page, "playground-compare")
+
+
+def test_a_text_longer_than_the_context_is_continued_from_its_end(page_of, web_server):
+    """The rolling window for the document: its start is left out of the request (said under the text), the
+    model continues from its last tokens, and the request is the same as the API's with those token ids."""
+    page = page_of("alice")
+    page.goto(f"{web_server.base_url}/playground")
+    page.wait_for_selector("body[data-ready=true]")
+    playground_settings(page, temperature=0, max_tokens=8)
+    text = " ".join(f"line{i} of a long text" for i in range(200))  # well over the tiny model's 512 tokens
+    page.click("#doc")
+    page.keyboard.insert_text(text)
+    statuses: list[int] = []
+    page.on("response", lambda response: response.url.endswith("/v1/completions") and statuses.append(response.status))
+
+    def requests_counted() -> int:
+        return page.request.get(f"{web_server.base_url}/v1/key").json()["data"]["period_requests"]
+
+    counted_before = requests_counted()
+    with page.expect_request(lambda request: request.url.endswith("/v1/completions")) as sent:
+        page.click("#continue")
+    wait_for_continuation(page)
+    assert statuses == [200]
+    assert page.is_hidden("#error"), page.inner_text("#error")
+    body = json.loads(sent.value.post_data)
+    assert isinstance(body["prompt"], list) and body["prompt"] and len(body["prompt"]) + body["max_tokens"] <= 512
+    assert body["max_tokens"] == 8
+    stats = page.inner_text("#stats")
+    assert "not sent: beyond the context" in stats, stats
+    assert int(page.get_attribute("body", "data-not-sent-chars")) > 0
+    continued = doc_text(page)
+    assert continued.startswith(text) and len(continued) > len(text)
+    # Only the continuation was a request of the team's: neither /tokenize nor /detokenize from the page.
+    deadline = time.monotonic() + 10
+    while requests_counted() < counted_before + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert requests_counted() == counted_before + 1
+    # The same continuation as the API gives for those token ids.
+    assert continued[len(text):] == completion(web_server, body["prompt"], max_tokens=8).text
+    assert page.js_errors == []

@@ -1,8 +1,11 @@
 // The public API from our pages: same endpoints as the SDK, authenticated by the session cookie + CSRF header.
 
+/** The CSRF token: our pages' meta tag, or a Django form's hidden field (the admin's pages). */
 export function csrfToken() {
   const meta = document.querySelector('meta[name="csrf-token"]');
-  return meta ? meta.content : "";
+  if (meta) return meta.content;
+  const field = document.querySelector("input[name=csrfmiddlewaretoken]");
+  return field ? field.value : "";
 }
 
 const UNREACHABLE = "The server cannot be reached (is it running? is the network up?).";

@@ -14,7 +14,7 @@ export function readOptions(fields) {
   return {
     temperature: numberOrNull(fields.temperature), top_p: numberOrNull(fields.topP),
     max_tokens: numberOrNull(fields.maxTokens, (v) => parseInt(v, 10)), thinking: fields.thinking.value,
-    tools: fields.tools.value,
+    tools: fields.tools.value, overflow: fields.overflow.value,
   };
 }
 
@@ -63,19 +63,24 @@ export function requestBody({ model, system, options, base, continues }) {
 
 const TEMPLATE_FIELDS = ["tools", "chat_template_kwargs", "continue_final_message", "add_generation_prompt"];
 
+/** The /tokenize body that counts `body`'s prompt as the request renders it. */
+export function tokenizeBody(body) {
+  const asked = { model: body.model, messages: body.messages };
+  for (const field of TEMPLATE_FIELDS) if (field in body) asked[field] = body[field];
+  return asked;
+}
+
 /**
  * A remembered Max tokens may be more than the context has left after the conversation: lower the
  * body's max_tokens to what is left and return a note saying so (null when it fits or is not set).
  * The prompt is counted by /tokenize exactly as the request renders it (free for the pages: it spends
  * no request quota). Throws an APIProblem when the prompt leaves no room at all.
  */
-export async function fitToContext(body) {
+export async function fitToContext(body, known = null) {
   if (body.max_tokens === undefined) return null; // unset: the server gives the answer the rest of the context
-  const asked = { model: body.model, messages: body.messages };
-  for (const field of TEMPLATE_FIELDS) if (field in body) asked[field] = body[field];
-  let counted;
+  let counted = known;
   try {
-    counted = await apiJSON("/tokenize", { method: "POST", body: asked });
+    counted ??= await apiJSON("/tokenize", { method: "POST", body: tokenizeBody(body) });
   } catch (error) {
     if (error.code !== "context_length_exceeded") return null; // not counted: the answer's request will say why
     counted = { count: null, max_model_len: null };

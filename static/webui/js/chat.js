@@ -8,12 +8,13 @@ import { APIProblem, apiJSON, messageOf, streamSSE, unreachable } from "./api.js
 import { contentOf, mediaParts, textOf } from "./attachments.js";
 import { exportJSON, exportMarkdown, importFile } from "./chat-io.js";
 import { ConversationList } from "./chat-list.js";
-import { checkSettings, fitToContext, mergeToolCall, readOptions as optionsOf, requestBody } from "./chat-request.js";
+import { checkSettings, fitToContext, mergeToolCall, readOptions as optionsOf, requestBody, tokenizeBody } from "./chat-request.js";
 import { createConversation, flushOutbox, newId, pendingFor, saveOnLeave, unqueue, writeTurns } from "./chat-store.js";
 import { asNewVersion, fillAnswer, messageElement, withVersion } from "./chat-view.js";
 import { clearUnreachable, showErrorIn } from "./banner.js";
 import { Composer } from "./composer.js";
 import { Connection } from "./connection.js";
+import { DEFAULT_OVERFLOW, NOT_SENT, fullMessage, isLeftOut, lastTurnsWithin, planContext, tokenCounter } from "./context-window.js";
 import { $, el, paintOnNextFrame } from "./dom.js";
 import { ModelPicker, modalitiesOf, writesText } from "./models.js";
 
@@ -21,10 +22,12 @@ const ui = {
   messages: $("messages"), send: $("send"), stop: $("stop"), error: $("error"), notice: $("notice"),
   system: $("system-prompt"), temperature: $("temperature"), topP: $("top-p"), maxTokens: $("max-tokens"),
   thinking: $("thinking"), tools: $("tools"), announce: $("announce"), exportBox: $("export"),
+  overflow: $("overflow"), contextFull: $("context-full"), carryOver: $("carry-over"),
 };
 // Chat needs a model that writes text: text, image and audio input (a speech-to-text model is not one).
 const picker = new ModelPicker(document.querySelector("[data-model-picker]"), "chat.model", showError, writesText);
-const composer = new Composer({ picker, showError, messages: () => current.messages, isBusy: () => busy });
+const composer = new Composer({ picker, showError, messages: () => current.messages, isBusy: () => busy,
+  plan: (messages) => planFor(messages) });
 const sidebar = new ConversationList({
   currentId: () => current.id, open: openConversation, showError,
   renamed: (id, title) => { if (current.id === id) current.title = title; },
@@ -38,6 +41,7 @@ let current = blankConversation();
 let streaming = null; // {controller, answer, at, base} while an answer streams
 let busy = false;      // from a send until the answer is saved: no second turn meanwhile
 let pinned = true;     // the reader is at the bottom of the messages: keep them there as the answer grows
+let fullPlan = null;   // the plan that did not fit (stop at the limit): what "New chat with the last turns" uses
 
 function blankConversation() {
   return { id: null, version: 0, title: "", model: "", system_prompt: "", options: {}, messages: [] };
@@ -54,7 +58,10 @@ function backgroundError(error) {
   else showError(error);
 }
 
-function clearError() { ui.error.hidden = true; }
+function clearError() {
+  ui.error.hidden = true;
+  ui.contextFull.hidden = true;
+}
 
 /** The server answers again: the turns kept in this browser are saved, the list is read again. */
 async function reconnected() {
@@ -102,6 +109,7 @@ async function openConversation(id) {
   ui.maxTokens.value = o.max_tokens ?? "";
   ui.thinking.value = o.thinking || "auto";
   ui.tools.value = o.tools || "";
+  ui.overflow.value = o.overflow || DEFAULT_OVERFLOW;
   picker.value = conversation.model;
   clearError();
   notify(pendingFor(id).length ? "Some of this conversation is kept in this browser only: it is saved when the server answers again." : "");
@@ -163,10 +171,88 @@ function renderMessages(upTo = current.messages.length) {
   const nodes = current.messages.slice(0, upTo).map((_, index) => messageElement(current.messages, index, actions, !busy));
   if (!nodes.length && !streaming) nodes.push(el("p", { className: "empty-hint", textContent: "Start a conversation below." }));
   ui.messages.replaceChildren(...nodes);
+  markNotSent(leftOutNow());
   if (pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
   ui.exportBox.hidden = !current.messages.length;
   document.body.dataset.messages = current.messages.length;
   composer.scheduleMeter();
+}
+
+/** The messages the latest request left out: the one streaming now, else the latest answer's. */
+function leftOutNow() {
+  if (streaming && streaming.notSent) return streaming.notSent;
+  const latest = [...current.messages].reverse().find((m) => m.role === "assistant" && m.stats);
+  return (latest && latest.stats.not_sent) || [];
+}
+
+/** Mark the drawn messages the request leaves out ("not sent: beyond the context"). */
+function markNotSent(ranges) {
+  [...ui.messages.querySelectorAll(":scope > .message:not(.streaming)")].forEach((node, index) => {
+    const out = isLeftOut(ranges, index);
+    node.classList.toggle("not-sent", out);
+    const label = node.querySelector(":scope > .not-sent-label");
+    if (out && !label) node.prepend(el("p", { className: "not-sent-label", textContent: NOT_SENT }));
+    if (!out && label) label.remove();
+  });
+  document.body.dataset.notSent = ranges.reduce((n, [from, to]) => n + to - from, 0);
+}
+
+/** What the next request sends of `base` (the messages before the answer) under the chat's Context overflow. */
+function planFor(base, continues = null) {
+  const options = readOptions();
+  const asked = (kept) => tokenizeBody(requestBody({ model: picker.value, system: ui.system.value, options, base: kept,
+    continues }));
+  return planContext(base, { policy: options.overflow, maxTokens: options.max_tokens, count: tokenCounter(asked) });
+}
+
+/** The chat is full (or its last message alone is too long): say so, nothing is sent. */
+function showFull(plan) {
+  const policy = readOptions().overflow;
+  showError(fullMessage(plan, picker.value, policy));
+  fullPlan = plan;
+  ui.contextFull.hidden = Boolean(plan.lastTurnAlone) || !current.messages.length;
+}
+
+/**
+ * "New chat with the last turns": the turns at the end of this chat that take at most half the model's
+ * context are carried over (copied, as they are) into a new chat with the same model and settings; the
+ * message in the box stays there, to be sent in the new chat. The old chat is kept as it is.
+ */
+async function carryOver() {
+  if (busy || !current.messages.length) return;
+  setBusy(true);
+  try {
+    const options = readOptions();
+    const asked = (kept) => tokenizeBody(requestBody({ model: picker.value, system: ui.system.value, options, base: kept }));
+    const limit = (fullPlan && fullPlan.limit) || 0;
+    const kept = await lastTurnsWithin(current.messages, Math.floor(limit / 2), tokenCounter(asked));
+    const title = current.title || titleOf(current.messages);
+    const next = blankConversation();
+    next.model = picker.value;
+    next.system_prompt = ui.system.value;
+    next.options = options;
+    next.messages = kept.map(({ versions: _v, version_index: _i, stats, ...m }) => {
+      const copy = { ...m, id: newId() };
+      if (stats) {
+        const { not_sent: _n, ...rest } = stats;
+        copy.stats = rest;
+      }
+      return copy;
+    });
+    await createConversation(next, `${title.slice(0, 180)} (continued)`);
+    current = next;
+    history.replaceState(null, "", `/chat?c=${current.id}`);
+    clearError();
+    notify(`A new chat with the last ${kept.length} messages of "${title}" carried over; `
+      + "the earlier ones stay in that chat. Your message is still in the box.");
+    sidebar.refresh().catch(backgroundError);
+  } catch (error) {
+    showError(error);
+  } finally {
+    setBusy(false);
+    renderMessages();
+    composer.focus();
+  }
 }
 
 async function switchVersion(index, k) {
@@ -236,7 +322,7 @@ function setStreaming(state) {
  * `replaces` as its new version (Regenerate), or as the rest of `continues` (Continue).
  * The messages change only once the answer has something in it: a failed Regenerate keeps the old one.
  */
-async function generate({ at, replaces = null, continues = null }) {
+async function generate({ at, replaces = null, continues = null, plan = null }) {
   if (busy || unreachableNow()) return;
   const problem = checkSettings(picker.value, modalitiesOf(picker.model), readOptions());
   if (problem) {
@@ -247,16 +333,18 @@ async function generate({ at, replaces = null, continues = null }) {
   clearError();
   try {
     await saveSettings().catch(() => {});
-    await streamAnswer(at, replaces, continues);
+    await streamAnswer(at, replaces, continues, plan);
   } finally {
     setBusy(false);
     renderMessages();
   }
 }
 
-async function streamAnswer(at, replaces, continues) {
+/** `plan`: what of messages[:at] the request sends (planContext), when send() has planned it already. */
+async function streamAnswer(at, replaces, continues, plan) {
   const base = current.messages.slice(0, at);
   const body = requestBody({ model: picker.value, system: ui.system.value, options: readOptions(), base, continues });
+  const ask = { notSent: [] };
   const answer = { id: newId(), role: "assistant", content: continues ? textOf(continues.content) : "",
     reasoning_content: continues ? continues.reasoning_content || "" : "", tool_calls: [] };
   renderMessages(at);
@@ -276,7 +364,20 @@ async function streamAnswer(at, replaces, continues) {
   });
   try {
     await picker.ensureLoaded();
-    const fitted = await fitToContext(body);
+    plan ??= await planFor(base, continues);
+    if (!plan.fits) {
+      setStreaming(null);
+      node.remove();
+      showFull(plan);
+      return;
+    }
+    if (plan.notSent.length) {
+      ask.notSent = streaming.notSent = plan.notSent;
+      body.messages = requestBody({ model: body.model, system: ui.system.value, options: readOptions(),
+        base: base.filter((_, i) => !isLeftOut(plan.notSent, i)), continues }).messages;
+      markNotSent(plan.notSent);
+    }
+    const fitted = await fitToContext(body, plan.limit ? { count: plan.count, max_model_len: plan.limit } : null);
     if (fitted) notify(fitted);
     await streamSSE("/v1/chat/completions", body, (chunk) => {
       node.dataset.requestId = chunk.id;
@@ -305,6 +406,7 @@ async function streamAnswer(at, replaces, continues) {
     model: body.model, seconds: (ended - started) / 1000, usage, finish_reason: finishReason || "error",
     tokens_per_second: tokens && generatedFor > 0 ? Math.max(tokens - 1, 1) / generatedFor : null,
   };
+  if (ask.notSent.length) answer.stats.not_sent = ask.notSent;
   if (!answer.reasoning_content) delete answer.reasoning_content;
   if (!answer.tool_calls.length) delete answer.tool_calls;
   placeAnswer(answer, at, replaces, continues);
@@ -344,10 +446,16 @@ async function send() {
   current.messages = [...current.messages, message];
   composer.setDraft("", []);
   renderMessages();
+  let plan = null;
   try {
+    // What of the chat this turn sends (Context overflow); "stop at the limit" says so before anything is saved.
+    // Not counted (no worker now, say): the turn is saved as ever, and the answer's request says why.
+    plan = await planFor(current.messages).catch(() => null);
+    if (plan && !plan.fits) throw new APIProblem(fullMessage(plan, picker.value, readOptions().overflow));
     await saveSettings().catch(() => {});
     if (current.id) {
       const outcome = await saveFrom(current.messages.length - 1);
+      if (outcome === "merged") plan = null; // other messages came first: planned again with them
       if (outcome === "queued") {
         unqueue(current.id, [message]); // it goes back into the box instead
         notify("");
@@ -364,11 +472,12 @@ async function send() {
     composer.setDraft(text, parts);
     setBusy(false);
     renderMessages();
-    showError(`${messageOf(error)} Your message is back in the box.`, error);
+    if (plan && !plan.fits) showFull(plan);
+    else showError(`${messageOf(error)} Your message is back in the box.`, error);
     return;
   }
   setBusy(false);
-  await generate({ at: current.messages.length });
+  await generate({ at: current.messages.length, plan });
 }
 
 // --- wiring ---------------------------------------------------------------------------------------
@@ -394,12 +503,15 @@ window.addEventListener("pagehide", () => {
   const { answer, at, replaces, continues } = streaming;
   if (!answer.content && !answer.reasoning_content) return;
   const partial = { ...answer, stats: { model: picker.value, finish_reason: "stopped" } };
+  if (streaming.notSent && streaming.notSent.length) partial.stats.not_sent = streaming.notSent;
   if (!partial.tool_calls.length) delete partial.tool_calls;
   if (!partial.reasoning_content) delete partial.reasoning_content;
   placeAnswer(partial, at, replaces, continues);
   saveOnLeave(current, at, current.messages.slice(at));
 });
 $("new-chat").addEventListener("click", newConversation);
+ui.carryOver.addEventListener("click", carryOver);
+ui.overflow.addEventListener("change", () => composer.scheduleMeter());
 composer.onSend = send;
 $("export-md").addEventListener("click", () => exportMarkdown(current));
 $("export-json").addEventListener("click", () => exportJSON(current));

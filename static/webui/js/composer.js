@@ -1,7 +1,7 @@
 // The chat page's composer: the box (it grows with its text), the attachments of the message being
 // written (attach, paste, drop; greyed out with a reason for a text-only model) and the context meter.
-import { apiJSON } from "./api.js";
-import { modalityOf, partOf, partView, textOf } from "./attachments.js";
+import { contentOf, modalityOf, partOf, partView } from "./attachments.js";
+import { leftOutCount } from "./context-window.js";
 import { $, el } from "./dom.js";
 import { modalitiesOf } from "./models.js";
 
@@ -10,13 +10,15 @@ const ACCEPT = { image: "image/*", audio: "audio/wav,audio/x-wav,audio/mpeg", vi
 export class Composer {
   /**
    * picker: the page's ModelPicker; showError(text); messages(): the conversation's messages now;
-   * isBusy(): a turn is under way (the meter waits).
+   * isBusy(): a turn is under way (the meter waits); plan(messages): what the next request sends of them
+   * (context-window.js's planContext).
    */
-  constructor({ picker, showError, messages, isBusy }) {
+  constructor({ picker, showError, messages, isBusy, plan }) {
     this.picker = picker;
     this.showError = showError;
     this.messages = messages;
     this.isBusy = isBusy;
+    this.plan = plan;
     this.form = $("composer");
     this.prompt = $("prompt");
     this.attach = $("attach");
@@ -90,28 +92,29 @@ export class Composer {
     this.meterTimer = setTimeout(() => this.measureContext().catch(() => { this.meter.textContent = ""; }), 700);
   }
 
-  /** Tokens the conversation (and the draft) takes of the model's context, as /tokenize counts them
-   * (free for the pages: it spends none of the team's requests). */
+  /** Tokens the next request takes of the model's context (the conversation and the draft, as the chat's
+   * Context overflow sends them, counted by /tokenize: free for the pages, it spends none of the team's
+   * requests), and how many earlier messages it leaves out. */
   async measureContext() {
     if (!this.picker.value || this.isBusy()) return;
-    const texts = this.messages().map((m) => ({ role: m.role, content: textOf(m.content) }));
-    if (this.prompt.value.trim()) texts.push({ role: "user", content: this.prompt.value });
-    if (!texts.length) {
+    const messages = [...this.messages()];
+    if (this.prompt.value.trim()) messages.push({ role: "user", content: contentOf(this.prompt.value, this.pending) });
+    if (!messages.length) {
       this.meter.textContent = "";
       return;
     }
-    let counted;
-    try {
-      counted = await apiJSON("/tokenize", { method: "POST", body: { model: this.picker.value, messages: texts } });
-    } catch (error) {
-      if (error.code !== "context_length_exceeded") throw error;
-      this.meter.textContent = "more than the model's context";
+    const plan = await this.plan(messages);
+    const left = leftOutCount(plan.notSent);
+    this.meter.dataset.notSent = left;
+    if (!plan.fits) {
+      this.meter.textContent = plan.count && plan.limit ? `${plan.count} / ${plan.limit} tokens: full`
+        : plan.limit ? `over ${plan.limit} tokens: full` : "more than the model's context";
       this.meter.classList.add("full");
       return;
     }
-    this.meter.textContent = counted.max_model_len ? `${counted.count} / ${counted.max_model_len} tokens`
-      : `${counted.count} tokens`;
-    this.meter.classList.toggle("full", Boolean(counted.max_model_len) && counted.count > 0.9 * counted.max_model_len);
+    const counted = plan.limit ? `${plan.count} / ${plan.limit} tokens` : `${plan.count} tokens`;
+    this.meter.textContent = left ? `${counted} · ${left} earlier message${left === 1 ? "" : "s"} not sent` : counted;
+    this.meter.classList.toggle("full", Boolean(plan.limit) && (left > 0 || plan.count > 0.9 * plan.limit));
   }
 
   /** Input, paste, drop and the attach button; Enter and submit call `onSend` (set by the page). */

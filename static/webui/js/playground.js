@@ -8,6 +8,7 @@ import { clearUnreachable, showErrorIn } from "./banner.js";
 import { Connection } from "./connection.js";
 import { $, el, paintOnNextFrame, probabilityColour } from "./dom.js";
 import { initCompare } from "./compare.js";
+import { fitDocument } from "./context-window.js";
 import { ModelPicker, writesText } from "./models.js";
 import { initViewCode } from "./view-code.js";
 
@@ -285,8 +286,11 @@ async function continueText(undoPoint = true) {
     render();
   };
   const repaint = paintOnNextFrame(() => running === controller && paint());
+  let fitted = null;
   try {
     await picker.ensureLoaded();
+    fitted = await fitDocument(body, prompt);
+    document.body.dataset.notSentChars = fitted ? fitted.notSentChars : 0;
     await streamSSE("/v1/completions", body, (chunk) => {
       if (chunk.usage) usage = chunk.usage;
       const choice = (chunk.choices || [])[0];
@@ -306,7 +310,8 @@ async function continueText(undoPoint = true) {
   paint();
   const seconds = (performance.now() - started) / 1000;
   const count = usage ? usage.completion_tokens : generated.token_logprobs.length;
-  ui.stats.textContent = `${count} tokens · ${(count / seconds).toFixed(1)} tokens/s · ${finish || "done"}`;
+  ui.stats.textContent = `${count} tokens · ${(count / seconds).toFixed(1)} tokens/s · ${finish || "done"}`
+    + (fitted ? ` · ${fitted.note}` : "");
   picker.refresh().catch((error) => connection.failed(error));
 }
 
