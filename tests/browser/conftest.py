@@ -78,14 +78,15 @@ def manage_shell(server: LiveServer, code: str) -> str:
 
 
 # Team red may use the tiny model, team blue only its copy; carol's team allows 2 requests a minute,
-# tess's 3; dana's team may use both (compare mode).
+# tess's 3; dana's team may use both (compare mode); uma's team is used by the account page's usage test
+# alone (its totals are that test's own, whatever ran before).
 TEAMS = {"red": {"allowed_models": [TINY_MODEL]}, "blue": {"allowed_models": [SECOND_MODEL]},
          "slow": {"allowed_models": [TINY_MODEL], "rpm": 2}, "both": {"allowed_models": [TINY_MODEL, SECOND_MODEL]},
-         "tight": {"allowed_models": [TINY_MODEL], "rpm": 3}}
+         "tight": {"allowed_models": [TINY_MODEL], "rpm": 3}, "metered": {"allowed_models": [TINY_MODEL]}}
 # olga is an operator (staff): she may load and unload models (/load_model), the others may not;
 # sam is a superuser (the admin's catalog).
 MEMBERS = {"alice": "red", "bob": "blue", "carol": "slow", "dana": "both", "olga": "red", "sam": "both",
-           "tess": "tight"}
+           "tess": "tight", "uma": "metered"}
 STAFF = {"olga"}
 SUPERUSERS = {"sam"}
 MAKE_MEMBERS = """

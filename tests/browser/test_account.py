@@ -20,7 +20,7 @@ def open_account(page, server):
 
 
 def test_account_shows_the_team_limits_usage_and_own_keys(page_of, web_server):
-    page = page_of("alice")
+    page = page_of("uma")  # the only member of team "metered": no other test adds to its usage
     chat_settings(page, temperature=0, max_tokens=5)
     send_message(page, "Count me")
     wait_for_answer(page)
@@ -34,7 +34,7 @@ def test_account_shows_the_team_limits_usage_and_own_keys(page_of, web_server):
         assert time.monotonic() < deadline, page.inner_text("#usage-summary")
         time.sleep(0.5)
     team = page.inner_text("#team")
-    assert "red" in team and TINY_MODEL in team
+    assert "metered" in team and TINY_MODEL in team
     assert "5 completion tokens" in page.inner_text("#usage-summary")
     assert page.locator("#usage-bars .bar").count() == 30
     assert page.locator("#limits tr").count() == 2  # the header and the team's row
