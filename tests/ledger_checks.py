@@ -25,6 +25,7 @@ class TokenStream(threading.Thread):
         self.id = ""
         self.status = 0
         self.tokens = 0
+        self.largest_event = 0  # the most tokens one event brought (what one delta lost in flight may hold)
         self.error: str | None = None  # the error event's code, "cut" (no [DONE]), or None: a whole answer
         self.done = False
 
@@ -60,7 +61,9 @@ class TokenStream(threading.Thread):
                 self.error = chunk["error"]["code"]
                 return
             self.id = self.id or chunk["id"]
-            self.tokens += sum(len(choice.get("token_ids") or ()) for choice in chunk["choices"])
+            tokens = sum(len(choice.get("token_ids") or ()) for choice in chunk["choices"])
+            self.tokens += tokens
+            self.largest_event = max(self.largest_event, tokens)
 
     def wait_for_tokens(self, count: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
