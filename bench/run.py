@@ -176,6 +176,8 @@ SCENARIOS = {
               "vs ledger rows vs rows with the status and tokens the client saw (bench/faults.py)",
     "shutdown": "SIGINT and SIGTERM, 10 tries each, with 16 streams in flight: exit 0 and every stream ended with "
                 "[DONE] (bench/shutdown.py)",
+    "readiness": "a fresh process's first completion after /health said ok vs its second, embedded and scale-out, "
+                 "5 tries each (bench/readiness.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }

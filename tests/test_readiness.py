@@ -4,7 +4,6 @@ failing every request shows degraded (in /health, /v1/models, /metrics and the a
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 
@@ -12,28 +11,17 @@ from .conftest import TINY_MODEL
 from .helpers.admin import admin_client
 from .helpers.catalog import listed, wait_until
 from .helpers.metrics import scrape, value
+from .helpers.readiness import first_and_second
 from .live_server import LiveServer, ManagedProcess, base_env
 
 CHANGELIST = "/admin/catalog/cachedmodel/"
-
-
-def first_and_second(base_url: str, headers: dict[str, str]) -> tuple[float, float]:
-    times = []
-    for _ in range(2):
-        started = time.monotonic()
-        response = httpx.post(f"{base_url}/v1/completions", headers=headers, timeout=60,
-                              json={"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 4,
-                                    "temperature": 0})
-        times.append(time.monotonic() - started)
-        assert response.status_code == 200, response.text
-    return times[0], times[1]
 
 
 def test_serve_pinned_is_ready_when_health_says_ok(hf_cache, tmp_path):
     server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, (TINY_MODEL,))
     try:
         server.wait_healthy()
-        first, second = first_and_second(server.base_url, server.headers)
+        first, second = first_and_second(server.base_url, server.headers, TINY_MODEL)
         assert first <= second + 0.5, (first, second)
         assert "engine warmed up in" in server.log()
     finally:
@@ -47,7 +35,7 @@ def test_scale_out_worker_is_ready_when_health_says_ok(hf_cache, tmp_path, redis
     try:
         reasons = web.wait_healthy()
         assert any("starting" in reason or "no worker" in reason for reason in reasons)  # not ok before the worker
-        first, second = first_and_second(web.base_url, web.headers)
+        first, second = first_and_second(web.base_url, web.headers, TINY_MODEL)
         assert first <= second + 0.5, (first, second)
     finally:
         worker.stop()
