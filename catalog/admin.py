@@ -4,12 +4,15 @@ from __future__ import annotations
 from django import forms
 from django.forms import Script
 from django.contrib import admin, messages
+from django.db import transaction
+from django.http import HttpResponseRedirect
 from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html, format_html_join
 
 import protocol
 from protocol.gguf import choose_gguf_file
+from protocol.layer_errors import LAYER_ERRORS
 
 from . import selectors
 from .services import cached_models, model_control, model_settings
@@ -41,6 +44,30 @@ def _intermediate(request, queryset, action: str, intro: str, submit_label: str,
         "show_size": show_size, "title": intro, "opts": CachedModel._meta})
 
 
+class WorkersUnreachable:
+    """Actions and saves that message the workers, when the channel layer (Redis in scale-out) is down: a
+    message on the page and nothing changed (the save or action rolled back), never a 500 page."""
+
+    def response_action(self, request, queryset):
+        with transaction.atomic():  # an action's rows change only if its messages reached the layer
+            return super().response_action(request, queryset)
+
+    def changelist_view(self, request, extra_context=None):
+        return self._unless_layer_down(request, super().changelist_view, extra_context)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._unless_layer_down(request, super().changeform_view, object_id, form_url, extra_context)
+
+    def _unless_layer_down(self, request, view, *args):
+        try:
+            return view(request, *args)
+        except LAYER_ERRORS as exc:
+            self.message_user(request, f"The channel layer (Redis) is unavailable, so the workers could not be told "
+                                       f"and nothing was changed ({type(exc).__name__}: {exc}). Try again once it "
+                                       "is back.", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+
 class ModelLoadInline(admin.TabularInline):
     model = ModelLoad
     extra = 0
@@ -61,7 +88,7 @@ class ModelLoadInline(admin.TabularInline):
 
 
 @admin.register(CachedModel)
-class CachedModelAdmin(admin.ModelAdmin):
+class CachedModelAdmin(WorkersUnreachable, admin.ModelAdmin):
     list_display = ("repo_id", "status", "loaded_on", "size", "last_used", "parsers", "idle_timeout", "preload",
                     "enabled")
     list_editable = ("idle_timeout", "preload", "enabled")

@@ -305,3 +305,37 @@ def test_reload_unloads_then_loads_on_each_worker_holding_the_model(admin_client
     assert (unload["type"], load["type"]) == (protocol.MODEL_UNLOAD, protocol.MODEL_LOAD)
     assert unload["model"] == load["model"] == {"repo_id": "local/alpha", "revision": None}
     assert load["requested_by"] == f"admin:{admin_user.username}"
+
+
+@pytest.fixture
+def layer_down(settings, redis_port_closed):
+    """A Redis channel layer whose server is down (nothing listens on its port)."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [f"redis://127.0.0.1:{redis_port_closed}/0"]}}}
+
+
+@pytest.fixture
+def redis_port_closed() -> int:
+    from .live_server import free_port
+
+    return free_port()
+
+
+def test_actions_and_saves_with_the_channel_layer_down_say_so_and_change_nothing(admin_client, cache, layer_down):
+    alpha = CachedModel.objects.get(repo_id="local/alpha")
+    for action in ("preload_now", "unload_now", "reload_now", "disable"):
+        done = admin_client.post(CHANGELIST, {"action": action, "_selected_action": [alpha.pk]}, follow=True)
+        assert done.status_code == 200, action
+        assert b"The channel layer (Redis) is unavailable" in done.content, action
+    alpha.refresh_from_db()
+    assert alpha.enabled  # disable rolled back: the workers were never told
+
+    done = admin_client.post(CHANGELIST, {"action": "set_idle_timeout", "_selected_action": [alpha.pk],
+                                          "apply": "1", "idle_timeout": "60"}, follow=True)
+    assert b"The channel layer (Redis) is unavailable" in done.content
+    form = {"enabled": "on", "aliases": "[]", "idle_timeout": "90", "dtype": "auto", "device": "", "chat_template": "",
+            "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
+    done = admin_client.post(f"{CHANGELIST}{alpha.pk}/change/", form, follow=True)
+    assert done.status_code == 200 and b"The channel layer (Redis) is unavailable" in done.content
+    alpha.refresh_from_db()
+    assert alpha.idle_timeout is None
