@@ -1,11 +1,15 @@
 """Real server processes for the tests: `manage.py serve` / `run_worker` on free ports."""
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,14 +24,127 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# What a test may set per process without a fresh interpreter: read at run time, never at import (the Hugging
+# Face cache path is re-read in each forked child: tests/zygote.py); KMP_* are Intel OpenMP's, which torch's CPU
+# build does not load (sklearn and joblib set them when the test process imports them).
+PER_PROCESS_ENV = ("INFERENCE_", "CHANNEL_LAYER", "DATABASE_URL", "HF_HUB_CACHE", "DJANGO_SETTINGS_MODULE",
+                   "DJANGO_SUPERUSER_", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST", "SOAK_", "TOKENIZERS_PARALLELISM",
+                   "KMP_", "PROMETHEUS_MULTIPROC_DIR", "LOG_FORMAT")
+
+
+def _shared_env(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if not key.startswith(PER_PROCESS_ENV)}
+
+
+class Zygote:
+    """tests/zygote.py for this test session: `manage.py` processes forked from a Python that has imported torch
+    and transformers once (a fresh interpreter where the environment differs beyond PER_PROCESS_ENV)."""
+
+    _instance: Zygote | None = None
+
+    @classmethod
+    def get(cls) -> Zygote | None:
+        if os.environ.get("INFERENCE_TESTS_FORK", "1") == "0" or "pytest" not in sys.modules:
+            return None  # bench runs start their servers as users do
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance if cls._instance.process.poll() is None else None
+
+    def __init__(self) -> None:
+        self.socket_path = Path(tempfile.mkdtemp(prefix="zygote-")) / "socket"
+        self.env = {**_shared_env(dict(os.environ)), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        self.log = open(self.socket_path.with_name("zygote.log"), "wb")
+        self.process = subprocess.Popen([sys.executable, "-u", "-m", "tests.zygote", str(self.socket_path)], cwd=ROOT,
+                                        env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + 120
+        while not self.socket_path.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the zygote did not start: {self.socket_path.with_name('zygote.log').read_text()}")
+            time.sleep(0.05)
+
+    def ask(self, request: dict) -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(self.socket_path))
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            return json.loads(connection.makefile().readline())
+
+    def can_fork(self, args: list[str], env: dict[str, str], cwd: Path) -> bool:
+        return args[:1] == ["manage.py"] and Path(cwd) == ROOT and _shared_env(env) == _shared_env(self.env)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+
+
+class ForkedProcess:
+    """The parts of subprocess.Popen the tests use, for a process the zygote forked."""
+
+    def __init__(self, zygote: Zygote, args: list[str], env: dict[str, str], cwd: Path, log_path: Path,
+                 err_path: Path | None = None) -> None:
+        self.zygote = zygote
+        self.args = [sys.executable, *args]
+        answer = zygote.ask({"op": "spawn", "argv": args, "env": env, "cwd": str(cwd), "log": str(log_path),
+                             "err": str(err_path) if err_path else None})
+        if "pid" not in answer:
+            raise OSError(answer.get("error", answer))
+        self.pid: int = answer["pid"]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.ask({"op": "status", "pid": self.pid})["code"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def run_manage(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
+    """`python manage.py ARGS` to its end, as `subprocess.run(..., capture_output=True, text=True)` gives it
+    (forked from the zygote where it can be)."""
+    zygote = Zygote.get()
+    if zygote is None or not zygote.can_fork(["manage.py", *args], env, ROOT):
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="manage-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        process = ForkedProcess(zygote, ["manage.py", *args], env, ROOT, out, err)
+        code = process.wait(timeout)
+        return subprocess.CompletedProcess(process.args, code, out.read_text() if out.exists() else "",
+                                           err.read_text() if err.exists() else "")
+
+
 class ManagedProcess:
     """A child process whose output goes to a log file the test can read."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, python: bool = True, cwd: Path = ROOT) -> None:
-        """`args` run under this Python (`python=False`: `args` is the whole command) in `cwd`."""
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, python: bool = True, cwd: Path = ROOT,
+                 fresh_interpreter: bool = False) -> None:
+        """`args` run under this Python (`python=False`: `args` is the whole command) in `cwd`; `manage.py`
+        commands are forked from the session's zygote unless `fresh_interpreter` (a test of a cold start)."""
         self.log_path = log_path
         self.env = env  # what it runs with (tests/helpers/admin.py runs manage.py against its database)
         self._log = open(log_path, "wb")
+        zygote = None if fresh_interpreter or not python else Zygote.get()
+        if zygote is not None and zygote.can_fork(args, env, cwd):
+            self.process = ForkedProcess(zygote, args, env, cwd, log_path)
+            return
         self.process = subprocess.Popen(
             [sys.executable, *args] if python else args, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -77,18 +194,44 @@ def base_env(hf_cache: Path, work_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+class MigratedDatabase:
+    """One SQLite database migrated once per test session, copied into each embedded server's fresh var dir: a
+    migration of a new database costs ~1.3 s of a start, and the suite starts ~100 of them. Tests of a cold
+    start (`fresh_interpreter`) still migrate theirs, as a new user's first `serve` does."""
+
+    _template: Path | None = None
+
+    @classmethod
+    def seed(cls, env: dict[str, str]) -> None:
+        if "DATABASE_URL" in env or "pytest" not in sys.modules or os.environ.get("INFERENCE_TESTS_FORK") == "0":
+            return
+        var_dir = Path(env["INFERENCE_VAR_DIR"])
+        if (var_dir / "db.sqlite3").exists():
+            return
+        if cls._template is None:
+            template_dir = Path(tempfile.mkdtemp(prefix="migrated-"))
+            subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, check=True,
+                           env={**base_env(template_dir, template_dir), "HF_HUB_CACHE": str(template_dir / "hub")},
+                           capture_output=True)
+            cls._template = template_dir / "var" / "db.sqlite3"
+        var_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.copy(cls._template, var_dir / "db.sqlite3")
+
+
 class LiveServer(ManagedProcess):
     """`manage.py serve` on a free port; knows its URL and the API key it wrote."""
 
     def __init__(self, env: dict[str, str], work_dir: Path, extra_args: tuple[str, ...] = (), name: str = "serve",
-                 root: Path = ROOT, launcher: tuple[str, ...] = ()) -> None:
+                 root: Path = ROOT, launcher: tuple[str, ...] = (), fresh_interpreter: bool = False) -> None:
         """`root`: the checkout whose manage.py runs (the benchmark measures another git ref that way);
         `launcher`: a command that runs the rest (a shell that lowers `ulimit -n` first)."""
         self.port = free_port()
         self.work_dir = work_dir
+        if not fresh_interpreter and root == ROOT:
+            MigratedDatabase.seed(env)
         args = ["manage.py", "serve", "--port", str(self.port), *extra_args]
         super().__init__([*launcher, sys.executable, *args] if launcher else args, env, work_dir / f"{name}.log",
-                         python=not launcher, cwd=root)
+                         python=not launcher, cwd=root, fresh_interpreter=fresh_interpreter)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._wait_ready()
         key_file = Path(env["INFERENCE_KEY_DIR"]) / f"{self.port}.key"

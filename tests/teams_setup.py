@@ -5,14 +5,13 @@ import asyncio
 import json
 import sqlite3
 import subprocess
-import sys
 import time
 
 import openai
 from openai import AsyncOpenAI
 
 from .conftest import TINY_MODEL
-from .live_server import ROOT
+from .live_server import run_manage
 
 # One `manage.py shell` run makes every team and key a test needs (each Django start costs seconds).
 MAKE_SCRIPT = """
@@ -32,8 +31,7 @@ print("SECRETS=" + json.dumps(secrets))
 
 
 def manage(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=180)
+    result = run_manage(list(args), env)
     if check:
         assert result.returncode == 0, result.stderr
     return result

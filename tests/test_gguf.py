@@ -160,20 +160,45 @@ def test_a_file_the_repo_lacks_is_a_404(gguf_server):
     assert response.json()["error"]["code"] == "model_not_found"
 
 
+LLAMA_CPP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "attn_norm": "input_layernorm",
+                   "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                   "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
+                   "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def llama_cpp_permuted(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """The row order llama.cpp's converter gives q and k (rotary halves interleaved per head)."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
 def test_the_real_smollm2_dequantized_holds_the_gguf_file_s_weights(tmp_path):
-    """workers/tiny/smollm2.py: the checkpoint other benchmarks load is the Q4_1 file's weights, exactly."""
+    """workers/tiny/smollm2.py: the checkpoint other benchmarks load is the Q4_1 file's weights, exactly — every
+    tensor of the file dequantized by the gguf package itself (not by transformers' loader, which built it)."""
+    import gguf
+    from safetensors.torch import load_file
+
     from workers.tiny.smollm2 import build_smollm2, smollm2_gguf_path
 
     model_id = build_smollm2(tmp_path)
     assert build_smollm2(tmp_path) == model_id == "local/SmolLM2-135M-Instruct"  # kept, not rebuilt
+    snapshot = next((tmp_path / "models--local--SmolLM2-135M-Instruct" / "snapshots").iterdir())
+    saved = {name: tensor for file in snapshot.glob("*.safetensors") for name, tensor in load_file(file).items()}
+    config = AutoModelForCausalLM.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True).config
+    compared = 0
+    for tensor in gguf.GGUFReader(smollm2_gguf_path()).tensors:
+        parts = tensor.name.split(".")  # blk.N.attn_q.weight / token_embd.weight
+        name = (f"model.layers.{parts[1]}.{LLAMA_CPP_NAMES[parts[2]]}.{parts[3]}" if parts[0] == "blk"
+                else f"{LLAMA_CPP_NAMES[parts[0]]}.{parts[1]}")
+        expected = saved[name]
+        if parts[2:3] == ["attn_q"]:
+            expected = llama_cpp_permuted(expected, config.num_attention_heads)
+        elif parts[2:3] == ["attn_k"]:
+            expected = llama_cpp_permuted(expected, config.num_key_value_heads)
+        from_file = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+        assert torch.equal(from_file.reshape(expected.shape).to(expected.dtype), expected), name
+        compared += 1
+    assert compared == len(saved) - ("lm_head.weight" in saved)  # every weight came from the file (lm_head tied)
     tokenizer = AutoTokenizer.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True)
-    saved = AutoModelForCausalLM.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True).eval()
-    source = smollm2_gguf_path()
-    gguf = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32).eval()
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    with torch.no_grad():
-        assert torch.equal(saved(**ids).logits, gguf(**ids).logits)
     assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
 
 

@@ -18,7 +18,7 @@ CHANGELIST = "/admin/catalog/cachedmodel/"
 
 
 def test_serve_pinned_is_ready_when_health_says_ok(hf_cache, tmp_path):
-    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, (TINY_MODEL,))
+    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, (TINY_MODEL,), fresh_interpreter=True)  # a cold start
     try:
         server.wait_healthy()
         first, second = first_and_second(server.base_url, server.headers, TINY_MODEL)
@@ -30,8 +30,8 @@ def test_serve_pinned_is_ready_when_health_says_ok(hf_cache, tmp_path):
 
 def test_scale_out_worker_is_ready_when_health_says_ok(hf_cache, tmp_path, redis_server):
     env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_MODEL=TINY_MODEL)
-    web = LiveServer(env, tmp_path, extra_args=("--no-worker", TINY_MODEL), name="web")
-    worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / "worker.log")
+    web = LiveServer(env, tmp_path, extra_args=("--no-worker", TINY_MODEL), name="web", fresh_interpreter=True)
+    worker = ManagedProcess(["manage.py", "run_worker"], env, tmp_path / "worker.log", fresh_interpreter=True)
     try:
         reasons = web.wait_healthy()
         assert any("starting" in reason or "no worker" in reason for reason in reasons)  # not ok before the worker
