@@ -1,0 +1,250 @@
+"""Speculative decoding at the runner: drafts verified inside the batched step leave greedy output exactly
+what one-token steps (and `model.generate`) write, for every family that speculates, with rows that propose
+beside rows that do not, through joins, pauses and leaves, with max_tokens and stop ids inside an accepted
+run, logprobs, and from the prefix cache; models whose caches cannot drop rejected drafts decode without.
+
+Random-weight models rarely repeat their prompt, so most tests feed the verifier drafts known to be right
+(the reference's own continuation) and known to be wrong (the same, corrupted at a chosen place): both
+must give the same output, and the right ones must be accepted.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy
+import pytest
+
+from workers.engine.execution.input_batch import InputBatch
+from workers.engine.execution.runner import ModelRunner, RunnerSettings, sample_batch
+from workers.engine.plan import DecodePlan
+from workers.engine.sequences import Handover
+from workers.engine.speculation.config import SpeculativeConfig, parse_speculative_config
+from workers.engine.speculation.ngram import lookup
+from workers.engine.speculation.rows import NgramProposer, RowSpeculation, may_speculate
+from workers.engine.step_clock import StepClock
+from workers.tiny.families import build_tiny_families
+
+from .conftest import Reference
+from .test_step_contract import load, new_sequence, start
+
+SPECULATING = ["llama", "deepseek-v3", "gpt2", "bloom", "qwen3-moe"]
+DECLINED = ["mistral", "qwen3.5"]
+PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,", "def add(a, b):",
+           "The capital of France is a city where the river bends twice", "A", "Tell me a story about a cat"]
+CONFIG = SpeculativeConfig("ngram", 4, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def spec_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("spec-families")
+    build_tiny_families(SPECULATING + DECLINED, cache_dir=cache)
+    return cache
+
+
+class Oracle(NgramProposer):
+    """Drafts from the reference's own continuation: right, or wrong from a chosen draft on (`wrong_at`
+    by row: None right, k the k-th draft wrong); rows not in `expected` propose nothing."""
+
+    def __init__(self, expected: dict[int, list[int]], wrong_at, count: int = 4) -> None:
+        super().__init__(SpeculativeConfig("ngram", count))
+        self.expected, self.wrong_at, self.count = expected, wrong_at, count
+
+    def propose(self, rows):
+        proposals = {}
+        for i, seq in enumerate(rows):
+            whole = self.expected.get(id(seq))
+            if whole is None or not may_speculate(seq):
+                continue
+            seq.speculation = seq.speculation or RowSpeculation(seq.prompt_ids)
+            done = len(seq.completion_ids)
+            drafts = list(whole[done:done + self.count])  # past max_tokens too: those are never taken
+            wrong = self.wrong_at(seq, done)
+            if wrong is not None and wrong < len(drafts):
+                drafts[wrong] = (drafts[wrong] + 1) % 50
+            if drafts:
+                proposals[i] = drafts
+        return proposals
+
+
+def run(runner: ModelRunner, sequences: list, joins: dict[int, list] | None = None) -> None:
+    """Start `sequences`, then step until every row ended; `joins[step]` start at that step."""
+    for seq in sequences:
+        start(runner, seq)
+    step = 0
+    while runner.running or (joins and any(s >= step for s in joins)):
+        for seq in (joins or {}).pop(step, []):
+            start(runner, seq)
+        if runner.running:
+            runner.execute(DecodePlan(runner.view(), StepClock())).apply()
+            runner.drop_finished()
+        step += 1
+
+
+@pytest.mark.parametrize("family", SPECULATING)
+def test_drafts_right_or_wrong_leave_greedy_output_as_generate_writes_it(spec_cache, family):
+    model = f"local/tiny-{family}"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    for kind, wrong_at in (("right", lambda seq, done: None), ("mixed", lambda seq, done: (done + seq.index) % 3),
+                           ("wrong", lambda seq, done: 0)):
+        runner = ModelRunner(loaded, RunnerSettings(max_rows=8, speculative=CONFIG))
+        assert runner.proposer is not None
+        handover, expected, sequences = Handover(), {}, []
+        for n, prompt in enumerate(PROMPTS[:4]):
+            ids, tokens = reference.encode(prompt), 7 + 3 * n
+            seq = new_sequence(loaded, handover, ids, tokens)
+            expected[id(seq)] = reference.greedy(ids, tokens + 6, min_new_tokens=tokens + 6)
+            sequences.append(seq)
+        # the last row proposes nothing: it decodes one token a step beside the others
+        oracle = Oracle({key: value for key, value in expected.items() if key != id(sequences[-1])}, wrong_at)
+        runner.proposer = oracle
+        run(runner, sequences)
+        for seq in sequences:
+            assert seq.completion_ids == expected[id(seq)][:seq.max_tokens], (family, seq.index)
+            assert seq.finish_reason == "length"
+        drafts, drafted, accepted = oracle.take_counts()
+        assert drafts > 0
+        if kind == "right":
+            assert accepted > drafted // 2  # right drafts are kept (all but those past max_tokens)
+        elif kind == "wrong":
+            assert accepted == 0
+        tokens_handed = [entry[1] for entry in handover.take() if entry[1] is not None]
+        assert len(tokens_handed) == sum(seq.max_tokens for seq in sequences)  # nothing past max_tokens
+
+
+def test_rows_join_pause_and_leave_while_others_verify(spec_cache):
+    """Holes that rejected drafts leave in rows are closed when rows pause or leave; joins land after them."""
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=8, speculative=CONFIG))
+    rng = random.Random(7)
+    handover, expected, every, waiting, paused = Handover(), {}, [], list(PROMPTS), []
+    runner.proposer = Oracle(expected, lambda seq, done: rng.choice([None, 0, 1, 2, 3]))
+    for step in range(80):
+        if waiting and (not runner.running or rng.random() < 0.3):
+            ids, tokens = reference.encode(waiting.pop(0)), rng.randrange(5, 16)
+            seq = new_sequence(loaded, handover, ids, tokens)
+            expected[id(seq)] = reference.greedy(ids, tokens + 6, min_new_tokens=tokens + 6)
+            start(runner, seq)
+            every.append(seq)
+        if paused and rng.random() < 0.5:
+            runner.join([paused.pop(0)])
+        elif runner.running > 1 and rng.random() < 0.2:
+            seq = rng.choice(runner.rows)
+            runner.pause([seq])
+            paused.append(seq)
+        runner.drop_finished()
+        if not runner.running:
+            if not waiting and not paused:
+                break
+            continue
+        runner.execute(DecodePlan(runner.view(), StepClock())).apply()
+        slab = runner.batch
+        assert [int(slab.mask[row, slab.start:slab.end].sum()) for row in range(slab.rows)] == slab.lengths
+    assert not waiting and not paused
+    for seq in every:
+        assert seq.completion_ids == expected[id(seq)][:seq.max_tokens]
+
+
+def test_a_stop_id_inside_an_accepted_run_ends_the_choice_there(spec_cache):
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    ids = reference.encode(PROMPTS[1])
+    whole = reference.greedy(ids, 20, min_new_tokens=20)
+    stop = whole[6]
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=8, speculative=CONFIG))
+    handover = Handover()
+    seq = new_sequence(loaded, handover, ids, 20, stop_token_ids=[stop])
+    runner.proposer = Oracle({id(seq): whole}, lambda seq, done: None)
+    run(runner, [seq])
+    assert seq.completion_ids == whole[:whole.index(stop) + 1]
+    assert seq.finish_reason == "stop"
+    entries = handover.take()
+    assert [entry[1] for entry in entries] == [*seq.completion_ids, None]  # nothing after the stop id
+
+
+def test_logprobs_inside_an_accepted_run_are_the_one_token_steps(spec_cache):
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    ids = reference.encode(PROMPTS[4])
+    whole = reference.greedy(ids, 16, min_new_tokens=16)
+    results = []
+    for speculate in (False, True):
+        runner = ModelRunner(loaded, RunnerSettings(max_rows=8, speculative=CONFIG if speculate else None))
+        handover = Handover()
+        seq = new_sequence(loaded, handover, ids, 10, logprobs=3)
+        if speculate:
+            runner.proposer = Oracle({id(seq): whole}, lambda seq, done: 2 if done % 2 else None)
+        run(runner, [seq])
+        results.append([(entry[1], entry[2], [t for t, _ in entry[3]]) for entry in handover.take() if entry[1]])
+    plain, verified = results
+    assert [r[0] for r in verified] == [r[0] for r in plain] == whole[:10]
+    assert [r[2] for r in verified] == [r[2] for r in plain]
+    assert numpy.allclose([r[1] for r in verified], [r[1] for r in plain], atol=1e-4)
+
+
+def test_a_prompt_from_the_prefix_cache_speculates_the_same(spec_cache):
+    model = "local/tiny-gpt2"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=8, prefix_cache_bytes=1 << 24, speculative=CONFIG))
+    ids = reference.encode(" ".join(PROMPTS) * 2)
+    whole = reference.greedy(ids, 18, min_new_tokens=18)
+    for _ in range(2):
+        seq = new_sequence(loaded, Handover(), ids, 12)
+        cached = runner.attach_prefix(seq)
+        runner.proposer = Oracle({id(seq): whole}, lambda seq, done: 1 if done % 3 == 0 else None)
+        _, logits = runner.prefill(seq, len(seq.prompt_ids))
+        runner.remember_prefix(seq)
+        sample_batch(InputBatch([seq]), logits[None]).apply()
+        runner.join([seq])
+        run(runner, [])
+        assert seq.completion_ids == whole[:12]
+    assert cached  # the second prompt started from the cache
+
+
+@pytest.mark.parametrize("family", DECLINED)
+def test_caches_that_cannot_drop_drafts_decode_without(spec_cache, family, caplog):
+    caplog.set_level("INFO")
+    loaded = load(spec_cache, f"local/tiny-{family}")
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=4, speculative=CONFIG))
+    assert runner.proposer is None
+    assert f"speculative decoding off for local/tiny-{family}" in caplog.text
+
+
+def test_the_ngram_proposer_on_a_repeating_prompt_leaves_output_unchanged(spec_cache):
+    """The real proposer: a prompt that repeats finds matches every step; output equals generate's."""
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    ids = reference.encode("one two three four five six one two three four five six one two three")
+    whole = reference.greedy(ids, 40, min_new_tokens=40)
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=4, speculative=SpeculativeConfig("ngram", 3, 1, 3)))
+    seq = new_sequence(loaded, Handover(), ids, 40)
+    run(runner, [seq])
+    assert seq.completion_ids == whole
+    assert runner.proposer.drafts > 0
+
+
+def test_lookup_finds_the_longest_latest_match():
+    tokens = numpy.array([1, 2, 3, 9, 9, 2, 3, 7, 8, 5, 1, 2, 3])
+    assert lookup(tokens, 2, 4, 3) == [9, 9, 2]  # [1, 2, 3] matched at the start, longer than [2, 3] later
+    assert lookup(numpy.array([5, 2, 3, 7, 2, 3]), 2, 4, 2) == [7, 2]
+    assert lookup(numpy.array([1, 2, 3, 4]), 2, 4, 3) == []
+    assert lookup(numpy.array([4, 1, 4]), 1, 3, 2) == [1, 4]
+
+
+def test_adaptive_back_off_stops_proposing_after_rejections():
+    state = RowSpeculation([1, 2, 3])
+    for _ in range(3):
+        state.verified(4, 0)
+    assert state.quiet > 0
+
+
+def test_the_config_is_vllms_json():
+    assert parse_speculative_config("") is None
+    config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,'
+                                      ' "prompt_lookup_min": 2}')
+    assert (config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max) == (5, 2, 4)
+    for bad in ('{"method": "eagle", "num_speculative_tokens": 3}', '{"method": "ngram"}', "[1]", "{",
+                '{"num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}',
+                '{"num_speculative_tokens": 2, "colour": 1}'):
+        with pytest.raises(ValueError):
+            parse_speculative_config(bad)
