@@ -98,11 +98,13 @@ class Scheduler:
         """Give every running sequence its next token (after `admit`); how many rows decoded."""
         decoded = 0
         started = time.perf_counter()
-        for runner in self.runners.values():
+        for model, runner in self.runners.items():
             rows = self._attempt([], lambda runner=runner: _decode_and_sample(runner, self.clock), runner)
             if rows is not FAILED and rows is not None:
                 decoded += len(rows)
                 self.waiting.charge_teams(rows.teams)
+            if runner.proposer is not None and runner.proposer.drafts:
+                self.metrics.speculated(model, *runner.proposer.take_counts())
         self.metrics.step(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)
