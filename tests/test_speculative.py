@@ -27,8 +27,9 @@ from workers.tiny.families import build_tiny_families
 from .conftest import Reference
 from .test_step_contract import load, new_sequence, start
 
-SPECULATING = ["llama", "deepseek-v3", "gpt2", "bloom", "qwen3-moe"]
-DECLINED = ["mistral", "qwen3.5"]
+SPECULATING = ["llama", "qwen2", "qwen3", "qwen3-moe", "olmo2", "gpt2", "gpt-neox", "opt", "bloom", "falcon", "falcon-alibi",
+               "granite", "smollm3", "cohere", "deepseek-v3"]  # every full-attention family of the suite
+DECLINED = ["mistral", "gemma3", "qwen3.5", "mamba"]
 PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,", "def add(a, b):",
            "The capital of France is a city where the river bends twice", "A", "Tell me a story about a cat"]
 CONFIG = SpeculativeConfig("ngram", 4, 2, 4)

@@ -58,3 +58,25 @@ def test_a_bad_speculative_config_stops_the_start(tmp_path, hf_cache):
                             cwd=ROOT, env=base_env(hf_cache, tmp_path), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "method 'eagle' is not served" in result.stderr
+
+
+def test_rows_that_cannot_speculate_share_steps_with_rows_that_do(spec_server, server):
+    """A grammar row, a sampled row with a seed and a penalised row beside greedy rows that verify drafts: each
+    answer is the one the server without speculation gives (the seeded sample too: its draws are its own)."""
+    import asyncio
+
+    _, spec_async = clients(spec_server)
+    _, plain_async = clients(server)
+    requests = [dict(prompt=PROMPTS[0], max_tokens=30, temperature=0),
+                dict(prompt=PROMPTS[1], max_tokens=30, temperature=0),
+                dict(prompt=PROMPTS[3], max_tokens=30, temperature=0.8, seed=5),
+                dict(prompt=PROMPTS[1], max_tokens=30, temperature=0, frequency_penalty=0.5)]
+    grammar = dict(messages=[{"role": "user", "content": "Give me a JSON object"}], max_tokens=30, temperature=0,
+                   response_format={"type": "json_object"})
+
+    async def answers(client) -> list[str]:
+        replies = await asyncio.gather(*(client.completions.create(model=TINY_MODEL, **r) for r in requests),
+                                       client.chat.completions.create(model=TINY_MODEL, **grammar))
+        return [reply.choices[0].text for reply in replies[:-1]] + [replies[-1].choices[0].message.content]
+
+    assert asyncio.run(answers(spec_async)) == asyncio.run(answers(plain_async))
