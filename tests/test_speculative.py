@@ -10,12 +10,16 @@ must give the same output, and the right ones must be accepted.
 from __future__ import annotations
 
 import random
+import uuid
 
 import numpy
 import pytest
 
+import protocol
+from workers.engine.config import TemplateSettings
 from workers.engine.execution.input_batch import InputBatch
 from workers.engine.execution.runner import ModelRunner, RunnerSettings, sample_batch
+from workers.engine.inputs.generation_job import GenerationJob
 from workers.engine.plan import DecodePlan
 from workers.engine.sequences import Handover
 from workers.engine.speculation.config import SpeculativeConfig, parse_speculative_config
@@ -249,3 +253,53 @@ def test_the_config_is_vllms_json():
                 '{"num_speculative_tokens": 2, "colour": 1}'):
         with pytest.raises(ValueError):
             parse_speculative_config(bad)
+
+
+def chi_square_same(first: list, second: list) -> tuple[float, float]:
+    """Two samples' homogeneity statistic (categories with fewer than 10 in both pooled into one) and its
+    99.9 % critical value (Wilson-Hilferty)."""
+    from collections import Counter
+
+    a, b = Counter(first), Counter(second)
+    common = [key for key in set(a) | set(b) if a[key] + b[key] >= 10]
+    rows = [(a[key], b[key]) for key in common]
+    rest = (len(first) - sum(x for x, _ in rows), len(second) - sum(y for _, y in rows))
+    if sum(rest):
+        rows.append(rest)
+    n_a, n_b = len(first), len(second)
+    statistic = sum((x * n_b - y * n_a) ** 2 / (n_a * n_b * (x + y)) for x, y in rows)
+    df = max(1, len(rows) - 1)
+    return statistic, df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def sampled_sequence(loaded, ids: list[int], max_tokens: int, **params):
+    job = protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", "reply", protocol.ModelRef.parse(loaded.model_id),
+                                  [ids], protocol.JobParams(ignore_eos=True, max_tokens=max_tokens, **params))
+    return GenerationJob(job, loaded, TemplateSettings(), Handover()).sequences[0]
+
+
+def test_sampled_rows_keep_their_distribution(spec_cache):
+    """Sampled rows verify drafts by drawing at every position (rejection sampling for one-token drafts): the
+    first three tokens' joint distribution over many seeds equals plain sampling's, while drafts are kept."""
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    ids = reference.encode(PROMPTS[1])
+    greedy = reference.greedy(ids, 4, min_new_tokens=4)
+    samples, kept = {}, 0
+    for speculate in (False, True):
+        runner = ModelRunner(loaded, RunnerSettings(max_rows=32, speculative=CONFIG if speculate else None))
+        found = []
+        for batch in range(30):
+            sequences = [sampled_sequence(loaded, ids, 3, temperature=0.8, top_k=3, seed=1000 * batch + n)
+                         for n in range(32)]
+            if speculate:  # the prompt's greedy continuation, whatever the row drew: any proposal must do
+                runner.proposer = Oracle({id(seq): greedy for seq in sequences}, lambda seq, done: None, count=3)
+            run(runner, sequences)
+            found += [tuple(seq.completion_ids) for seq in sequences]
+            if speculate:
+                kept += runner.proposer.take_counts()[2]
+        samples[speculate] = found
+    assert kept > 100  # drafts were accepted often enough for the test to mean something
+    for part in (slice(0, 1), slice(1, 2), slice(0, 2), slice(0, 3)):
+        statistic, critical = chi_square_same([s[part] for s in samples[False]], [s[part] for s in samples[True]])
+        assert statistic < critical, (part, statistic, critical)

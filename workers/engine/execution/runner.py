@@ -91,7 +91,7 @@ class ModelRunner:
             logger.info("speculative decoding off for %s: %s", model_id, why_not)
             return None
         logger.info("speculative decoding on for %s: %s", model_id, config.describe())
-        return NgramProposer(config)
+        return NgramProposer(config, self.loaded.device.type)
 
     def _forward(self, rows: list[Sequence], **inputs):
         """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one

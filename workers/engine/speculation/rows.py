@@ -1,8 +1,8 @@
 """Which rows speculate, what they propose, and when to stop: per row, the adaptive part.
 
-A row proposes only where verifying cannot change its output: greedy, sampled in the batch (no penalties,
-logit bias or grammar, which read the history token by token). Sampled rows decode without speculation
-(rejection sampling is not built yet). A row whose drafts keep being rejected stops proposing for a while,
+A row proposes only where verifying cannot change its output (greedy) or its output's distribution (sampled):
+picked in the batch's sampling columns, with no penalties, logit bias or grammar (they read the history token
+by token). A row whose drafts keep being rejected stops proposing for a while,
 doubling each time (so chat with no overlap pays for a few wasted verifications, then nothing), as vLLM's
 and SGLang's adaptive speculation back off.
 """
@@ -17,6 +17,11 @@ LOW_ACCEPTANCE = 0.25  # below this recent acceptance rate a row backs off
 FIRST_BACKOFF = 8  # steps without proposing after the first back-off; doubles up to MAX_BACKOFF
 MAX_BACKOFF = 256
 DECAY = 0.6  # weight of the past in the recent acceptance rate
+MOST_LIKELY = 0.9  # the highest chance a draft is kept that the width choice assumes
+# Rows at which a step's time is half fixed (weights read once) and half per query position: a verifying
+# step's extra columns cost almost nothing to one row and nearly their share to many (a guess from the
+# CPU figures in docs/benchmarks.md, not fitted; GPUs stay weight-bound to far more rows).
+HALF_COST_ROWS = {"cpu": 4, "cuda": 64}
 
 
 class RowSpeculation:
@@ -40,18 +45,20 @@ class RowSpeculation:
 
 
 def may_speculate(seq) -> bool:
-    """Whether verifying drafts leaves this row's output exactly as decoding one token a step would."""
+    """Whether verifying drafts leaves this row's output as decoding one token a step would: the same tokens
+    (greedy), or tokens of the same distribution (sampled: workers/engine/speculation/verify.py)."""
     sampler = seq.sampler
     params = sampler.params
-    return (params.greedy and sampler.batchable and seq.constraint is None and params.repetition_penalty == 1.0
+    return (sampler.batchable and seq.constraint is None and params.repetition_penalty == 1.0
             and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias)
 
 
 class NgramProposer:
     """Drafts for a batch's rows, and the counts `/metrics` reports."""
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, device_type: str = "cpu") -> None:
         self.config = config
+        self.half_cost_rows = HALF_COST_ROWS.get(device_type, HALF_COST_ROWS["cuda"])
         self.drafts = self.draft_tokens = self.accepted = 0  # since the metrics last took them
 
     def propose(self, rows: list) -> dict[int, list[int]]:
@@ -79,7 +86,26 @@ class NgramProposer:
                             min(room, config.num_speculative_tokens))
             if drafts:
                 proposals[i] = drafts
-        return proposals
+        return self.worth_it(proposals, rows)
+
+    def worth_it(self, proposals: dict[int, list[int]], rows: list) -> dict[int, list[int]]:
+        """The proposals cut to the width that pays: every row of the step computes every column, so the j-th
+        draft column is kept while the drafts expected kept there (each row's rate to the j-th power) outweigh
+        its cost, rows x the share of a step that grows with its columns (rows / (rows + HALF_COST_ROWS)).
+        One row keeps about every draft it has; a batch where few rows propose verifies none."""
+        if not proposals:
+            return proposals
+        count = len(rows)
+        cost = count * count / (count + self.half_cost_rows)
+        chances = {i: min(MOST_LIKELY, rows[i].speculation.rate) for i in proposals}
+        width = 0
+        for column in range(1, max(len(drafts) for drafts in proposals.values()) + 1):
+            if sum(chances[i] ** column for i, drafts in proposals.items() if len(drafts) >= column) < cost:
+                break
+            width = column
+        if not width:
+            return {}
+        return {i: drafts[:width] for i, drafts in proposals.items()}
 
     def verified(self, rows: list, proposals: dict[int, list[int]], kept: list[int]) -> None:
         """Each proposing row's acceptance (kept[i] - 1 of its drafts), for its back-off and the counts."""

@@ -3,9 +3,16 @@ proposing row's drafts checked against the target's own choice at each position.
 
 Row i fed [last, d1..dk]; its logits at position j are the model's next-token scores after d1..dj. Its
 first token t0 is picked at position 0 with the whole batch (`sample_batch`, so non-proposing rows are
-exactly an ordinary step); a proposing row (greedy, see rows.may_speculate) then takes t1.. at positions
-1..k through the same sampling columns (EOS held off before min_tokens, logprobs), and keeps d1..dj and
-t0..tj for the longest j with dm == t(m-1) for every m <= j: what one-token steps would have written.
+exactly an ordinary step); a proposing row (rows.may_speculate) then picks t1.. at positions 1..k through the
+same sampling columns (its own warpers and generator, EOS held off before min_tokens, logprobs), and keeps
+d1..dj and t0..tj for the longest j with dm == t(m-1) for every m <= j.
+
+Greedy rows: exactly what one-token steps write. Sampled rows: this is rejection sampling (vLLM's scheme,
+Leviathan et al.) for a proposer whose draft distribution q is one token (n-gram lookup): the draft d is
+accepted with probability min(1, p(d) / q(d)) = p(d), which is the chance that a token drawn from p is d;
+on a rejection the residual (p - q)+ normalised is p without d, which is what the drawn token then is. So
+every kept token is distributed exactly as one-token steps' tokens; a seeded request repeats alone or in any
+batch, but its draws differ from a run without speculation (rejected positions use draws too).
 """
 from __future__ import annotations
 
