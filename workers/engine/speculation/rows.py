@@ -16,7 +16,7 @@ from workers.engine.speculation.ngram import lookup
 LOW_ACCEPTANCE = 0.25  # below this recent acceptance rate a row backs off
 FIRST_BACKOFF = 8  # steps without proposing after the first back-off; doubles up to MAX_BACKOFF
 MAX_BACKOFF = 256
-DECAY = 0.6  # weight of the past in the recent acceptance rate
+DECAY = 0.7  # weight of the past in a row's recent counts of drafts kept and tried
 MOST_LIKELY = 0.9  # the highest chance a draft is kept that the width choice assumes
 # Rows at which a step's time is half fixed (weights read once) and half per query position: a verifying
 # step's extra columns cost almost nothing to one row and nearly their share to many (a guess from the
@@ -25,21 +25,29 @@ HALF_COST_ROWS = {"cpu": 4, "cuda": 64}
 
 
 class RowSpeculation:
-    """One row's proposer state: its prompt as an array (kept), its recent acceptance, its back-off."""
+    """One row's proposer state: its prompt as an array (kept), its recent chance that a draft is kept (given
+    the one before it was: drafts are kept up to the first miss, so a verification of d drafts that kept a
+    is a kept-and-tried count of (a, a + 1), or (d, d) when every draft was kept), its back-off."""
 
-    __slots__ = ("prompt", "rate", "quiet", "backoff")
+    __slots__ = ("prompt", "kept", "tried", "quiet", "backoff")
 
     def __init__(self, prompt_ids: list[int]) -> None:
         self.prompt = numpy.asarray(prompt_ids, dtype=numpy.int64)
-        self.rate = 1.0
+        self.kept, self.tried = MOST_LIKELY, 1.0  # decayed counts; a first guess that drafts are good
         self.quiet = 0  # steps left without proposing
         self.backoff = FIRST_BACKOFF
 
+    @property
+    def rate(self) -> float:
+        """The recent chance that a draft is kept."""
+        return self.kept / self.tried
+
     def verified(self, proposed: int, accepted: int) -> None:
-        self.rate = DECAY * self.rate + (1 - DECAY) * accepted / proposed
+        self.kept = DECAY * self.kept + accepted
+        self.tried = DECAY * self.tried + accepted + (accepted < proposed)
         if self.rate < LOW_ACCEPTANCE:
             self.quiet, self.backoff = self.backoff, min(MAX_BACKOFF, self.backoff * 2)
-            self.rate = LOW_ACCEPTANCE * 2  # a fresh start after the pause
+            self.kept, self.tried = LOW_ACCEPTANCE * 2, 1.0  # a fresh start after the pause
         elif accepted == proposed:
             self.backoff = FIRST_BACKOFF
 
