@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.engine.config import EngineConfig, TemplateSettings
-from workers.engine.speculation.config import SpeculativeConfig, parse_speculative_config
+from protocol.speculative import SpeculativeConfig, parse_speculative_config
 from workers.media.limits import MIB, MediaSettings
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})

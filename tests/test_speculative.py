@@ -22,7 +22,7 @@ from workers.engine.execution.runner import ModelRunner, RunnerSettings, sample_
 from workers.engine.inputs.generation_job import GenerationJob
 from workers.engine.plan import DecodePlan
 from workers.engine.sequences import Handover
-from workers.engine.speculation.config import SpeculativeConfig, parse_speculative_config
+from protocol.speculative import SpeculativeConfig, parse_speculative_config
 from workers.engine.speculation.ngram import lookup
 from workers.engine.speculation.rows import NgramProposer, RowSpeculation, may_speculate
 from workers.engine.step_clock import StepClock
@@ -303,3 +303,29 @@ def test_sampled_rows_keep_their_distribution(spec_cache):
     for part in (slice(0, 1), slice(1, 2), slice(0, 2), slice(0, 3)):
         statistic, critical = chi_square_same([s[part] for s in samples[False]], [s[part] for s in samples[True]])
         assert statistic < critical, (part, statistic, critical)
+
+
+def test_a_model_may_set_its_own_speculative_config_over_the_servers():
+    """The catalog's per-model value (vLLM's JSON, "off", or "" for the server's) as the runner gets it."""
+    from workers.engine.core.model_manager import ModelManager
+
+    manager = ModelManager("cpu", "float32", 300.0, None, runner_settings=RunnerSettings(speculative=CONFIG))
+    manager.configure({"local/a": {"speculative_config": "off"}, "local/b": {"speculative_config": ""},
+                       "local/c": {"speculative_config": '{"method": "ngram", "num_speculative_tokens": 8}'},
+                       "local/d": {"speculative_config": '{"method": "eagle"}'}})
+    assert manager.runner_settings_for("local/a").speculative is None
+    assert manager.runner_settings_for("local/b").speculative == CONFIG
+    assert manager.runner_settings_for("local/c").speculative.num_speculative_tokens == 8
+    assert manager.runner_settings_for("local/d").speculative == CONFIG  # refused at save; here the server's
+    assert manager.runner_settings_for("local/unknown").speculative == CONFIG
+
+
+def test_the_catalog_refuses_a_bad_speculative_config():
+    from django.core.exceptions import ValidationError
+
+    from catalog.models import CachedModel
+
+    for good in ("", "off", '{"method": "ngram", "num_speculative_tokens": 3}'):
+        CachedModel(repo_id="local/x", speculative_config=good).clean()
+    with pytest.raises(ValidationError, match="speculative_config"):
+        CachedModel(repo_id="local/x", speculative_config='{"method": "draft_model", "num_speculative_tokens": 3}').clean()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from workers.engine.speculation.config import SpeculativeConfig
+from protocol.speculative import SpeculativeConfig
 from workers.media.limits import MIB, MediaSettings
 
 # On 2 CPU cores a decode step takes about 2.6 ms for 1 row and 9 ms for 32 (tiny model), and a batch

@@ -42,7 +42,7 @@ def generation_config(text: str) -> str:
 
 def speculative_config(text: str) -> str:
     """vLLM's --speculative-config: its JSON, checked here (INFERENCE_SPECULATIVE_CONFIG takes it as given)."""
-    from workers.engine.speculation.config import parse_speculative_config
+    from protocol.speculative import parse_speculative_config
 
     try:
         parse_speculative_config(text)

@@ -11,7 +11,7 @@ import weakref
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,6 +22,7 @@ from workers.engine.models.model_loader import LoadedModel, LoadOptions, Progres
 from workers.engine.output.parsing import OutputFormat, output_format
 from workers.engine.output.parsing.factory import model_type_of
 from protocol import ModelRef
+from protocol.speculative import model_speculative_config
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
 from workers.engine.sample.sampling import MODEL_DEFAULT_KEYS
 
@@ -133,6 +134,17 @@ class ModelManager:
                            gguf_file=own.get("gguf_file") or "", max_model_len=self.load_defaults.max_model_len,
                            generation_config=self.load_defaults.generation_config)
 
+    def runner_settings_for(self, repo_id: str) -> RunnerSettings:
+        """The server's runner settings with the model's own speculative decoding where its catalog row sets it
+        (checked when the row was saved; a value that no longer parses keeps the server's, logged)."""
+        own = self._settings(repo_id).get("speculative_config") or ""
+        try:
+            speculative = model_speculative_config(own, self.runner_settings.speculative)
+        except ValueError as exc:
+            logger.warning("%s: speculative_config %r: %s; the server's", repo_id, own, exc)
+            return self.runner_settings
+        return replace(self.runner_settings, speculative=speculative)
+
     def pinned(self, name: str) -> bool:
         return bool(self._settings(self.models[name].model_id).get("preload"))
 
@@ -185,7 +197,7 @@ class ModelManager:
         gc.freeze()
         if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
             # embeddings and cross-encoders: no KV cache; adapters: the base's runner
-            self.runners[plan.name] = ModelRunner(loaded, self.runner_settings)
+            self.runners[plan.name] = ModelRunner(loaded, self.runner_settings_for(plan.ref.repo_id))
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()

@@ -30,7 +30,7 @@ from workers.engine.execution.input_batch import InputBatch
 from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutput
 from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
-from workers.engine.speculation.config import SpeculativeConfig
+from protocol.speculative import SpeculativeConfig
 from workers.engine.speculation.rows import NgramProposer
 from workers.engine.speculation.verify import verify
 

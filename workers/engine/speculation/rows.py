@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy
 
-from workers.engine.speculation.config import SpeculativeConfig
+from protocol.speculative import SpeculativeConfig
 from workers.engine.speculation.ngram import lookup
 
 LOW_ACCEPTANCE = 0.25  # below this recent acceptance rate a row backs off

@@ -1,7 +1,8 @@
 """Speculative decoding's settings, in vLLM's JSON (`serve --speculative-config '{"method": "ngram", ...}'`).
 
-Plain Python, read by the settings (INFERENCE_SPECULATIVE_CONFIG) and the catalog's per-model options; the
-runner gets the parsed form. Off unless set. vLLM's key names are kept so a vLLM command line works unchanged.
+Plain Python, read by the settings (INFERENCE_SPECULATIVE_CONFIG, `serve --speculative-config`), the catalog's
+per-model field (checked there, taken by the worker) and the engine (workers/engine/speculation/). Off unless
+set. vLLM's key names are kept so a vLLM command line works unchanged.
 """
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ class SpeculativeConfig:
     def describe(self) -> str:
         return (f"{self.method}, {self.num_speculative_tokens} tokens, n-grams of "
                 f"{self.prompt_lookup_min}-{self.prompt_lookup_max}")
+
+
+OFF = "off"  # a model's own value that turns speculation off where the server turns it on
+
+
+def model_speculative_config(own: str, server: SpeculativeConfig | None) -> SpeculativeConfig | None:
+    """A model's catalog value over the server's: "" the server's, "off" none, else its own JSON."""
+    if not own or not own.strip():
+        return server
+    if own.strip().lower() == OFF:
+        return None
+    return parse_speculative_config(own)
 
 
 def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | None:
