@@ -329,3 +329,64 @@ def test_the_catalog_refuses_a_bad_speculative_config():
         CachedModel(repo_id="local/x", speculative_config=good).clean()
     with pytest.raises(ValidationError, match="speculative_config"):
         CachedModel(repo_id="local/x", speculative_config='{"method": "draft_model", "num_speculative_tokens": 3}').clean()
+
+
+class PromptOracle(NgramProposer):
+    """Drafts known right, by prompt (an engine makes its sequences itself); counts what it had accepted."""
+
+    def __init__(self, expected: dict[tuple, list[int]]) -> None:
+        super().__init__(CONFIG)
+        self.expected, self.kept_in_all = expected, 0
+
+    def propose(self, rows):
+        proposals = {}
+        for i, seq in enumerate(rows):
+            whole = self.expected.get(tuple(seq.prompt_ids))
+            if whole is not None and may_speculate(seq):
+                seq.speculation = seq.speculation or RowSpeculation(seq.prompt_ids)
+                drafts = whole[len(seq.completion_ids):len(seq.completion_ids) + 4]
+                if drafts:
+                    proposals[i] = drafts
+        return proposals
+
+    def verified(self, rows, proposals, kept) -> None:
+        self.kept_in_all += sum(kept[i] - 1 for i in proposals)
+        super().verified(rows, proposals, kept)
+
+
+def test_a_stop_string_inside_an_accepted_run_is_never_shown_nor_billed(spec_cache):
+    """The output thread finds a stop string inside a run of tokens a step accepted: the client's text, token
+    ids and usage end where they would without speculation."""
+    from workers.engine.config import EngineConfig
+
+    from .conftest import engine_running
+    from .outbox import Outbox
+
+    model = "local/tiny-llama"
+    reference = Reference(spec_cache, model)
+    prompt = reference.encode("Once upon a time there was")
+    whole = reference.greedy(prompt, 24, min_new_tokens=24)
+    cut = next(n for n in range(7, 20) if reference.decode(whole[:n]) != reference.decode(whole[:n - 1]))
+    stop = reference.decode(whole[:cut])[len(reference.decode(whole[:cut - 1])):]
+    full = reference.decode(whole)
+    outbox = Outbox()
+    ref = protocol.ModelRef.parse(model)
+
+    def submit(ids: list[int], **params) -> str:
+        reply = f"reply.{uuid.uuid4().hex}"
+        engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, ref, [ids], protocol.JobParams(
+            temperature=0, ignore_eos=True, **params)))
+        outbox.wait([reply])
+        return reply
+
+    with engine_running(spec_cache, outbox.emit, EngineConfig(max_num_seqs=4, speculative=CONFIG)) as engine:
+        submit([1, 2, 3], max_tokens=2)  # loads the model
+        oracle = engine.runners[ref.key].proposer = PromptOracle({tuple(prompt): whole})
+        reply = submit(prompt, max_tokens=24, stop=[stop])
+    assert oracle.kept_in_all >= 4  # the stop string's token came in an accepted run
+    done = outbox.messages[reply][-1]
+    text = "".join(choice["text"] for message in outbox.messages[reply] for choice in message.get("choices", []))
+    assert text == full[:full.index(stop)]
+    ids = outbox.choices(reply)[0]["ids"]
+    assert ids == whole[:len(ids)] and stop not in reference.decode(ids[:-1])
+    assert done["usage"]["completion_tokens"] == len(ids)
