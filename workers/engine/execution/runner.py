@@ -22,7 +22,7 @@ from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.prefix_cache import PrefixCache
 from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
 from workers.engine.execution.kv.slab import SlabKV, static_attention
-from workers.engine.execution.kv.specs import FULL, NONE, SLIDING, cache_spec
+from workers.engine.execution.kv.specs import SLIDING, cache_spec
 from workers.engine.models.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 from workers.engine.step_clock import StepClock
@@ -31,7 +31,7 @@ from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutp
 from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
 from protocol.speculative import SpeculativeConfig
-from workers.engine.speculation.rows import NgramProposer
+from workers.engine.speculation.rows import proposer_for
 from workers.engine.speculation.verify import verify
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class ModelRunner:
             self.batch.zeroed = True
             self.batch.dtype = loaded.model.dtype
             self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
-        self.proposer = self._proposer(settings.speculative)
+        self.proposer = proposer_for(spec, loaded, settings.speculative)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
         self._view: InputBatch | None = None  # the persistent batch's view of the rows, until they change
@@ -76,22 +76,6 @@ class ModelRunner:
         logger.info("%s: cache of %s%s%s", loaded.model_id, spec.describe(),
                     f"; without {', '.join(declined)}" if declined else "",
                     f" ({'; '.join(spec.notes)})" if spec.notes else "")
-
-    def _proposer(self, config: SpeculativeConfig | None) -> NgramProposer | None:
-        """The model's draft proposer, where its cache can drop rejected drafts by length (full attention
-        alone); else none, said once."""
-        if config is None:
-            return None
-        spec, model_id = self.spec, self.loaded.model_id
-        why_not = ("its cache does not decode in one batch" if not spec.batchable
-                   else "its sliding-window or recurrent layers cannot drop rejected drafts by length"
-                   if any(layer.kind not in (FULL, NONE) for layer in spec.layers)
-                   else "LoRA adapters pick their weights per row" if self.loaded.peft is not None else "")
-        if why_not:
-            logger.info("speculative decoding off for %s: %s", model_id, why_not)
-            return None
-        logger.info("speculative decoding on for %s: %s", model_id, config.describe())
-        return NgramProposer(config, self.loaded.device.type)
 
     def _forward(self, rows: list[Sequence], **inputs):
         """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
