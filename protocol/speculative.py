@@ -9,21 +9,26 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-METHODS = ("ngram",)  # vLLM's also: draft_model, eagle, mtp (not served here yet)
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+METHODS = ("ngram", "draft_model")  # vLLM's also: eagle, eagle3, mtp, medusa (not served here)
+KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+NUMBERS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """N-gram prompt lookup: propose up to `num_speculative_tokens` tokens that followed the longest earlier
-    occurrence (of `prompt_lookup_min`..`prompt_lookup_max` tokens) of a row's last tokens."""
+    """N-gram prompt lookup (`ngram`): propose up to `num_speculative_tokens` tokens that followed the longest
+    earlier occurrence (of `prompt_lookup_min`..`prompt_lookup_max` tokens) of a row's last tokens; or a draft
+    model (`draft_model`): the catalog model `model` (same tokenizer) proposes them greedily."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 5
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    model: str = ""  # draft_model: the draft's catalog name (repo[@revision])
 
     def describe(self) -> str:
+        if self.method == "draft_model":
+            return f"draft model {self.model}, {self.num_speculative_tokens} tokens"
         return (f"{self.method}, {self.num_speculative_tokens} tokens, n-grams of "
                 f"{self.prompt_lookup_min}-{self.prompt_lookup_max}")
 
@@ -62,8 +67,11 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
     method = value.get("method", "ngram")
     if method not in METHODS:
         raise ValueError(f"speculative config: method {method!r} is not served (served: {', '.join(METHODS)})")
+    model = value.get("model", "")
+    if method == "draft_model" and (not isinstance(model, str) or not model.strip()):
+        raise ValueError('speculative config: draft_model needs "model", the draft\'s catalog name')
     numbers = {}
-    for key in KEYS[1:]:
+    for key in NUMBERS:
         if key in value:
             if not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < 1:
                 raise ValueError(f"speculative config: {key} must be a positive integer, not {value[key]!r}")
@@ -75,4 +83,5 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
     high = numbers.get("prompt_lookup_max", numbers.get("prompt_lookup_min", 4))
     if low > high:
         raise ValueError(f"speculative config: prompt_lookup_min ({low}) is above prompt_lookup_max ({high})")
-    return SpeculativeConfig(method, numbers["num_speculative_tokens"], low, high)
+    return SpeculativeConfig(method, numbers["num_speculative_tokens"], low, high,
+                             model.strip() if method == "draft_model" else "")

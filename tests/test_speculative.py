@@ -329,6 +329,8 @@ def test_the_catalog_refuses_a_bad_speculative_config():
         CachedModel(repo_id="local/x", speculative_config=good).clean()
     with pytest.raises(ValidationError, match="speculative_config"):
         CachedModel(repo_id="local/x", speculative_config='{"method": "draft_model", "num_speculative_tokens": 3}').clean()
+    with pytest.raises(ValidationError, match="speculative_config"):
+        CachedModel(repo_id="local/x", speculative_config='{"method": "eagle", "num_speculative_tokens": 3}').clean()
 
 
 class PromptOracle(NgramProposer):
@@ -390,3 +392,74 @@ def test_a_stop_string_inside_an_accepted_run_is_never_shown_nor_billed(spec_cac
     ids = outbox.choices(reply)[0]["ids"]
     assert ids == whole[:len(ids)] and stop not in reference.decode(ids[:-1])
     assert done["usage"]["completion_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("draft_family", ["llama", "qwen3"])
+def test_a_draft_model_proposes_and_output_stays_generates(spec_cache, draft_family):
+    """A draft model from the catalog with the target's tokenizer (the target itself: the ceiling, every draft
+    kept; a random model of another family: the floor): greedy output is generate's, batched."""
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    draft_name = f"local/tiny-{draft_family}"
+    loaded.draft = loaded if draft_name == model else load(spec_cache, draft_name)
+    try:
+        config = SpeculativeConfig("draft_model", 4, model=draft_name)
+        runner = ModelRunner(loaded, RunnerSettings(max_rows=8, speculative=config))
+        assert type(runner.proposer).__name__ == "DraftProposer"
+        handover, sequences, expected = Handover(), [], {}
+        for n, prompt in enumerate(PROMPTS[:3]):
+            ids = reference.encode(prompt)
+            seq = new_sequence(loaded, handover, ids, 9 + 4 * n)
+            expected[id(seq)] = reference.greedy(ids, seq.max_tokens, min_new_tokens=seq.max_tokens)
+            sequences.append(seq)
+        run(runner, sequences)
+        for seq in sequences:
+            assert seq.completion_ids == expected[id(seq)]
+        drafts, drafted, accepted = runner.proposer.take_counts()
+        assert drafts > 0
+        if draft_name == model:
+            assert accepted >= drafted * 0.9  # the target drafting for itself: (nearly) every guess kept
+    finally:
+        loaded.draft = None
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(spec_cache):
+    import copy
+    import dataclasses
+
+    from workers.engine.errors import ModelLoadError
+    from workers.engine.speculation.draft import check_same_tokenizer
+
+    loaded = load(spec_cache, "local/tiny-llama")
+    check_same_tokenizer(loaded, load(spec_cache, "local/tiny-qwen3"))  # the families share one tokenizer...
+    with pytest.raises(ModelLoadError, match="tiny-qwen2 has another tokenizer than local/tiny-llama"):
+        check_same_tokenizer(loaded, load(spec_cache, "local/tiny-qwen2"))  # ... but Qwen2's adds a token
+    other = copy.deepcopy(loaded.tokenizer)
+    other.add_tokens(["<only-in-the-draft>"])
+    with pytest.raises(ModelLoadError, match="has another tokenizer than local/tiny-llama"):
+        check_same_tokenizer(loaded, dataclasses.replace(loaded, tokenizer=other, model_id="local/other"))
+    with pytest.raises(ModelLoadError, match="must cache full attention"):
+        check_same_tokenizer(loaded, load(spec_cache, "local/tiny-mistral"))
+
+
+def test_a_draft_model_loads_beside_its_target_or_the_load_fails_clearly(spec_cache):
+    from huggingface_hub import constants
+
+    from workers.engine.core.model_manager import LoadPlan
+    from workers.engine.errors import ModelLoadError
+
+    ref = protocol.ModelRef.parse("local/tiny-llama")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(spec_cache))
+        plan = LoadPlan(ref, "cpu", "float32", "test",
+                        speculative=SpeculativeConfig("draft_model", 3, model="local/tiny-qwen3"))
+        loaded = plan.load()
+        assert loaded.draft.model_id == "local/tiny-qwen3"
+        other = LoadPlan(ref, "cpu", "float32", "test",
+                         speculative=SpeculativeConfig("draft_model", 3, model="local/tiny-qwen2"))
+        with pytest.raises(ModelLoadError, match="has another tokenizer"):
+            other.load()
+        missing = LoadPlan(ref, "cpu", "float32", "test",
+                           speculative=SpeculativeConfig("draft_model", 3, model="local/no-such-draft"))
+        with pytest.raises(ModelLoadError, match="the draft model local/no-such-draft for local/tiny-llama"):
+            missing.load()

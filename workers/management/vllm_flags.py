@@ -67,8 +67,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "default), vllm (none), or FOLDER/generation_config.json (vLLM's)")
     group.add_argument("--speculative-config", type=speculative_config, metavar="JSON",
                        help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
-                            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt lookup; greedy "
-                            "rows of full-attention models; default: off)")
+                            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt lookup), or "
+                            "'{\"method\": \"draft_model\", \"model\": \"NAME\", \"num_speculative_tokens\": 5}' (a "
+                            "catalog model with the same tokenizer); full-attention models; default: off")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:

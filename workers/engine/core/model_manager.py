@@ -22,7 +22,7 @@ from workers.engine.models.model_loader import LoadedModel, LoadOptions, Progres
 from workers.engine.output.parsing import OutputFormat, output_format
 from workers.engine.output.parsing.factory import model_type_of
 from protocol import ModelRef
-from protocol.speculative import model_speculative_config
+from protocol.speculative import SpeculativeConfig, model_speculative_config
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
 from workers.engine.sample.sampling import MODEL_DEFAULT_KEYS
 
@@ -45,16 +45,37 @@ class LoadPlan:
     held: Callable[[str], bool] | None = None  # whether the worker holds a model (an adapter's base)
     options: Callable[[ModelRef], LoadOptions] = lambda ref: LoadOptions()  # a model's (and an adapter's base's)
 
+    speculative: SpeculativeConfig | None = None  # the model's speculative decoding (a draft model loads with it)
+
     def load(self, progress: Progress | None = None) -> LoadedModel | adapters.AdapterFiles:
         """A model, or a LoRA adapter's files (with its base, loaded here only if the worker lacks it)."""
         found = adapters.adapter_base(self.ref)
         if found is None:
-            return load_model(self.ref, self.device, self.dtype, progress, self.options(self.ref))
+            loaded = load_model(self.ref, self.device, self.dtype, progress, self.options(self.ref))
+            config = self.speculative
+            if config is not None and config.method == "draft_model" and loaded.kind == "causal":
+                loaded.draft = self._draft(loaded, config)
+            return loaded
         folder, base = found
         files = adapters.AdapterFiles(self.ref, folder, base)
         if self.held is None or not self.held(base.key):
             files.base_loaded = load_model(base, self.device, self.dtype, progress, self.options(base))
         return files
+
+    def _draft(self, loaded: LoadedModel, config: SpeculativeConfig) -> LoadedModel:
+        """The draft model beside the target (the target itself when it names itself), with the same tokenizer."""
+        from workers.engine.speculation.draft import check_same_tokenizer
+
+        ref = ModelRef.parse(config.model)
+        if ref.key == self.ref.key:
+            return loaded
+        try:
+            draft = load_model(ref, self.device, self.dtype, None, self.options(ref))
+        except Exception as exc:
+            raise ModelLoadError(f"speculative decoding: the draft model {config.model} for {self.ref.key} did not "
+                                 f"load: {exc}") from exc
+        check_same_tokenizer(loaded, draft)
+        return draft
 
     @property
     def name(self) -> str:
@@ -165,6 +186,7 @@ class ModelManager:
         plan = LoadPlan(ref, own.get("device") or self.device, dtype, requested_by)
         plan.held = lambda key: key in self.models
         plan.options = self.load_options
+        plan.speculative = self.runner_settings_for(ref.repo_id).speculative
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         try:
             self._make_room(ref, busy)

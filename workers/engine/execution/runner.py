@@ -31,7 +31,7 @@ from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutp
 from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
 from protocol.speculative import SpeculativeConfig
-from workers.engine.speculation.rows import proposer_for
+from workers.engine.speculation.proposers import proposer_for
 from workers.engine.speculation.verify import verify
 
 logger = logging.getLogger(__name__)

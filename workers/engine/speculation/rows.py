@@ -8,15 +8,10 @@ and SGLang's adaptive speculation back off.
 """
 from __future__ import annotations
 
-import logging
-
 import numpy
 
 from protocol.speculative import SpeculativeConfig
-from workers.engine.execution.kv.specs import FULL, NONE, CacheSpec
 from workers.engine.speculation.ngram import lookup
-
-logger = logging.getLogger(__name__)
 
 LOW_ACCEPTANCE = 0.25  # below this recent acceptance rate a row backs off
 FIRST_BACKOFF = 8  # steps without proposing after the first back-off; doubles up to MAX_BACKOFF
@@ -135,18 +130,3 @@ class NgramProposer:
         self.drafts = self.draft_tokens = self.accepted = 0
         return counts
 
-
-def proposer_for(spec: CacheSpec, loaded, config: SpeculativeConfig | None) -> NgramProposer | None:
-    """A model's draft proposer, where its cache can drop rejected drafts by length (full attention alone);
-    else none, said once at load."""
-    if config is None:
-        return None
-    why_not = ("its cache does not decode in one batch" if not spec.batchable
-               else "its sliding-window or recurrent layers cannot drop rejected drafts by length"
-               if any(layer.kind not in (FULL, NONE) for layer in spec.layers)
-               else "LoRA adapters pick their weights per row" if loaded.peft is not None else "")
-    if why_not:
-        logger.info("speculative decoding off for %s: %s", loaded.model_id, why_not)
-        return None
-    logger.info("speculative decoding on for %s: %s", loaded.model_id, config.describe())
-    return NgramProposer(config, loaded.device.type)
