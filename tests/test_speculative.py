@@ -463,3 +463,25 @@ def test_a_draft_model_loads_beside_its_target_or_the_load_fails_clearly(spec_ca
                            speculative=SpeculativeConfig("draft_model", 3, model="local/no-such-draft"))
         with pytest.raises(ModelLoadError, match="the draft model local/no-such-draft for local/tiny-llama"):
             missing.load()
+
+
+def test_static_decode_steps_between_verifying_steps_stay_exact(spec_cache):
+    """Verifying steps run over the window; the static program's steps between them read the holes they left
+    from the slab's mask: output stays generate's."""
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=8, static_decode=True, speculative=CONFIG))
+    assert runner.static is not None
+    handover, expected, sequences = Handover(), {}, []
+    for n, prompt in enumerate(PROMPTS[:4]):
+        ids = reference.encode(prompt)
+        seq = new_sequence(loaded, handover, ids, 8 + 3 * n)
+        expected[id(seq)] = reference.greedy(ids, seq.max_tokens + 6, min_new_tokens=seq.max_tokens + 6)
+        sequences.append(seq)
+    # drafts every other step, wrong for some rows: holes, then static steps over them
+    runner.proposer = Oracle(expected, lambda seq, done: None if len(seq.prompt_ids) % 2 else 1)
+    propose = runner.proposer.propose
+    runner.proposer.propose = lambda rows: propose(rows) if sum(len(s.completion_ids) for s in rows) % 2 else {}
+    run(runner, sequences)
+    for seq in sequences:
+        assert seq.completion_ids == expected[id(seq)][:seq.max_tokens]
