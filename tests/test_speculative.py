@@ -485,3 +485,22 @@ def test_static_decode_steps_between_verifying_steps_stay_exact(spec_cache):
     run(runner, sequences)
     for seq in sequences:
         assert seq.completion_ids == expected[id(seq)][:seq.max_tokens]
+
+
+def test_a_prompt_prefilled_in_chunks_then_verified_is_generates(spec_cache):
+    model = "local/tiny-llama"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    runner = ModelRunner(loaded, RunnerSettings(max_rows=8, prefill_chunk=16, speculative=CONFIG))
+    ids = reference.encode(" ".join(PROMPTS))
+    whole = reference.greedy(ids, 20, min_new_tokens=20)
+    seq = new_sequence(loaded, Handover(), ids, 14)
+    runner.proposer = Oracle({id(seq): whole}, lambda seq, done: 2 if done % 4 == 1 else None)
+    chunks, logits = 0, None
+    while logits is None:
+        _, logits = runner.prefill(seq, 16)
+        chunks += 1
+    assert chunks > 2
+    sample_batch(InputBatch([seq]), logits[None]).apply()
+    runner.join([seq])
+    run(runner, [])
+    assert seq.completion_ids == whole[:14]

@@ -46,6 +46,10 @@ def test_greedy_answers_are_generates_and_usage_bills_what_was_sent(spec_server,
         text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
         assert text == reference.decode(expected[:17])
         assert chunks[-1].usage.completion_tokens == 17
+    several = client.completions.create(model=TINY_MODEL, prompt=PROMPTS[0], max_tokens=20, temperature=0, n=2,
+                                        extra_body={"return_token_ids": True})
+    expected = reference.greedy(reference.encode(PROMPTS[0]), 20)
+    assert [choice.token_ids for choice in several.choices] == [expected, expected]
     metrics = httpx.get(f"{spec_server.base_url}/metrics", headers=spec_server.headers, timeout=30).text
     drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total{")]
     assert drafts and float(drafts[0].split()[-1]) > 0
