@@ -54,6 +54,7 @@ def test_greedy_answers_are_generates_and_usage_bills_what_was_sent(spec_server,
     drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total{")]
     assert drafts and float(drafts[0].split()[-1]) > 0
     assert "inference_spec_decode_mean_accepted_length{" in metrics
+    assert 'inference_step_phase_seconds_total{phase="propose"}' in metrics
     assert "speculative decoding on for local/tiny-llama" in spec_server.log()
 
 

@@ -319,6 +319,8 @@ class ModelRunner:
             raise ValueError("a decode plan for rows this runner does not hold")
         if self.proposer is not None and self.batch_rows:
             proposals = self.proposer.propose(self.batch_rows)
+            if plan.clock is not None:
+                plan.clock.lap("propose")
             if proposals:
                 return self._verify_step(plan.rows, proposals, plan.clock)
         rows, logits = self.decode(plan.clock)
