@@ -33,7 +33,8 @@ from .test_step_contract import load, new_sequence, start
 
 SPECULATING = ["llama", "qwen2", "qwen3", "qwen3-moe", "olmo2", "gpt2", "gpt-neox", "opt", "bloom", "falcon", "falcon-alibi",
                "granite", "smollm3", "cohere", "deepseek-v3"]  # every full-attention family of the suite
-DECLINED = ["mistral", "gemma3", "qwen3.5", "mamba"]
+ALONE = ["mistral", "phi3", "cohere2", "gemma3", "qwen2-sliding", "gemma2", "gpt-oss"]  # sliding windows: one row
+DECLINED = ["qwen3.5", "mamba"]
 PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,", "def add(a, b):",
            "The capital of France is a city where the river bends twice", "A", "Tell me a story about a cat"]
 CONFIG = SpeculativeConfig("ngram", 4, 2, 4)
@@ -42,7 +43,7 @@ CONFIG = SpeculativeConfig("ngram", 4, 2, 4)
 @pytest.fixture(scope="module")
 def spec_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("spec-families")
-    build_tiny_families(SPECULATING + DECLINED, cache_dir=cache)
+    build_tiny_families(SPECULATING + ALONE + DECLINED, cache_dir=cache)
     return cache
 
 
@@ -56,6 +57,8 @@ class Oracle(NgramProposer):
 
     def propose(self, rows):
         proposals = {}
+        if self.alone and len(rows) > 1:
+            return proposals
         for i, seq in enumerate(rows):
             whole = self.expected.get(id(seq))
             if whole is None or not may_speculate(seq):
@@ -204,6 +207,35 @@ def test_a_prompt_from_the_prefix_cache_speculates_the_same(spec_cache):
         run(runner, [])
         assert seq.completion_ids == whole[:12]
     assert cached  # the second prompt started from the cache
+
+
+@pytest.mark.parametrize("family", ALONE)
+def test_sliding_window_models_verify_while_one_row_decodes(spec_cache, family):
+    """Past the window (16 tokens), one row's drafts right, wrong or mixed: generate's output; with two rows
+    nothing is proposed (a hole would break the window of columns) and the output is generate's too."""
+    model = f"local/tiny-{family}"
+    loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
+    for right, wrong_at in ((True, lambda seq, done: None), (False, lambda seq, done: done % 3),
+                            (False, lambda seq, done: 0)):
+        runner = ModelRunner(loaded, RunnerSettings(max_rows=8, speculative=CONFIG))
+        assert runner.proposer is not None and runner.proposer.alone
+        ids = reference.encode(PROMPTS[4])
+        seq = new_sequence(loaded, Handover(), ids, 30)
+        whole = reference.greedy(ids, 36, min_new_tokens=36)
+        oracle = runner.proposer = Oracle({id(seq): whole}, wrong_at)
+        oracle.alone = True
+        run(runner, [seq])
+        assert seq.completion_ids == whole[:30], family
+        drafts, drafted, accepted = oracle.take_counts()
+        assert drafts > 0 and (accepted > drafted // 2 if right else True)
+    pair = [new_sequence(loaded, Handover(), reference.encode(prompt), 20) for prompt in PROMPTS[1:3]]
+    oracle = runner.proposer = Oracle({id(s): reference.greedy(s.prompt_ids, 26, min_new_tokens=26) for s in pair},
+                                      lambda seq, done: None)
+    oracle.alone = True
+    run(runner, pair)
+    for s in pair:
+        assert s.completion_ids == oracle.expected[id(s)][:20]
+    assert oracle.take_counts()[0] == 0
 
 
 @pytest.mark.parametrize("family", DECLINED)

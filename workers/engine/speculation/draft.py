@@ -58,6 +58,8 @@ class DraftProposer(NgramProposer):
     @torch.no_grad()
     def propose(self, rows: list) -> dict[int, list[int]]:
         proposals: dict[int, list[int]] = {}
+        if self.alone and len(rows) > 1:
+            return proposals
         for i, seq in enumerate(rows):
             state = seq.speculation
             if state is None:

@@ -67,12 +67,15 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig, device_type: str = "cpu") -> None:
         self.config = config
         self.half_cost_rows = HALF_COST_ROWS.get(device_type, HALF_COST_ROWS["cuda"])
+        self.alone = False  # propose only while one row decodes (a model with sliding-window layers)
         self.drafts = self.draft_tokens = self.accepted = 0  # since the metrics last took them
 
     def propose(self, rows: list) -> dict[int, list[int]]:
         """{row: drafts} for the rows that propose this step (rows absent decode one token)."""
         config = self.config
         proposals: dict[int, list[int]] = {}
+        if self.alone and len(rows) > 1:
+            return proposals
         for i, seq in enumerate(rows):
             state = seq.speculation
             if state is None:

@@ -216,9 +216,10 @@ class SlabKV:
     # --- verifying drafts (workers/engine/speculation/) ----------------------
     def verify_inputs(self, ids: torch.Tensor) -> dict:
         """Model kwargs for a step that feeds every row `width` tokens (its last token and its drafts, padded)
-        at its own next positions, written at columns [end, end + width). Only full-attention layers are
-        served (a window of columns or a recurrent state cannot drop rejected tokens by a mask); the mask
-        goes in 2D, so transformers builds the causal part over the new columns."""
+        at its own next positions, written at columns [end, end + width). Full-attention layers take any
+        batch; sliding-window layers one row alone (a hole would break a window of columns being one of
+        tokens); recurrent states none. The mask goes in 2D, so transformers builds the causal part (and a
+        sliding layer's window) over the new columns."""
         width = ids.shape[1]
         self._ensure(self.rows, 0, width)
         self.mask[:self.rows, self.end:self.end + width] = True
@@ -242,6 +243,9 @@ class SlabKV:
                 self.holes = True
         self.mask[:self.rows, end + longest:end + width] = False
         self.end = end + longest
+        for store in self.stores:
+            if isinstance(store, SlidingStore):  # one row alone (no holes): its window moves by what it kept
+                store.local_end += longest
         self.lengths = [length + count for length, count in zip(self.lengths, kept)]
         self._rows_changed()
         if self.holes and self.length > 2 * max(self.lengths) + 64:
