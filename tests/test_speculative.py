@@ -33,8 +33,9 @@ from .test_step_contract import load, new_sequence, start
 
 SPECULATING = ["llama", "qwen2", "qwen3", "qwen3-moe", "olmo2", "gpt2", "gpt-neox", "opt", "bloom", "falcon", "falcon-alibi",
                "granite", "smollm3", "cohere", "deepseek-v3"]  # every full-attention family of the suite
-ALONE = ["mistral", "phi3", "cohere2", "gemma3", "qwen2-sliding", "gemma2", "gpt-oss"]  # sliding windows: one row
-DECLINED = ["qwen3.5", "mamba"]
+# sliding windows and recurrent states that continue over several tokens: one row at a time
+ALONE = ["mistral", "phi3", "cohere2", "gemma3", "qwen2-sliding", "gemma2", "gpt-oss", "qwen3.5", "qwen3-next", "bamba"]
+DECLINED = ["jamba", "mamba"]  # recurrent layers that restart on a multi-token input
 PROMPTS = ["Hi", "Once upon a time there was a lighthouse keeper", "1, 2, 3,", "def add(a, b):",
            "The capital of France is a city where the river bends twice", "A", "Tell me a story about a cat"]
 CONFIG = SpeculativeConfig("ngram", 4, 2, 4)
@@ -210,7 +211,7 @@ def test_a_prompt_from_the_prefix_cache_speculates_the_same(spec_cache):
 
 
 @pytest.mark.parametrize("family", ALONE)
-def test_sliding_window_models_verify_while_one_row_decodes(spec_cache, family):
+def test_sliding_and_recurrent_models_verify_while_one_row_decodes(spec_cache, family):
     """Past the window (16 tokens), one row's drafts right, wrong or mixed: generate's output; with two rows
     nothing is proposed (a hole would break the window of columns) and the output is generate's too."""
     model = f"local/tiny-{family}"

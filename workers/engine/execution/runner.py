@@ -22,7 +22,7 @@ from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.prefix_cache import PrefixCache
 from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
 from workers.engine.execution.kv.slab import SlabKV, static_attention
-from workers.engine.execution.kv.specs import SLIDING, cache_spec
+from workers.engine.execution.kv.specs import SLIDING, STATE, cache_spec
 from workers.engine.models.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 from workers.engine.step_clock import StepClock
@@ -335,7 +335,9 @@ class ModelRunner:
         for i, seq in enumerate(self.batch_rows):
             last, drafts = seq.completion_ids[-1], proposals.get(i, ())
             ids.append([last, *drafts] + [last] * (width - 1 - len(drafts)))
-        inputs = self.batch.verify_inputs(torch.tensor(ids, device=self.loaded.device))
+        ids = torch.tensor(ids, device=self.loaded.device)
+        states = self.batch.snapshot_states() if self.spec.has(STATE) else None  # one row alone (proposers.py)
+        inputs = self.batch.verify_inputs(ids)
         if clock is not None:
             clock.lap("prepare")
         logits = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=width).logits
@@ -343,6 +345,11 @@ class ModelRunner:
             clock.lap("forward")
         output = sample_batch(rows, logits[:, 0])
         kept = verify(output, logits, proposals)
+        if states is not None and kept[0] < width:  # the recurrent states took every draft: again, with the kept
+            self.batch.restore_states(states)
+            self.batch.mask[:, self.batch.end + kept[0]:self.batch.end + width] = False
+            self._forward(self.batch_rows, **self.batch.verify_inputs(ids[:, :kept[0]]), use_cache=True,
+                          logits_to_keep=1)
         self.batch.commit(kept, width)
         self.proposer.verified(self.batch_rows, proposals, kept)
         return output
