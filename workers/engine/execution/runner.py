@@ -336,7 +336,7 @@ class ModelRunner:
             last, drafts = seq.completion_ids[-1], proposals.get(i, ())
             ids.append([last, *drafts] + [last] * (width - 1 - len(drafts)))
         ids = torch.tensor(ids, device=self.loaded.device)
-        states = self.batch.snapshot_states() if self.spec.has(STATE) else None  # one row alone (proposers.py)
+        states = self.batch.snapshot_states(self.batch.rows) if self.spec.has(STATE) else None  # one row (proposers.py)
         inputs = self.batch.verify_inputs(ids)
         if clock is not None:
             clock.lap("prepare")

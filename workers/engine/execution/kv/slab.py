@@ -300,17 +300,18 @@ class SlabKV:
         self.bucket = bucket
         return inputs.model_kwargs
 
-    def snapshot_states(self) -> list[torch.Tensor]:
-        """Copies of the recurrent states (a step run twice to compare its two forms must start both from
-        the same states; keys/values are only written, never read-modified, so they need none)."""
-        return [pool.clone() for store in self.stores if isinstance(store, StateStore)
+    def snapshot_states(self, rows: int | None = None) -> list[torch.Tensor]:
+        """Copies of the recurrent states (of every row slot, or the first `rows`): a step run twice to compare
+        its two forms, or a verifying step that may have to take its drafts back, starts again from them
+        (keys/values are only written, never read-modified, so they need none)."""
+        return [pool[:rows].clone() for store in self.stores if isinstance(store, StateStore)
                 for pool in (*store.conv_pool.values(), *store.recurrent_pool.values())]
 
     def restore_states(self, snapshot: list[torch.Tensor]) -> None:
         pools = [pool for store in self.stores if isinstance(store, StateStore)
                  for pool in (*store.conv_pool.values(), *store.recurrent_pool.values())]
         for pool, saved in zip(pools, snapshot):
-            pool.copy_(saved)
+            pool[:len(saved)].copy_(saved)
 
     def advance(self) -> None:
         """After a decode step: every row has one more real token cached."""
