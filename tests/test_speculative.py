@@ -537,3 +537,19 @@ def test_a_prompt_prefilled_in_chunks_then_verified_is_generates(spec_cache):
     runner.join([seq])
     run(runner, [])
     assert seq.completion_ids == whole[:14]
+
+
+def test_the_width_pays_for_the_rows_that_compute_it():
+    """One row with good drafts verifies them all; 16 rows of which half propose verify none on CPU; rows whose
+    drafts often fail verify fewer columns."""
+    from types import SimpleNamespace
+
+    proposer = NgramProposer(CONFIG, "cpu")
+    rows = [SimpleNamespace(speculation=RowSpeculation([1, 2])) for _ in range(16)]
+    assert proposer.width({0: 4}, rows[:1]) == 4
+    assert proposer.width({i: 4 for i in range(0, 16, 2)}, rows) == 0
+    assert proposer.width({i: 4 for i in range(16)}, rows) > 0
+    for _ in range(2):
+        rows[0].speculation.verified(4, 1)
+    assert 0 < proposer.width({0: 4}, rows[:1]) < 4
+    assert NgramProposer(CONFIG, "cuda").width({i: 4 for i in range(0, 16, 2)}, rows) == 4

@@ -58,6 +58,7 @@ class DraftProposer(NgramProposer):
     @torch.no_grad()
     def propose(self, rows: list) -> dict[int, list[int]]:
         proposals: dict[int, list[int]] = {}
+        wanted: dict[int, int] = {}  # row -> drafts it has room for
         if self.alone and len(rows) > 1:
             return proposals
         for i, seq in enumerate(rows):
@@ -74,8 +75,14 @@ class DraftProposer(NgramProposer):
                 continue
             room = min(seq.max_tokens - len(seq.completion_ids) - 1, self.config.num_speculative_tokens)
             if room >= 1:
-                proposals[i] = self._guess(state, seq.prompt_ids + seq.completion_ids, room)
-        return self.worth_it(proposals, rows)
+                wanted[i] = room
+        width = self.width(wanted, rows)  # decided before drafting: a guess costs a forward of the draft
+        if not width:
+            return proposals
+        for i, room in wanted.items():
+            seq = rows[i]
+            proposals[i] = self._guess(seq.speculation, seq.prompt_ids + seq.completion_ids, min(room, width))
+        return proposals
 
     def _guess(self, state: DraftRow, tokens: list[int], count: int) -> list[int]:
         """`count` greedy guesses after `tokens`; the draft's cache ends holding `tokens` alone."""

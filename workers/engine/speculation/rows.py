@@ -100,23 +100,27 @@ class NgramProposer:
         return self.worth_it(proposals, rows)
 
     def worth_it(self, proposals: dict[int, list[int]], rows: list) -> dict[int, list[int]]:
-        """The proposals cut to the width that pays: every row of the step computes every column, so the j-th
-        draft column is kept while the drafts expected kept there (each row's rate to the j-th power) outweigh
-        its cost, rows x the share of a step that grows with its columns (rows / (rows + HALF_COST_ROWS)).
-        One row keeps about every draft it has; a batch where few rows propose verifies none."""
-        if not proposals:
-            return proposals
+        """The proposals cut to the width that pays (`width`); {} when none does."""
+        width = self.width({i: len(drafts) for i, drafts in proposals.items()}, rows)
+        return {i: drafts[:width] for i, drafts in proposals.items()} if width else {}
+
+    def width(self, lengths: dict[int, int], rows: list) -> int:
+        """How many draft columns pay for a step over `rows` where row i would propose lengths[i]: every row of
+        the step computes every column, so the j-th is kept while the drafts expected kept there (each row's
+        chance to the j-th power) outweigh its cost, rows x the share of a step that grows with its columns
+        (rows / (rows + HALF_COST_ROWS)). One row keeps about every draft it has; a batch where few rows
+        propose verifies none."""
+        if not lengths:
+            return 0
         count = len(rows)
         cost = count * count / (count + self.half_cost_rows)
-        chances = {i: min(MOST_LIKELY, rows[i].speculation.rate) for i in proposals}
+        chances = {i: min(MOST_LIKELY, rows[i].speculation.rate) for i in lengths}
         width = 0
-        for column in range(1, max(len(drafts) for drafts in proposals.values()) + 1):
-            if sum(chances[i] ** column for i, drafts in proposals.items() if len(drafts) >= column) < cost:
+        for column in range(1, max(lengths.values()) + 1):
+            if sum(chances[i] ** column for i, length in lengths.items() if length >= column) < cost:
                 break
             width = column
-        if not width:
-            return {}
-        return {i: drafts[:width] for i, drafts in proposals.items()}
+        return width
 
     def verified(self, rows: list, proposals: dict[int, list[int]], kept: list[int]) -> None:
         """Each proposing row's acceptance (kept[i] - 1 of its drafts), for its back-off and the counts."""
