@@ -67,7 +67,7 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig, device_type: str = "cpu") -> None:
         self.config = config
         self.half_cost_rows = HALF_COST_ROWS.get(device_type, HALF_COST_ROWS["cuda"])
-        self.alone = False  # propose only while one row decodes (a model with sliding-window layers)
+        self.alone = False  # propose only while one row decodes (sliding-window or recurrent layers: proposers.py)
         self.drafts = self.draft_tokens = self.accepted = 0  # since the metrics last took them
 
     def propose(self, rows: list) -> dict[int, list[int]]:
