@@ -488,6 +488,8 @@ def test_a_draft_model_loads_beside_its_target_or_the_load_fails_clearly(spec_ca
                         speculative=SpeculativeConfig("draft_model", 3, model="local/tiny-qwen3"))
         loaded = plan.load()
         assert loaded.draft.model_id == "local/tiny-qwen3"
+        alone = LoadPlan(ref, "cpu", "float32", "test").load()
+        assert loaded.memory_bytes == alone.memory_bytes + loaded.draft.memory_bytes > alone.memory_bytes
         other = LoadPlan(ref, "cpu", "float32", "test",
                          speculative=SpeculativeConfig("draft_model", 3, model="local/tiny-qwen2"))
         with pytest.raises(ModelLoadError, match="has another tokenizer"):

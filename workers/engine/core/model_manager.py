@@ -55,6 +55,8 @@ class LoadPlan:
             config = self.speculative
             if config is not None and config.method == "draft_model" and loaded.kind == "causal":
                 loaded.draft = self._draft(loaded, config)
+                if loaded.draft is not loaded:  # the worker's memory budget sees the pair
+                    loaded.memory_bytes += loaded.draft.memory_bytes
             return loaded
         folder, base = found
         files = adapters.AdapterFiles(self.ref, folder, base)
