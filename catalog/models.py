@@ -13,6 +13,7 @@ from protocol import MODEL_SAMPLING_KEYS
 from protocol.output_formats import canonical
 from protocol.gguf import choose_gguf_file
 from protocol.load_options import ATTN_IMPLEMENTATIONS, QUANTIZATIONS, check_attn_implementation
+from protocol.speculative import OFF, parse_speculative_config
 
 # What an admin may set in a model's `generation_defaults`: the sampling knobs a worker also takes
 # from generation_config.json, and stop strings.
@@ -78,6 +79,11 @@ class CachedModel(models.Model):
         max_length=255, blank=True,
         help_text="a GGUF model: the file it serves (a name from its GGUF files, or a quantization type such as "
                   "Q4_K_M); empty: the only one, else the Q4_K_M one, else the first")
+    speculative_config = models.CharField(
+        max_length=500, blank=True,
+        help_text='speculative decoding for this model, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 5, '
+                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}; "off": none; empty: the server\'s '
+                  '(--speculative-config)')
 
     class Meta:
         ordering = ["repo_id"]
@@ -105,6 +111,11 @@ class CachedModel(models.Model):
             check_attn_implementation(self.attn_implementation)
         except ValueError as exc:
             raise ValidationError({"attn_implementation": str(exc)}) from None
+        if self.speculative_config.strip().lower() != OFF:
+            try:
+                parse_speculative_config(self.speculative_config)
+            except ValueError as exc:
+                raise ValidationError({"speculative_config": str(exc)}) from None
         defaults = self.generation_defaults
         if not isinstance(defaults, dict):
             raise ValidationError({"generation_defaults": 'A JSON object, e.g. {"temperature": 0.7}.'})

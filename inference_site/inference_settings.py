@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.engine.config import EngineConfig, TemplateSettings
+from protocol.speculative import SpeculativeConfig, parse_speculative_config
 from workers.media.limits import MIB, MediaSettings
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -374,6 +375,15 @@ class InferenceSettings:
         return self.from_environ(os.environ)
 
 
+def speculative_config(env: Env) -> SpeculativeConfig | None:
+    """INFERENCE_SPECULATIVE_CONFIG: vLLM's --speculative-config JSON (off when unset)."""
+    text = env.text("INFERENCE_SPECULATIVE_CONFIG", "")
+    try:
+        return parse_speculative_config(text)
+    except ValueError as exc:
+        raise SettingError(f"INFERENCE_SPECULATIVE_CONFIG={text!r}: {exc}") from None
+
+
 def engine_config(env: Env) -> EngineConfig:
     """The engine's settings (worker side); 0 or -1 leave a choice to the device (`EngineConfig.fitted`)."""
     memory_budget_mb = env.number("INFERENCE_WORKER_MEMORY_BUDGET_MB", 0.0)  # 0: no budget
@@ -406,6 +416,7 @@ def engine_config(env: Env) -> EngineConfig:
         stream_interval=max(1, env.integer("INFERENCE_STREAM_INTERVAL", 1)),
         static_decode=env.text("INFERENCE_STATIC_DECODE", "auto"),
         cuda_graphs=env.flag("INFERENCE_CUDA_GRAPHS", True),
+        speculative=speculative_config(env),
         templates=TemplateSettings(path=env.text("INFERENCE_CHAT_TEMPLATE", ""),
                                    kwargs_json=env.text("INFERENCE_CHAT_TEMPLATE_KWARGS", ""),
                                    reasoning=env.text("INFERENCE_REASONING", "auto") or "auto"),

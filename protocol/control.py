@@ -37,6 +37,7 @@ class ModelSettings(TypedDict):
     trust_remote_code: bool
     attn_implementation: str
     gguf_file: NotRequired[str]  # a GGUF model's file (protocol/gguf.py); "": its default one
+    speculative_config: NotRequired[str]  # protocol/speculative.py: vLLM's JSON, "off", or "": the server's
 
 
 class ControlMessage(TypedDict):

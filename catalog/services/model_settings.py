@@ -1,6 +1,8 @@
 """How models are served, as an admin (or a server config file) decides: saved, then sent to every worker."""
 from __future__ import annotations
 
+import json
+
 import protocol
 
 from .. import selectors
@@ -27,7 +29,8 @@ def configure_models(entries: list[dict]) -> list[str]:
 
     Each entry: {"name", "preload"?, "dtype"?, "device"?, "chat_template"? (template text),
     "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?, "tool_parser"?, "reasoning_parser"?,
-    "quantization"?, "trust_remote_code"?, "attn_implementation"?, "gguf_file"?}; a model not in the cache is ModelNotFound.
+    "quantization"?, "trust_remote_code"?, "attn_implementation"?, "gguf_file"?, "speculative_config"? (vLLM's JSON,
+    as text or an object)}; a model not in the cache is ModelNotFound.
     """
     configured = []
     for entry in entries:
@@ -36,9 +39,11 @@ def configure_models(entries: list[dict]) -> list[str]:
         if row is None:
             raise ModelNotFound(entry["name"])
         for key in ("preload", "dtype", "device", "chat_template", "idle_timeout", "aliases", "tool_parser",
-                    "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation", "gguf_file"):
+                    "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation", "gguf_file",
+                    "speculative_config"):
             if key in entry:
-                setattr(row, key, entry[key])
+                value = entry[key]
+                setattr(row, key, json.dumps(value) if key == "speculative_config" and isinstance(value, dict) else value)
         if "generation_defaults" in entry or "stop" in entry:
             stop = {"stop": entry["stop"]} if entry.get("stop") else {}
             row.generation_defaults = {**(entry.get("generation_defaults") or {}), **stop}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from protocol.speculative import SpeculativeConfig
 from workers.media.limits import MIB, MediaSettings
 
 # On 2 CPU cores a decode step takes about 2.6 ms for 1 row and 9 ms for 32 (tiny model), and a batch
@@ -59,6 +60,7 @@ class EngineConfig:
     stream_interval: int = 1  # new tokens a stream gathers before its next message (1: every token as it comes)
     static_decode: str = "auto"  # decode steps as one static program: "on", "off", "auto" (on with CUDA)
     cuda_graphs: bool = True  # static steps captured into CUDA graphs, one per bucket of rows (CUDA only)
+    speculative: SpeculativeConfig | None = None  # vLLM's --speculative-config (n-gram lookup); None: off
     templates: TemplateSettings = field(default_factory=TemplateSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
 

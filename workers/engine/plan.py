@@ -51,23 +51,33 @@ class DecodePlan:
 class StepOutput:
     """What a decode step chose, by row of its plan: token ids (None: the grammar allowed none), the
     model's logprobs for rows that asked (row -> (logprob, top)), and the rows sampled one by one with
-    their whole choice."""
+    their whole choice; a step that verified drafts adds each proposing row's accepted run after its first
+    token (`extra`: row -> [(id, logprob, top)], workers/engine/speculation/verify.py)."""
 
     rows: "InputBatch"
     token_ids: list[int | None]
     logprobs: dict[int, tuple[float, list]] = field(default_factory=dict)
     alone: dict[int, "TokenChoice | None"] = field(default_factory=dict)
+    extra: dict[int, list[tuple[int, float | None, list]]] = field(default_factory=dict)
 
     def apply(self) -> None:
-        """Each row takes its token (Sequence.take: an append and the end checks, no tensor work)."""
+        """Each row takes its token (Sequence.take: an append and the end checks, no tensor work), then its
+        accepted run token by token until one ends the choice (EOS, a stop id, max_tokens): the tokens after
+        that are never handed over."""
         rows = self.rows.rows
         if not self.logprobs and not self.alone:
             for seq, token_id in zip(rows, self.token_ids):
                 seq.take(token_id)
-            return
-        for i, (seq, token_id) in enumerate(zip(rows, self.token_ids)):
-            if i in self.alone:
-                seq.accept(self.alone[i])
-            else:
-                logprob, top = self.logprobs.get(i, (None, ()))
+        else:
+            for i, (seq, token_id) in enumerate(zip(rows, self.token_ids)):
+                if i in self.alone:
+                    seq.accept(self.alone[i])
+                else:
+                    logprob, top = self.logprobs.get(i, (None, ()))
+                    seq.take(token_id, logprob, top)
+        for i, run in self.extra.items():
+            seq = rows[i]
+            for token_id, logprob, top in run:
+                if seq.finished:
+                    break
                 seq.take(token_id, logprob, top)

@@ -38,7 +38,7 @@ class Sequence:
     __slots__ = ("request", "index", "prompt_index", "prefilled", "prompt_ids", "sampler", "max_tokens",
                  "end_ids", "eos_ids", "completion_ids", "state", "media_inputs", "finish_reason", "constraint",
                  "paused", "wants_prompt_logprobs", "prompt_scorer", "echo_scoring", "output", "handover",
-                 "wants_logprobs")
+                 "wants_logprobs", "speculation")
 
     def __init__(self, request: Any, index: int, prompt_index: int, prompt_ids: list[int], sampler: "Sampler",
                  max_tokens: int, output: "ChoiceOutput", handover: Handover, prompt_scorer=None,
@@ -65,6 +65,7 @@ class Sequence:
         self.wants_logprobs = sampler.params.logprobs is not None
         self.output = output  # the output thread's (after the first hand-over)
         self.handover = handover  # where this choice's tokens go for the output thread
+        self.speculation = None  # its proposer state (workers/engine/speculation/rows.py); False: it never proposes
 
     # Who the scheduler serves it for (workers/engine/core/fair_share.py).
     @property

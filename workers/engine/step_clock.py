@@ -1,7 +1,8 @@
 """Where a step's time goes: seconds per phase, summed (plain floats: a few additions per step).
 
 The phases of vLLM's step as this engine runs them: `schedule` (rows in and out, who prefills),
-`prefill` (prompt forwards and their first tokens), `prepare` (the decode step's inputs), `forward`
+`prefill` (prompt forwards and their first tokens), `propose` (speculative decoding's drafts: an n-gram
+lookup or a draft model's forwards), `prepare` (the decode step's inputs), `forward`
 (the model), `sample` (the batch's tokens and each row's end checks), `hand_over` (the step's ids to
 the output thread), `tasks` (embeddings, scores, transcriptions). The engine publishes the sums as
 `inference_step_phase_seconds{phase}`; `bench --scenario engine` prints the split.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-PHASES = ("schedule", "prefill", "prepare", "forward", "sample", "hand_over", "tasks")
+PHASES = ("schedule", "prefill", "propose", "prepare", "forward", "sample", "hand_over", "tasks")
 
 
 class StepClock:

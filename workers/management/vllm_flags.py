@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 
 # (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
-                        ("generation_config", "GENERATION_CONFIG"))
+                        ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"))
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 SIZE_UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
 
@@ -40,6 +40,17 @@ def generation_config(text: str) -> str:
     return str(folder.resolve())
 
 
+def speculative_config(text: str) -> str:
+    """vLLM's --speculative-config: its JSON, checked here (INFERENCE_SPECULATIVE_CONFIG takes it as given)."""
+    from protocol.speculative import parse_speculative_config
+
+    try:
+        parse_speculative_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that shape the engine: `serve` and `run_worker` alike (a scale-out worker runs the engine)."""
     group = parser.add_argument_group("vLLM's engine flags")
@@ -54,6 +65,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--generation-config", type=generation_config, metavar="auto|vllm|FOLDER",
                        help="sampling defaults where a request sets none: auto (the model's generation_config.json, "
                             "default), vllm (none), or FOLDER/generation_config.json (vLLM's)")
+    group.add_argument("--speculative-config", type=speculative_config, metavar="JSON",
+                       help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
+                            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt lookup), or "
+                            "'{\"method\": \"draft_model\", \"model\": \"NAME\", \"num_speculative_tokens\": 5}' (a "
+                            "catalog model with the same tokenizer); full-attention models; default: off")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:

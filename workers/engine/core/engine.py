@@ -70,7 +70,8 @@ class Engine(JobFlow):
         self.manager = ModelManager(config.device, config.dtype, config.model_timeout, config.memory_budget_bytes,
                                     _both_callbacks(EngineMetrics.model_loaded, on_model_event),
                                     RunnerSettings(config.prefill_chunk, config.prefix_cache_bytes, config.max_num_seqs,
-                                                   config.static_decode == "on", config.cuda_graphs),
+                                                   config.static_decode == "on", config.cuda_graphs,
+                                                   config.speculative),
                                     load_defaults=LoadOptions(config.quantization, False, config.attn_implementation,
                                                               max_model_len=config.max_model_len,
                                                               generation_config=config.generation_config))

@@ -41,6 +41,12 @@ SUCCESS = Counter("vllm:request_success", "Requests that finished (not cancelled
 PREFIX_CACHE_QUERIES = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", MODEL)
 PREFIX_CACHE_HITS = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (hit rate: hits / queries).",
                             MODEL)
+SPEC_DRAFTS = Counter("vllm:spec_decode_num_drafts", "Verifications of drafted tokens (one per proposing row and step).",
+                      MODEL)
+SPEC_DRAFT_TOKENS = Counter("vllm:spec_decode_num_draft_tokens", "Tokens proposed by speculative decoding.", MODEL)
+SPEC_ACCEPTED = Counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens the model accepted.", MODEL)
+SPEC_MEAN_LENGTH = Gauge("inference_spec_decode_mean_accepted_length",
+                         "Tokens a verifying row takes per step, since start (1 + accepted / drafts).", MODEL)
 BATCH_SIZE = Histogram("inference_batch_size", "Sequences decoded together in one engine step.", buckets=BATCH_BUCKETS)
 # Per team (labels bounded by the number of teams): the fair-share scheduler's view.
 TEAM = ["team"]
@@ -94,6 +100,7 @@ class EngineMetrics:
         self._gauges: dict[str, tuple[int, int]] = {}  # model -> (running, waiting) last set
         self._team_gauges: dict[str, tuple[int, int]] = {}
         self._itl: dict[str, object] = {}  # model key -> its ITL histogram child (labels() costs per call)
+        self._speculated: dict[str, tuple[int, int]] = {}  # model -> (drafts, accepted tokens) since start
         self._phases_counted: dict[str, float] = {}  # the step clock's sums already added to STEP_PHASE
 
     def scheduled(self, request) -> None:
@@ -197,6 +204,16 @@ class EngineMetrics:
         PREFIX_CACHE_QUERIES.labels(label(model)).inc(queried)
         if hit:
             PREFIX_CACHE_HITS.labels(label(model)).inc(hit)
+
+    def speculated(self, model: str, drafts: int, drafted: int, accepted: int) -> None:
+        """A step's verified drafts (workers/engine/speculation/): vLLM's counters and the mean accepted length."""
+        name = label(model)
+        SPEC_DRAFTS.labels(name).inc(drafts)
+        SPEC_DRAFT_TOKENS.labels(name).inc(drafted)
+        SPEC_ACCEPTED.labels(name).inc(accepted)
+        totals = self._speculated.get(name, (0, 0))
+        totals = self._speculated[name] = (totals[0] + drafts, totals[1] + accepted)
+        SPEC_MEAN_LENGTH.labels(name).set(1 + totals[1] / totals[0])
 
     @staticmethod
     def model_loaded(event: dict) -> None:

@@ -11,7 +11,7 @@ import weakref
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,6 +22,7 @@ from workers.engine.models.model_loader import LoadedModel, LoadOptions, Progres
 from workers.engine.output.parsing import OutputFormat, output_format
 from workers.engine.output.parsing.factory import model_type_of
 from protocol import ModelRef
+from protocol.speculative import SpeculativeConfig, model_speculative_config
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
 from workers.engine.sample.sampling import MODEL_DEFAULT_KEYS
 
@@ -44,16 +45,39 @@ class LoadPlan:
     held: Callable[[str], bool] | None = None  # whether the worker holds a model (an adapter's base)
     options: Callable[[ModelRef], LoadOptions] = lambda ref: LoadOptions()  # a model's (and an adapter's base's)
 
+    speculative: SpeculativeConfig | None = None  # the model's speculative decoding (a draft model loads with it)
+
     def load(self, progress: Progress | None = None) -> LoadedModel | adapters.AdapterFiles:
         """A model, or a LoRA adapter's files (with its base, loaded here only if the worker lacks it)."""
         found = adapters.adapter_base(self.ref)
         if found is None:
-            return load_model(self.ref, self.device, self.dtype, progress, self.options(self.ref))
+            loaded = load_model(self.ref, self.device, self.dtype, progress, self.options(self.ref))
+            config = self.speculative
+            if config is not None and config.method == "draft_model" and loaded.kind == "causal":
+                loaded.draft = self._draft(loaded, config)
+                if loaded.draft is not loaded:  # the worker's memory budget sees the pair
+                    loaded.memory_bytes += loaded.draft.memory_bytes
+            return loaded
         folder, base = found
         files = adapters.AdapterFiles(self.ref, folder, base)
         if self.held is None or not self.held(base.key):
             files.base_loaded = load_model(base, self.device, self.dtype, progress, self.options(base))
         return files
+
+    def _draft(self, loaded: LoadedModel, config: SpeculativeConfig) -> LoadedModel:
+        """The draft model beside the target (the target itself when it names itself), with the same tokenizer."""
+        from workers.engine.speculation.draft import check_same_tokenizer
+
+        ref = ModelRef.parse(config.model)
+        if ref.key == self.ref.key:
+            return loaded
+        try:
+            draft = load_model(ref, self.device, self.dtype, None, self.options(ref))
+        except Exception as exc:
+            raise ModelLoadError(f"speculative decoding: the draft model {config.model} for {self.ref.key} did not "
+                                 f"load: {exc}") from exc
+        check_same_tokenizer(loaded, draft)
+        return draft
 
     @property
     def name(self) -> str:
@@ -133,6 +157,17 @@ class ModelManager:
                            gguf_file=own.get("gguf_file") or "", max_model_len=self.load_defaults.max_model_len,
                            generation_config=self.load_defaults.generation_config)
 
+    def runner_settings_for(self, repo_id: str) -> RunnerSettings:
+        """The server's runner settings with the model's own speculative decoding where its catalog row sets it
+        (checked when the row was saved; a value that no longer parses keeps the server's, logged)."""
+        own = self._settings(repo_id).get("speculative_config") or ""
+        try:
+            speculative = model_speculative_config(own, self.runner_settings.speculative)
+        except ValueError as exc:
+            logger.warning("%s: speculative_config %r: %s; the server's", repo_id, own, exc)
+            return self.runner_settings
+        return replace(self.runner_settings, speculative=speculative)
+
     def pinned(self, name: str) -> bool:
         return bool(self._settings(self.models[name].model_id).get("preload"))
 
@@ -153,6 +188,7 @@ class ModelManager:
         plan = LoadPlan(ref, own.get("device") or self.device, dtype, requested_by)
         plan.held = lambda key: key in self.models
         plan.options = self.load_options
+        plan.speculative = self.runner_settings_for(ref.repo_id).speculative
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         try:
             self._make_room(ref, busy)
@@ -185,7 +221,7 @@ class ModelManager:
         gc.freeze()
         if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
             # embeddings and cross-encoders: no KV cache; adapters: the base's runner
-            self.runners[plan.name] = ModelRunner(loaded, self.runner_settings)
+            self.runners[plan.name] = ModelRunner(loaded, self.runner_settings_for(plan.ref.repo_id))
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()

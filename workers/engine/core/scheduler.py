@@ -20,7 +20,7 @@ import torch
 from workers.engine.config import EngineConfig
 from workers.engine.execution.input_batch import InputBatch
 from workers.engine.execution.runner import sample_batch
-from workers.engine.plan import DecodePlan, PrefillWork
+from workers.engine.plan import DecodePlan, PrefillWork, StepOutput
 from workers.engine.core.fair_share import FairQueue
 from workers.engine.core.metrics import EngineMetrics
 from workers.engine.core.prefill_pacing import PrefillPacer
@@ -98,11 +98,16 @@ class Scheduler:
         """Give every running sequence its next token (after `admit`); how many rows decoded."""
         decoded = 0
         started = time.perf_counter()
-        for runner in self.runners.values():
-            rows = self._attempt([], lambda runner=runner: _decode_and_sample(runner, self.clock), runner)
-            if rows is not FAILED and rows is not None:
+        for model, runner in self.runners.items():
+            output = self._attempt([], lambda runner=runner: _decode_and_sample(runner, self.clock), runner)
+            if output is not FAILED and output is not None:
+                rows = output.rows
                 decoded += len(rows)
                 self.waiting.charge_teams(rows.teams)
+                for i, run in output.extra.items():  # a verifying step's accepted runs: tokens served too
+                    self.waiting.charge(rows.rows[i], generated=len(run))
+            if runner.proposer is not None and runner.proposer.drafts:
+                self.metrics.speculated(model, *runner.proposer.take_counts())
         self.metrics.step(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)
@@ -303,14 +308,14 @@ class Scheduler:
                 member.finish("length")
 
 
-def _decode_and_sample(runner: ModelRunner, clock: StepClock) -> InputBatch | None:
+def _decode_and_sample(runner: ModelRunner, clock: StepClock) -> StepOutput | None:
     """The model's decode step as a plan for its runner; the output applied to the rows."""
     if not runner.running:
         return None
     output = runner.execute(DecodePlan(runner.view(), clock))
     output.apply()
     clock.lap("sample")
-    return output.rows
+    return output
 
 
 def cached_start_groups(sequences: list[Sequence]) -> list[list[Sequence]]:

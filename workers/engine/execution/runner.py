@@ -22,7 +22,7 @@ from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.prefix_cache import PrefixCache
 from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
 from workers.engine.execution.kv.slab import SlabKV, static_attention
-from workers.engine.execution.kv.specs import SLIDING, cache_spec
+from workers.engine.execution.kv.specs import SLIDING, STATE, cache_spec
 from workers.engine.models.model_loader import LoadedModel
 from workers.engine.sequences import Sequence
 from workers.engine.step_clock import StepClock
@@ -30,6 +30,9 @@ from workers.engine.execution.input_batch import InputBatch
 from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutput
 from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
+from protocol.speculative import SpeculativeConfig
+from workers.engine.speculation.proposers import proposer_for
+from workers.engine.speculation.verify import verify
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class RunnerSettings:
     max_rows: int = 32
     static_decode: bool = False  # decode steps as one static program (workers/engine/execution/static_decode.py)
     cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
+    speculative: SpeculativeConfig | None = None  # drafts verified in the decode step (workers/engine/speculation/)
 
 
 class ModelRunner:
@@ -61,6 +65,7 @@ class ModelRunner:
             self.batch.zeroed = True
             self.batch.dtype = loaded.model.dtype
             self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
+        self.proposer = proposer_for(spec, loaded, settings.speculative)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
         self._view: InputBatch | None = None  # the persistent batch's view of the rows, until they change
@@ -312,8 +317,42 @@ class ModelRunner:
         """Run a decode plan: one forward over its rows, one batched sample; the tokens chosen come back."""
         if plan.rows is not self._view:
             raise ValueError("a decode plan for rows this runner does not hold")
+        if self.proposer is not None and self.batch_rows:
+            proposals = self.proposer.propose(self.batch_rows)
+            if plan.clock is not None:
+                plan.clock.lap("propose")
+            if proposals:
+                return self._verify_step(plan.rows, proposals, plan.clock)
         rows, logits = self.decode(plan.clock)
         return sample_batch(rows, logits)
+
+    def _verify_step(self, rows: InputBatch, proposals: dict[int, list[int]], clock: StepClock | None) -> StepOutput:
+        """One forward that feeds every row its last token and its drafts (rows without any: padding, which
+        they drop), the batch's first tokens picked as any step picks them, each proposing row's accepted
+        run after them (workers/engine/speculation/verify.py); the cache keeps what each row accepted."""
+        width = 1 + max(len(drafts) for drafts in proposals.values())
+        ids = []
+        for i, seq in enumerate(self.batch_rows):
+            last, drafts = seq.completion_ids[-1], proposals.get(i, ())
+            ids.append([last, *drafts] + [last] * (width - 1 - len(drafts)))
+        ids = torch.tensor(ids, device=self.loaded.device)
+        states = self.batch.snapshot_states(self.batch.rows) if self.spec.has(STATE) else None  # one row (proposers.py)
+        inputs = self.batch.verify_inputs(ids)
+        if clock is not None:
+            clock.lap("prepare")
+        logits = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=width).logits
+        if clock is not None:
+            clock.lap("forward")
+        output = sample_batch(rows, logits[:, 0])
+        kept = verify(output, logits, proposals)
+        if states is not None and kept[0] < width:  # the recurrent states took every draft: again, with the kept
+            self.batch.restore_states(states)
+            self.batch.mask[:, self.batch.end + kept[0]:self.batch.end + width] = False
+            self._forward(self.batch_rows, **self.batch.verify_inputs(ids[:, :kept[0]]), use_cache=True,
+                          logits_to_keep=1)
+        self.batch.commit(kept, width)
+        self.proposer.verified(self.batch_rows, proposals, kept)
+        return output
 
     def decode(self, clock: StepClock | None = None) -> tuple[InputBatch, torch.Tensor | None]:
         """One token's scores for every running sequence: (the rows, their [rows, vocab] logits); `clock`

@@ -100,6 +100,7 @@ class LoadedModel:
     base_key: str | None = None  # an adapter's base model key: its requests run in the base's runner
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
     output_format: Any = None  # workers.engine.output.parsing.OutputFormat: how its answers are parsed (set by the manager)
+    draft: Any = None  # speculative decoding's draft model (a LoadedModel with the same tokenizer), if configured
     quantization: str = ""  # how its weights are held: "" (not quantized), a protocol.load_options name, or the
     # checkpoint's own quant_method (e.g. "torchao")
 

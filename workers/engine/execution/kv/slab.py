@@ -40,6 +40,7 @@ class SlabKV:
         self.lengths: list[int] = []  # real tokens cached per row = the next token's position
         self._positions: torch.Tensor | None = None  # `lengths` as the decode step's position ids, kept by step
         self._shortest = 0  # min(lengths), kept with them (whether a row is padded)
+        self.holes = False  # some row has masked columns inside it (drafts rejected in a verifying step)
         self.start = self.end = 0
         self.cache = DynamicCache(config=config)  # the model's view: its layers are the stores
         self.cache.layers = self.stores
@@ -155,6 +156,7 @@ class SlabKV:
         """
         if not dead:
             return list(range(self.rows))
+        self.compact()
         dead_set = set(dead)
         order = [row for row in range(self.rows) if row not in dead_set]
         remaining = len(order)
@@ -174,6 +176,7 @@ class SlabKV:
 
     def row_cache(self, row: int) -> DynamicCache:
         """A copy of one row's cache as its own (a paused sequence keeps it until it rejoins)."""
+        self.compact()
         length = self.lengths[row]
         layers = [None if isinstance(store, DummyLayer) else store.take(row, length) for store in self.stores]
         return cache_from_layers(self.config, layers, length)
@@ -210,6 +213,63 @@ class SlabKV:
             inputs["position_ids"] = self._positions
         return inputs
 
+    # --- verifying drafts (workers/engine/speculation/) ----------------------
+    def verify_inputs(self, ids: torch.Tensor) -> dict:
+        """Model kwargs for a step that feeds every row `width` tokens (its last token and its drafts, padded)
+        at its own next positions, written at columns [end, end + width). Full-attention layers take any
+        batch; sliding-window layers one row alone (a hole would break a window of columns being one of
+        tokens); recurrent states none. The mask goes in 2D, so transformers builds the causal part (and a
+        sliding layer's window) over the new columns."""
+        width = ids.shape[1]
+        self._ensure(self.rows, 0, width)
+        self.mask[:self.rows, self.end:self.end + width] = True
+        inputs = {"input_ids": ids, self.spec.cache_arg: self.cache}
+        if self.spec.attends:
+            inputs["attention_mask"] = self.mask[:self.rows, self.start:self.end + width]
+        if self.spec.takes_positions:
+            inputs["position_ids"] = (torch.tensor(self.lengths, device=self.device)[:, None]
+                                      + torch.arange(width, device=self.device))
+        return inputs
+
+    def commit(self, kept: list[int], width: int) -> None:
+        """After a verifying step of `width` columns: row i keeps the first kept[i] (its last token and its
+        accepted drafts). The window ends after the longest kept run; a row that kept fewer has the rest of its
+        columns masked out (a hole inside the row: positions are the row's own, so attention is unchanged),
+        closed by `compact` when the rows change or holes take half the window."""
+        end, longest = self.end, max(kept)
+        for row, count in enumerate(kept):
+            if count < longest:
+                self.mask[row, end + count:end + longest] = False
+                self.holes = True
+        self.mask[:self.rows, end + longest:end + width] = False
+        self.end = end + longest
+        for store in self.stores:
+            if isinstance(store, SlidingStore):  # one row alone (no holes): its window moves by what it kept
+                store.local_end += longest
+        self.lengths = [length + count for length, count in zip(self.lengths, kept)]
+        self._rows_changed()
+        if self.holes and self.length > 2 * max(self.lengths) + 64:
+            self.compact()
+
+    def compact(self) -> None:
+        """Close the holes rejected drafts left: each such row's tokens moved to end at `end` again (one copy
+        of the row), its left columns padding, and the window trimmed to the longest row."""
+        if not self.holes:
+            return
+        self.holes = False
+        start, end = self.start, self.end
+        for row, length in enumerate(self.lengths):
+            shown = self.mask[row, start:end]
+            if bool(shown[end - start - length:].all()):
+                continue
+            columns = shown.nonzero()[:, 0] + start
+            for store in self.stores:
+                if isinstance(store, FullStore):
+                    store.gather(row, columns, end - length)
+            self._pad(slice(row, row + 1), start, end - length)
+            self.mask[row, end - length:end] = True
+        self.start = end - max(self.lengths)
+
     def static_inputs(self, last_tokens: list[int], bucket: int) -> dict:
         """Model kwargs for one static decode step over `bucket` rows (the first `rows` real, the rest
         attending to their own new column) and every column of the buffers: tensors of fixed shapes, the
@@ -240,17 +300,18 @@ class SlabKV:
         self.bucket = bucket
         return inputs.model_kwargs
 
-    def snapshot_states(self) -> list[torch.Tensor]:
-        """Copies of the recurrent states (a step run twice to compare its two forms must start both from
-        the same states; keys/values are only written, never read-modified, so they need none)."""
-        return [pool.clone() for store in self.stores if isinstance(store, StateStore)
+    def snapshot_states(self, rows: int | None = None) -> list[torch.Tensor]:
+        """Copies of the recurrent states (of every row slot, or the first `rows`): a step run twice to compare
+        its two forms, or a verifying step that may have to take its drafts back, starts again from them
+        (keys/values are only written, never read-modified, so they need none)."""
+        return [pool[:rows].clone() for store in self.stores if isinstance(store, StateStore)
                 for pool in (*store.conv_pool.values(), *store.recurrent_pool.values())]
 
     def restore_states(self, snapshot: list[torch.Tensor]) -> None:
         pools = [pool for store in self.stores if isinstance(store, StateStore)
                  for pool in (*store.conv_pool.values(), *store.recurrent_pool.values())]
         for pool, saved in zip(pools, snapshot):
-            pool.copy_(saved)
+            pool[:len(saved)].copy_(saved)
 
     def advance(self) -> None:
         """After a decode step: every row has one more real token cached."""
@@ -265,6 +326,7 @@ class SlabKV:
     def clear(self) -> None:
         """Forget every row (after a failed step, whose writes may be half done)."""
         self.lengths = []
+        self.holes = False
         self._rows_changed()
         self.start = self.end
 

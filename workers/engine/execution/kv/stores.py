@@ -97,6 +97,12 @@ class FullStore(DynamicLayer):
         self.key_buffer[hole, :, window] = self.key_buffer[mover, :, window]
         self.value_buffer[hole, :, window] = self.value_buffer[mover, :, window]
 
+    def gather(self, row: int, columns: torch.Tensor, to: int) -> None:
+        """Move one row's `columns` (its real tokens, in order) to [to, to + len(columns)): closes holes."""
+        width = len(columns)
+        self.key_buffer[row, :, to:to + width] = self.key_buffer[row, :, columns]
+        self.value_buffer[row, :, to:to + width] = self.value_buffer[row, :, columns]
+
     def take(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.slab.end
         return (self.key_buffer[row:row + 1, :, end - length:end].clone(),

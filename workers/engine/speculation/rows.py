@@ -1,0 +1,139 @@
+"""Which rows speculate, what they propose, and when to stop: per row, the adaptive part.
+
+A row proposes only where verifying cannot change its output (greedy) or its output's distribution (sampled):
+picked in the batch's sampling columns, with no penalties, logit bias or grammar (they read the history token
+by token). A row whose drafts keep being rejected stops proposing for a while,
+doubling each time (so chat with no overlap pays for a few wasted verifications, then nothing), as vLLM's
+and SGLang's adaptive speculation back off.
+"""
+from __future__ import annotations
+
+import numpy
+
+from protocol.speculative import SpeculativeConfig
+from workers.engine.speculation.ngram import lookup
+
+LOW_ACCEPTANCE = 0.25  # below this recent acceptance rate a row backs off
+FIRST_BACKOFF = 8  # steps without proposing after the first back-off; doubles up to MAX_BACKOFF
+MAX_BACKOFF = 256
+DECAY = 0.7  # weight of the past in a row's recent counts of drafts kept and tried
+MOST_LIKELY = 0.9  # the highest chance a draft is kept that the width choice assumes
+# Rows at which a step's time is half fixed (weights read once) and half per query position: a verifying
+# step's extra columns cost almost nothing to one row and nearly their share to many (a guess from the
+# CPU figures in docs/benchmarks.md, not fitted; GPUs stay weight-bound to far more rows).
+HALF_COST_ROWS = {"cpu": 4, "cuda": 64}
+
+
+class RowSpeculation:
+    """One row's proposer state: its prompt as an array (kept), its recent chance that a draft is kept (given
+    the one before it was: drafts are kept up to the first miss, so a verification of d drafts that kept a
+    is a kept-and-tried count of (a, a + 1), or (d, d) when every draft was kept), its back-off."""
+
+    __slots__ = ("prompt", "kept", "tried", "quiet", "backoff")
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.prompt = numpy.asarray(prompt_ids, dtype=numpy.int64)
+        self.kept, self.tried = MOST_LIKELY, 1.0  # decayed counts; a first guess that drafts are good
+        self.quiet = 0  # steps left without proposing
+        self.backoff = FIRST_BACKOFF
+
+    @property
+    def rate(self) -> float:
+        """The recent chance that a draft is kept."""
+        return self.kept / self.tried
+
+    def verified(self, proposed: int, accepted: int) -> None:
+        self.kept = DECAY * self.kept + accepted
+        self.tried = DECAY * self.tried + accepted + (accepted < proposed)
+        if self.rate < LOW_ACCEPTANCE:
+            self.quiet, self.backoff = self.backoff, min(MAX_BACKOFF, self.backoff * 2)
+            self.kept, self.tried = LOW_ACCEPTANCE * 2, 1.0  # a fresh start after the pause
+        elif accepted == proposed:
+            self.backoff = FIRST_BACKOFF
+
+
+def may_speculate(seq) -> bool:
+    """Whether verifying drafts leaves this row's output as decoding one token a step would: the same tokens
+    (greedy), or tokens of the same distribution (sampled: workers/engine/speculation/verify.py)."""
+    sampler = seq.sampler
+    params = sampler.params
+    return (sampler.batchable and seq.constraint is None and params.repetition_penalty == 1.0
+            and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias)
+
+
+class NgramProposer:
+    """Drafts for a batch's rows, and the counts `/metrics` reports."""
+
+    def __init__(self, config: SpeculativeConfig, device_type: str = "cpu") -> None:
+        self.config = config
+        self.half_cost_rows = HALF_COST_ROWS.get(device_type, HALF_COST_ROWS["cuda"])
+        self.alone = False  # propose only while one row decodes (sliding-window or recurrent layers: proposers.py)
+        self.drafts = self.draft_tokens = self.accepted = 0  # since the metrics last took them
+
+    def propose(self, rows: list) -> dict[int, list[int]]:
+        """{row: drafts} for the rows that propose this step (rows absent decode one token)."""
+        config = self.config
+        proposals: dict[int, list[int]] = {}
+        if self.alone and len(rows) > 1:
+            return proposals
+        for i, seq in enumerate(rows):
+            state = seq.speculation
+            if state is None:
+                if not may_speculate(seq):
+                    seq.speculation = False
+                    continue
+                state = seq.speculation = RowSpeculation(seq.prompt_ids)
+            elif state is False:
+                continue
+            if state.quiet:
+                state.quiet -= 1
+                continue
+            room = seq.max_tokens - len(seq.completion_ids) - 1  # tokens past max_tokens would never go out
+            if room < 1:
+                continue
+            completion = seq.completion_ids
+            tokens = numpy.concatenate([state.prompt, numpy.asarray(completion, dtype=numpy.int64)])
+            drafts = lookup(tokens, config.prompt_lookup_min, config.prompt_lookup_max,
+                            min(room, config.num_speculative_tokens))
+            if drafts:
+                proposals[i] = drafts
+        return self.worth_it(proposals, rows)
+
+    def worth_it(self, proposals: dict[int, list[int]], rows: list) -> dict[int, list[int]]:
+        """The proposals cut to the width that pays (`width`); {} when none does."""
+        width = self.width({i: len(drafts) for i, drafts in proposals.items()}, rows)
+        return {i: drafts[:width] for i, drafts in proposals.items()} if width else {}
+
+    def width(self, lengths: dict[int, int], rows: list) -> int:
+        """How many draft columns pay for a step over `rows` where row i would propose lengths[i]: every row of
+        the step computes every column, so the j-th is kept while the drafts expected kept there (each row's
+        chance to the j-th power) outweigh its cost, rows x the share of a step that grows with its columns
+        (rows / (rows + HALF_COST_ROWS)). One row keeps about every draft it has; a batch where few rows
+        propose verifies none."""
+        if not lengths:
+            return 0
+        count = len(rows)
+        cost = count * count / (count + self.half_cost_rows)
+        chances = {i: min(MOST_LIKELY, rows[i].speculation.rate) for i in lengths}
+        width = 0
+        for column in range(1, max(lengths.values()) + 1):
+            if sum(chances[i] ** column for i, length in lengths.items() if length >= column) < cost:
+                break
+            width = column
+        return width
+
+    def verified(self, rows: list, proposals: dict[int, list[int]], kept: list[int]) -> None:
+        """Each proposing row's acceptance (kept[i] - 1 of its drafts), for its back-off and the counts."""
+        for i, drafts in proposals.items():
+            accepted = kept[i] - 1
+            rows[i].speculation.verified(len(drafts), accepted)
+            self.drafts += 1
+            self.draft_tokens += len(drafts)
+            self.accepted += accepted
+
+    def take_counts(self) -> tuple[int, int, int]:
+        """(drafts, draft tokens, accepted tokens) since the last call."""
+        counts = (self.drafts, self.draft_tokens, self.accepted)
+        self.drafts = self.draft_tokens = self.accepted = 0
+        return counts
+

@@ -1,0 +1,59 @@
+"""Verifying drafts inside the batched step: every row's first token as any step picks it, then each
+proposing row's drafts checked against the target's own choice at each position.
+
+Row i fed [last, d1..dk]; its logits at position j are the model's next-token scores after d1..dj. Its
+first token t0 is picked at position 0 with the whole batch (`sample_batch`, so non-proposing rows are
+exactly an ordinary step); a proposing row (rows.may_speculate) then picks t1.. at positions 1..k through the
+same sampling columns (its own warpers and generator, EOS held off before min_tokens, logprobs), and keeps
+d1..dj and t0..tj for the longest j with dm == t(m-1) for every m <= j.
+
+Greedy rows: exactly what one-token steps write. Sampled rows: this is rejection sampling (vLLM's scheme,
+Leviathan et al.) for a proposer whose draft distribution q is one token (n-gram lookup): the draft d is
+accepted with probability min(1, p(d) / q(d)) = p(d), which is the chance that a token drawn from p is d;
+on a rejection the residual (p - q)+ normalised is p without d, which is what the drawn token then is. So
+every kept token is distributed exactly as one-token steps' tokens; a seeded request repeats alone or in any
+batch, but its draws differ from a run without speculation (rejected positions use draws too).
+"""
+from __future__ import annotations
+
+import torch
+
+from workers.engine.plan import StepOutput
+from workers.engine.sample.batch_sampling import SamplingColumns
+
+
+def verify(output: StepOutput, logits: torch.Tensor, proposals: dict[int, list[int]]) -> list[int]:
+    """Adds each proposing row's accepted run to `output.extra` (`output`: the step's first tokens, picked from
+    `logits[:, 0]`); returns by row the columns of the step each row keeps in its cache (its last token and
+    its accepted drafts)."""
+    batch = output.rows
+    batch.sampling.drawn = None  # the next step's inputs are not these tokens: read them off the sequences
+    kept = [1] * len(batch)
+    rows = sorted(proposals)
+    samplers, generated, index_rows, index_positions = [], [], [], []
+    for i in rows:
+        seq = batch.rows[i]
+        count = len(proposals[i])
+        samplers += [seq.sampler] * count
+        generated += [len(seq.completion_ids) + j for j in range(1, count + 1)]
+        index_rows += [i] * count
+        index_positions += range(1, count + 1)
+    later = logits[torch.tensor(index_rows), torch.tensor(index_positions)]
+    columns = SamplingColumns(samplers, logits.device)
+    ids, logprobs, _ = columns.pick(later, generated, None, [None] * len(samplers))
+    at = 0
+    for i in rows:
+        drafts = proposals[i]
+        target = output.token_ids[i]
+        run = []
+        for j, draft in enumerate(drafts):
+            if draft != target:
+                break
+            target = ids[at + j]
+            logprob, top = logprobs.get(at + j, (None, ()))
+            run.append((target, logprob, top))
+        at += len(drafts)
+        kept[i] = 1 + len(run)
+        if run:
+            output.extra[i] = run
+    return kept
