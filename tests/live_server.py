@@ -44,7 +44,7 @@ class Zygote:
 
     @classmethod
     def get(cls) -> Zygote | None:
-        if os.environ.get("INFERENCE_TESTS_FORK", "1") == "0" or "pytest" not in sys.modules:
+        if os.environ.get("TESTS_FORK_SERVERS", "1") == "0" or "pytest" not in sys.modules:
             return None  # bench runs start their servers as users do
         if cls._instance is None:
             cls._instance = cls()
@@ -203,7 +203,7 @@ class MigratedDatabase:
 
     @classmethod
     def seed(cls, env: dict[str, str]) -> None:
-        if "DATABASE_URL" in env or "pytest" not in sys.modules or os.environ.get("INFERENCE_TESTS_FORK") == "0":
+        if "DATABASE_URL" in env or "pytest" not in sys.modules or os.environ.get("TESTS_FORK_SERVERS") == "0":
             return
         var_dir = Path(env["INFERENCE_VAR_DIR"])
         if (var_dir / "db.sqlite3").exists():

@@ -6,7 +6,7 @@ forked child is still a process of its own, in a session of its own, running `ma
 environment, working directory and log, and exiting through the interpreter's normal shutdown; only the
 third-party imports (never this project's modules, never Django's set-up, never an event loop) were done
 before. Tests that measure a cold start (readiness, the first request after a restart) start a fresh
-interpreter instead (`LiveServer(..., fresh_interpreter=True)`); `INFERENCE_TESTS_FORK=0` turns this off.
+interpreter instead (`LiveServer(..., fresh_interpreter=True)`); `TESTS_FORK_SERVERS=0` turns this off.
 
 Run as `python -m tests.zygote SOCKET`; tests/live_server.py starts it and speaks one JSON line per connection:
 `{"op": "spawn", "argv", "env", "cwd", "log", "err"?}` -> `{"pid"}`, `{"op": "status", "pid"}` -> `{"code"}` (None while
