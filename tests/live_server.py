@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -40,15 +41,19 @@ class Zygote:
     """tests/zygote.py for this test session: `manage.py` processes forked from a Python that has imported torch
     and transformers once (a fresh interpreter where the environment differs beyond PER_PROCESS_ENV)."""
 
-    _instance: Zygote | None = None
+    _instance: Zygote | bool | None = None  # False: it failed to start
 
     @classmethod
     def get(cls) -> Zygote | None:
         if os.environ.get("TESTS_FORK_SERVERS", "1") == "0" or "pytest" not in sys.modules:
             return None  # bench runs start their servers as users do
         if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance if cls._instance.process.poll() is None else None
+            try:
+                cls._instance = cls()
+            except (OSError, RuntimeError) as exc:  # no zygote: every process starts fresh, as before
+                warnings.warn(f"tests/zygote.py did not start ({exc}); starting fresh interpreters")
+                cls._instance = False
+        return cls._instance if cls._instance and cls._instance.process.poll() is None else None
 
     def __init__(self) -> None:
         self.socket_path = Path(tempfile.mkdtemp(prefix="zygote-")) / "socket"
@@ -143,8 +148,11 @@ class ManagedProcess:
         self._log = open(log_path, "wb")
         zygote = None if fresh_interpreter or not python else Zygote.get()
         if zygote is not None and zygote.can_fork(args, env, cwd):
-            self.process = ForkedProcess(zygote, args, env, cwd, log_path)
-            return
+            try:
+                self.process = ForkedProcess(zygote, args, env, cwd, log_path)
+                return
+            except OSError as exc:  # the zygote could not fork it: a fresh interpreter, as before
+                warnings.warn(f"the zygote did not fork {args}: {exc}")
         self.process = subprocess.Popen(
             [sys.executable, *args] if python else args, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -106,9 +106,17 @@ def serve(path: str) -> dict | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
+    listener.settimeout(5)
+    parent = os.getppid()
     print("zygote ready", flush=True)
     while True:
-        connection, _ = listener.accept()
+        try:
+            connection, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the test session is gone (killed): so is its zygote
+                return None
+            continue
+        connection.settimeout(None)
         with connection:
             request = json.loads(connection.makefile().readline())
             while True:  # reap every child that ended, so none stays a zombie
