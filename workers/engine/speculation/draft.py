@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from protocol.speculative import SpeculativeConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.execution.kv.specs import FULL, NONE, cache_spec
-from workers.engine.speculation.rows import NgramProposer, RowSpeculation, may_speculate
+from workers.engine.speculation.rows import NgramProposer, RowSpeculation, proposing_state
 
 
 def check_same_tokenizer(target, draft) -> None:
@@ -62,16 +62,7 @@ class DraftProposer(NgramProposer):
         if self.alone and len(rows) > 1:
             return proposals
         for i, seq in enumerate(rows):
-            state = seq.speculation
-            if state is None:
-                if not may_speculate(seq):
-                    seq.speculation = False
-                    continue
-                state = seq.speculation = DraftRow(seq.prompt_ids, self.draft.model.config)
-            elif state is False:
-                continue
-            if state.quiet:
-                state.quiet -= 1
+            if proposing_state(seq, lambda row: DraftRow(row.prompt_ids, self.draft.model.config)) is None:
                 continue
             room = min(seq.max_tokens - len(seq.completion_ids) - 1, self.config.num_speculative_tokens)
             if room >= 1:

@@ -61,6 +61,23 @@ def may_speculate(seq) -> bool:
             and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias)
 
 
+def proposing_state(seq, make):
+    """A row's speculation state if it proposes this step: made by `make(seq)` on its first step (False for
+    good where it may not speculate); None while it backs off (counting the step) or may not."""
+    state = seq.speculation
+    if state is None:
+        if not may_speculate(seq):
+            seq.speculation = False
+            return None
+        state = seq.speculation = make(seq)
+    elif state is False:
+        return None
+    if state.quiet:
+        state.quiet -= 1
+        return None
+    return state
+
+
 class NgramProposer:
     """Drafts for a batch's rows, and the counts `/metrics` reports."""
 
@@ -77,16 +94,8 @@ class NgramProposer:
         if self.alone and len(rows) > 1:
             return proposals
         for i, seq in enumerate(rows):
-            state = seq.speculation
+            state = proposing_state(seq, lambda row: RowSpeculation(row.prompt_ids))
             if state is None:
-                if not may_speculate(seq):
-                    seq.speculation = False
-                    continue
-                state = seq.speculation = RowSpeculation(seq.prompt_ids)
-            elif state is False:
-                continue
-            if state.quiet:
-                state.quiet -= 1
                 continue
             room = seq.max_tokens - len(seq.completion_ids) - 1  # tokens past max_tokens would never go out
             if room < 1:
