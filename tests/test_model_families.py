@@ -149,9 +149,12 @@ def test_rows_paused_for_interactive_work_resume_exactly(families_cache, familie
         interactive = await complete(async_client, model, [PROMPTS[0]])
         return await asyncio.gather(*batch), interactive
 
-    flex_ids, interactive = asyncio.run(run())
-    assert interactive == [expected_interactive]
-    assert flex_ids == expected
+    for _ in range(3):  # on a loaded machine the flex rows may end before the interactive one lands: again
+        flex_ids, interactive = asyncio.run(run())
+        assert interactive == [expected_interactive]
+        assert flex_ids == expected
+        if preemptions(families_server) > before:
+            break
     assert preemptions(families_server) > before  # the flex rows were paused
 
 

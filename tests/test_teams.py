@@ -272,10 +272,14 @@ def test_tokens_per_minute_are_reserved_at_admission_and_settled_to_real_use(liv
     used_by_stream = 60 - key_status(live, "tpm")["rate_limit"][0]["remaining_tokens"]
     assert prompt_tokens < used_by_stream < prompt_tokens + 30
 
-    ok = complete(live, "tpm", max_tokens=30)
+    # What fits in the rest of the minute (how many tokens the stream made before the server saw its client
+    # leave depends on the machine's load).
+    fits = min(30, 60 - used_by_stream - prompt_tokens)
+    assert fits >= 1, (used_by_stream, prompt_tokens)
+    ok = complete(live, "tpm", max_tokens=fits)
     assert ok.status_code == 200
     assert ok.headers["x-ratelimit-limit-tokens"] == "60"
-    assert int(ok.headers["x-ratelimit-remaining-tokens"]) == 60 - used_by_stream - prompt_tokens - 30
+    assert int(ok.headers["x-ratelimit-remaining-tokens"]) == 60 - used_by_stream - prompt_tokens - fits
     refused = complete(live, "tpm", max_tokens=30)
     assert refused.status_code == 429
     assert refused.json()["error"]["type"] == "tokens"
