@@ -20,7 +20,7 @@ TWO_COMMANDS = [
     "# 1. Set up and serve (embedded: SQLite, in-process channel layer, a worker beside the server; works offline)",
     "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && .venv/bin/python manage.py serve",
     "# 2. Set up and run the tests",
-    "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pip install --no-deps -r requirements-assets.txt && .venv/bin/python -m pytest",
+    "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pip install --no-deps -r requirements-assets.txt && .venv/bin/python -m pytest -n 2",
     "```",
 ]
 README_MAX_LINES = 150
