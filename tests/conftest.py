@@ -12,10 +12,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workers.tiny.builders import build_tiny_model
 
-from .live_server import LiveServer, base_env
+from .live_server import LiveServer, Zygote, base_env
 from .services import RedisServer, require_binary
 
 TINY_MODEL = "local/tiny-llama"
+
+Zygote.in_test_session = True  # this session's servers fork from tests/zygote.py (bench runs start theirs fresh)
 
 # A model from the cache alone: transformers passes `local_files_only` on to everything but its look for
 # a PEFT adapter config, which asks the hub (23 s of retries with no network).

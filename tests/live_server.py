@@ -25,12 +25,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+ZYGOTE_SOCKET = "TESTS_ZYGOTE_SOCKET"  # set by a test for a bench run it starts: fork from the session's zygote
+
 # What a test may set per process without a fresh interpreter: read at run time, never at import (the Hugging
 # Face cache path is re-read in each forked child: tests/zygote.py); KMP_* are Intel OpenMP's, which torch's CPU
 # build does not load (sklearn and joblib set them when the test process imports them).
 PER_PROCESS_ENV = ("INFERENCE_", "CHANNEL_LAYER", "DATABASE_URL", "HF_HUB_CACHE", "DJANGO_SETTINGS_MODULE",
                    "DJANGO_SUPERUSER_", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST", "SOAK_", "TOKENIZERS_PARALLELISM",
-                   "KMP_", "PROMETHEUS_MULTIPROC_DIR", "LOG_FORMAT")
+                   "KMP_", "PROMETHEUS_MULTIPROC_DIR", "LOG_FORMAT", ZYGOTE_SOCKET)
 
 
 def _shared_env(env: dict[str, str]) -> dict[str, str]:
@@ -41,32 +43,55 @@ class Zygote:
     """tests/zygote.py for this test session: `manage.py` processes forked from a Python that has imported torch
     and transformers once (a fresh interpreter where the environment differs beyond PER_PROCESS_ENV)."""
 
+    in_test_session = False  # tests/conftest.py sets it: bench runs import this module and start fresh servers
     _instance: Zygote | bool | None = None  # False: it failed to start
 
     @classmethod
     def get(cls) -> Zygote | None:
-        if os.environ.get("TESTS_FORK_SERVERS", "1") == "0" or "pytest" not in sys.modules:
-            return None  # bench runs start their servers as users do
+        """The test session's zygote (started on first use); in a bench run a test started, the zygote the
+        test named in TESTS_ZYGOTE_SOCKET; None where processes start as users start them."""
+        if os.environ.get("TESTS_FORK_SERVERS", "1") == "0":
+            return None
         if cls._instance is None:
+            attach_to = os.environ.get(ZYGOTE_SOCKET)
+            if not cls.in_test_session and not attach_to:
+                return None  # bench runs start their servers as users do
             try:
-                cls._instance = cls()
-            except (OSError, RuntimeError) as exc:  # no zygote: every process starts fresh, as before
+                cls._instance = cls.start() if cls.in_test_session else cls(Path(attach_to))
+            except (OSError, RuntimeError, ValueError) as exc:  # no zygote: every process starts fresh, as before
                 warnings.warn(f"tests/zygote.py did not start ({exc}); starting fresh interpreters")
                 cls._instance = False
-        return cls._instance if cls._instance and cls._instance.process.poll() is None else None
+        return cls._instance if cls._instance and cls._instance.alive() else None
 
-    def __init__(self) -> None:
-        self.socket_path = Path(tempfile.mkdtemp(prefix="zygote-")) / "socket"
-        self.env = {**_shared_env(dict(os.environ)), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        self.log = open(self.socket_path.with_name("zygote.log"), "wb")
-        self.process = subprocess.Popen([sys.executable, "-u", "-m", "tests.zygote", str(self.socket_path)], cwd=ROOT,
-                                        env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        atexit.register(self.stop)
+    @classmethod
+    def start(cls) -> Zygote:
+        socket_path = Path(tempfile.mkdtemp(prefix="zygote-")) / "socket"
+        env = {**_shared_env(dict(os.environ)), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        log = open(socket_path.with_name("zygote.log"), "wb")
+        process = subprocess.Popen([sys.executable, "-u", "-m", "tests.zygote", str(socket_path)], cwd=ROOT, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
-        while not self.socket_path.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the zygote did not start: {self.socket_path.with_name('zygote.log').read_text()}")
+        while b"zygote ready" not in socket_path.with_name("zygote.log").read_bytes():  # listening
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the zygote did not start: {socket_path.with_name('zygote.log').read_text()}")
             time.sleep(0.05)
+        zygote = cls(socket_path, process)
+        atexit.register(zygote.stop)
+        return zygote
+
+    def __init__(self, socket_path: Path, process: subprocess.Popen | None = None) -> None:
+        """The zygote listening on `socket_path`: this process's own (`process`), or another's it was told of."""
+        self.socket_path = socket_path
+        self.process = process
+        self.env = self.ask({"op": "env"})["env"]  # what it imported under: what a forked child may differ in
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        try:
+            return self.ask({"op": "ping"}).get("ok", False)
+        except OSError:
+            return False
 
     def ask(self, request: dict) -> dict:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
@@ -78,7 +103,7 @@ class Zygote:
         return args[:1] == ["manage.py"] and Path(cwd) == ROOT and _shared_env(env) == _shared_env(self.env)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(5)
 
@@ -211,7 +236,7 @@ class MigratedDatabase:
 
     @classmethod
     def seed(cls, env: dict[str, str]) -> None:
-        if "DATABASE_URL" in env or "pytest" not in sys.modules or os.environ.get("TESTS_FORK_SERVERS") == "0":
+        if "DATABASE_URL" in env or not Zygote.in_test_session or os.environ.get("TESTS_FORK_SERVERS") == "0":
             return
         var_dir = Path(env["INFERENCE_VAR_DIR"])
         if (var_dir / "db.sqlite3").exists():

@@ -2,18 +2,30 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from .live_server import ROOT
+from .live_server import ROOT, ZYGOTE_SOCKET, Zygote
 from .services import require_binary
+
+
+def bench_env(hf_cache) -> dict[str, str]:
+    """A bench run's environment: the tests' own, its cache, and this session's zygote for its servers to fork
+    from (a bench run by hand starts fresh interpreters, as users do; nothing here measures speed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERENCE_", "CHANNEL_LAYER", "DATABASE_URL"))}
+    env["HF_HUB_CACHE"] = str(hf_cache)
+    zygote = Zygote.get()
+    if zygote is not None:
+        env[ZYGOTE_SOCKET] = str(zygote.socket_path)
+    return env
 
 
 def test_bench_runs_and_writes_its_report(hf_cache, tmp_path):
     out = tmp_path / "results"
-    env = {"HF_HUB_CACHE": str(hf_cache), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = bench_env(hf_cache)
     subprocess.run(
         [sys.executable, "-m", "bench.run", "--model", "local/tiny-llama", "--size", "tiny", "--concurrency", "1,4",
          "--max-tokens", "8", "--repeats", "2", "--memory-runs", "2", "--skip-peer", "--out", str(out)],
@@ -38,7 +50,7 @@ def run_scenario(hf_cache, tmp_path, *args: str, report: str = "") -> dict:
     cache = tmp_path / "hf-cache"
     shutil.copytree(hf_cache, cache, symlinks=True)  # the scenario builds its models into the cache
     out = tmp_path / "results"
-    env = {"HF_HUB_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = bench_env(cache)
     done = subprocess.run([sys.executable, "-m", "bench.run", *args, "--quick", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

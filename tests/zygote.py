@@ -10,7 +10,7 @@ interpreter instead (`LiveServer(..., fresh_interpreter=True)`); `TESTS_FORK_SER
 
 Run as `python -m tests.zygote SOCKET`; tests/live_server.py starts it and speaks one JSON line per connection:
 `{"op": "spawn", "argv", "env", "cwd", "log", "err"?}` -> `{"pid"}`, `{"op": "status", "pid"}` -> `{"code"}` (None while
-it runs; -N for a signal, as subprocess says), `{"op": "ping"}`.
+it runs; -N for a signal, as subprocess says), `{"op": "env"}` -> `{"env"}` (the environment it started with), `{"op": "ping"}`.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import socket
 import sys
 import threading
 import traceback
+
+STARTED_ENV = dict(os.environ)  # before any import sets a variable of its own (torch sets TORCHINDUCTOR_CACHE_DIR)
 
 # Imported before any fork: heavy, and reading nothing from the environment a test varies (the Hugging Face
 # cache path is re-read in each child, below). Django's and DRF's modules that need no settings at import;
@@ -146,6 +148,8 @@ def serve(path: str) -> dict | None:
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             elif request["op"] == "status":
                 connection.sendall(json.dumps({"code": finished.get(request["pid"])}).encode() + b"\n")
+            elif request["op"] == "env":  # what it imported under (tests/live_server.py: who may fork from it)
+                connection.sendall(json.dumps({"env": STARTED_ENV}).encode() + b"\n")
             elif request["op"] == "ping":
                 connection.sendall(b'{"ok": true}\n')
             elif request["op"] == "exit":
