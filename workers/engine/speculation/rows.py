@@ -55,10 +55,7 @@ class RowSpeculation:
 def may_speculate(seq) -> bool:
     """Whether verifying drafts leaves this row's output as decoding one token a step would: the same tokens
     (greedy), or tokens of the same distribution (sampled: workers/engine/speculation/verify.py)."""
-    sampler = seq.sampler
-    params = sampler.params
-    return (sampler.batchable and seq.constraint is None and params.repetition_penalty == 1.0
-            and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias)
+    return seq.sampler.batchable
 
 
 def proposing_state(seq, make):

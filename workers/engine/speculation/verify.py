@@ -20,6 +20,7 @@ import torch
 
 from workers.engine.plan import StepOutput
 from workers.engine.sample.batch_sampling import SamplingColumns
+from workers.engine.sample.constraints import allowed_tokens
 
 
 def verify(output: StepOutput, logits: torch.Tensor, proposals: dict[int, list[int]]) -> list[int]:
@@ -27,23 +28,40 @@ def verify(output: StepOutput, logits: torch.Tensor, proposals: dict[int, list[i
     `logits[:, 0]`); returns by row the columns of the step each row keeps in its cache (its last token and
     its accepted drafts)."""
     batch = output.rows
-    batch.sampling.drawn = None  # the next step's inputs are not these tokens: read them off the sequences
+    sampling = batch.sampling
+    sampling.drawn = None  # the next step's inputs are not these tokens: read them off the sequences
     kept = [1] * len(batch)
-    rows = sorted(proposals)
-    samplers, generated, index_rows, index_positions = [], [], [], []
-    for i in rows:
+    vocab = logits.shape[-1]
+    checked: dict[int, list[int]] = {}
+    samplers, generated, index_rows, index_positions, masks, places = [], [], [], [], [], []
+    for i in sorted(proposals):
         seq = batch.rows[i]
-        count = len(proposals[i])
+        drafts = proposals[i]
+        if seq.constraint is not None:
+            allowed = draft_masks(seq, drafts, vocab)
+            drafts = drafts[:len(allowed)]  # the first draft the grammar refuses could never be kept
+        else:
+            allowed = [None] * len(drafts)
+        checked[i] = drafts
+        count = len(drafts)
         samplers += [seq.sampler] * count
         generated += [len(seq.completion_ids) + j for j in range(1, count + 1)]
         index_rows += [i] * count
         index_positions += range(1, count + 1)
+        masks += allowed
+        places += [(seq, drafts, j) for j in range(1, count + 1)]
+    if not index_rows:
+        return kept
+
+    def history(k: int) -> tuple[list[int], list[int]]:  # read only for penalised rows
+        seq, drafts, j = places[k]
+        return seq.prompt_ids, seq.completion_ids + drafts[:j]
+
     later = logits[torch.tensor(index_rows), torch.tensor(index_positions)]
     columns = SamplingColumns(samplers, logits.device)
-    ids, logprobs, _ = columns.pick(later, generated, None, [None] * len(samplers))
+    ids, logprobs, _ = columns.pick(later, generated, history, masks)
     at = 0
-    for i in rows:
-        drafts = proposals[i]
+    for i, drafts in checked.items():
         target = output.token_ids[i]
         run = []
         for j, draft in enumerate(drafts):
@@ -56,4 +74,35 @@ def verify(output: StepOutput, logits: torch.Tensor, proposals: dict[int, list[i
         kept[i] = 1 + len(run)
         if run:
             output.extra[i] = run
+            if sampling.penalties.active:  # the batch's penalty tensors took the first token: the run too
+                sampling.took_more(i, [token for token, _, _ in run if token is not None])
     return kept
+
+
+def draft_masks(seq, drafts: list[int], vocab: int) -> list[torch.Tensor | None]:
+    """A constrained row's grammar masks at draft positions 1.. (after d1..dj, as if taken), for its drafts up to
+    the first the grammar refuses (that one and those after it get none: they are cut). A draft that ends the
+    choice (a stop id, EOS, the grammar complete) is the last, with no mask after it (nothing after it is taken).
+    The matcher is rolled back to where it stood: the sequence consumes what it keeps when it takes it."""
+    constraint = seq.constraint
+    matcher = constraint.matcher
+    masks: list[torch.Tensor | None] = []
+    consumed = 0
+    try:
+        for draft in drafts:
+            if draft in seq.end_ids:
+                masks.append(None)
+                break
+            if matcher.is_stopped() or matcher.validate_tokens([draft]) != 1 or not matcher.consume_token(draft):
+                break
+            consumed += 1
+            if matcher.is_error():
+                break
+            if matcher.is_stopped():
+                masks.append(None)
+                break
+            masks.append(allowed_tokens([constraint], vocab)[0])
+    finally:
+        if consumed:
+            matcher.rollback(consumed)
+    return masks
