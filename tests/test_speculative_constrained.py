@@ -27,8 +27,12 @@ from .test_speculative_proposers import chi_square_same, sampled_sequence
 from .test_step_contract import load, new_sequence
 
 MODEL = "local/tiny-llama"
-PENALISED = [dict(repetition_penalty=1.6), dict(frequency_penalty=1.5, presence_penalty=0.8),
-             dict(logit_bias={"5": 3.0, "17": -2.0}, repetition_penalty=1.3, presence_penalty=0.5),
+# a strong bias towards a few tokens that the penalties then push down by what the history holds: which of them
+# comes next hangs on every token before it, the drafts' too
+FAVOURED = ["100", "200", "300", "400"]
+PENALISED = [dict(repetition_penalty=1.6), dict(frequency_penalty=4.0, presence_penalty=0.5,
+                                                 logit_bias={token: 40.0 for token in FAVOURED[:3]}),
+             dict(repetition_penalty=5.0, logit_bias={token: 40.0 for token in FAVOURED}),
              dict(), dict(frequency_penalty=0.9, logprobs=2)]
 
 
