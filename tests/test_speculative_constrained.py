@@ -190,12 +190,14 @@ def test_a_grammar_whose_output_repeats_the_prompt_keeps_the_ngram_proposers_dra
 
 def test_sampled_penalised_rows_keep_their_distribution(loaded, reference):
     """Sampled rows with penalties verify drafts by drawing at every position under the penalties of the
-    history with the drafts: the first three tokens' joint distribution equals plain sampling's."""
+    history with the drafts: the first three tokens' joint distribution equals plain sampling's (a bias makes
+    three tokens the likely ones, and the penalties move the odds among them by what came before)."""
     ids = reference.encode(PROMPTS[1])
-    params = dict(temperature=1.0, top_k=4, frequency_penalty=3.0, repetition_penalty=2.0)
+    penalties = dict(frequency_penalty=2.5, repetition_penalty=1.5, logit_bias={token: 40.0 for token in FAVOURED[:3]})
+    params = dict(temperature=1.0, top_k=4, **penalties)
     samples, kept = {}, 0
     greedy_runner = ModelRunner(loaded, RunnerSettings(max_rows=4))
-    first = new_sequence(loaded, Handover(), ids, 4, frequency_penalty=3.0, repetition_penalty=2.0)
+    first = new_sequence(loaded, Handover(), ids, 4, **penalties)
     run(greedy_runner, [first])
     greedy = first.completion_ids
     for speculate in (False, True):
