@@ -7,6 +7,15 @@ exactly an ordinary step); a proposing row (rows.may_speculate) then picks t1.. 
 same sampling columns (its own warpers and generator, EOS held off before min_tokens, logprobs), and keeps
 d1..dj and t0..tj for the longest j with dm == t(m-1) for every m <= j.
 
+Position j is scored as if d1..dj had been taken (they were, if it counts): repetition, presence and
+frequency penalties see the history with d1..dj (a logit bias is the same everywhere), and a grammar row's
+mask is its grammar's after consuming d1..dj (`draft_masks`: the matcher advanced, each mask computed, then
+rolled back). A draft the grammar refuses ends the row's drafts there, unfed to the matcher (the target's
+token before it, masked, could never equal it); a draft that ends the choice (a stop id, EOS, the grammar
+complete) is the last checked. The kept tokens are then taken one by one (`StepOutput.apply`), so the
+matcher stands after exactly those, and the batch's kept penalty tensors, which took t0 with the batch, take
+the rest of the run (`SamplingColumns.took_more`).
+
 Greedy rows: exactly what one-token steps write. Sampled rows: this is rejection sampling (vLLM's scheme,
 Leviathan et al.) for a proposer whose draft distribution q is one token (n-gram lookup): the draft d is
 accepted with probability min(1, p(d) / q(d)) = p(d), which is the chance that a token drawn from p is d;
