@@ -102,14 +102,16 @@ def test_penalised_rows_speculate_alone_and_batched_and_write_what_one_token_ste
 
 
 def test_penalised_rows_with_the_ngram_proposer_on_a_repeating_prompt(loaded, reference):
-    """The real proposer: a prompt that repeats, penalties that push away from repeating it; output is the
-    one-token steps'."""
+    """The real proposer: a prompt that repeats, rows whose biased and penalised output cycles through the
+    favoured tokens (which lookups then find) beside plain ones; output is the one-token steps', drafts kept."""
     ids = reference.encode("one two three four five six one two three four five six one two three")
-    rows = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.6, presence_penalty=0.3), dict()]
-    plain, _ = one_token_steps(loaded, [ids] * 3, rows, 30)
-    got, _, (drafts, _, _) = speculated(loaded, [ids] * 3, rows, 30, [None] * 3, None,
-                                        proposer=_ngram(loaded))
-    assert drafts > 0
+    ids += [int(token) for token in FAVOURED[:3]] * 3
+    # three rows: with more, two rows' drafts would not pay for the columns every row computes (rows.width)
+    rows = [PENALISED[1], PENALISED[2], dict(frequency_penalty=0.6, presence_penalty=0.3)]
+    plain, _ = one_token_steps(loaded, [ids] * len(rows), rows, 30)
+    got, _, (drafts, _, accepted) = speculated(loaded, [ids] * len(rows), rows, 30, [None] * len(rows), None,
+                                               proposer=_ngram(loaded))
+    assert drafts > 0 and accepted > 0, (drafts, accepted)
     for seq, want in zip(got, plain):
         assert seq.completion_ids == want.completion_ids, seq.sampler.params
 
