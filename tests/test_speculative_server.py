@@ -65,9 +65,10 @@ def test_a_bad_speculative_config_stops_the_start(tmp_path, hf_cache):
     assert "method 'eagle' is not served" in result.stderr
 
 
-def test_rows_that_cannot_speculate_share_steps_with_rows_that_do(spec_server, server):
-    """A grammar row, a sampled row with a seed and a penalised row beside greedy rows that verify drafts: each
-    answer is the one the server without speculation gives (the seeded sample too: its draws are its own)."""
+def test_grammar_sampled_and_penalised_rows_share_steps_with_greedy_rows(spec_server, server):
+    """A grammar row and a penalised row (which may speculate too), a sampled row with a seed, beside greedy rows
+    that verify drafts: each answer is the one the server without speculation gives (the seeded sample too: its
+    draws are its own)."""
     import asyncio
 
     _, spec_async = clients(spec_server)

@@ -87,6 +87,12 @@ class SamplingColumns:
         logprobs = picked if self.every else {rows[position]: value for position, value in picked.items()}
         return ids, logprobs, alone
 
+    def took_more(self, row: int, tokens: list[int]) -> None:
+        """Batch row `row` took `tokens` after this step's first token (a verified run of drafts,
+        workers/engine/speculation/verify.py): the kept penalty tensors count them too."""
+        if self.penalties.active and self.samplers[row].batchable:
+            self.penalties.took_more(self.rows.index(row), tokens)
+
     def choose(self, logits: torch.Tensor, histories: list[tuple[list[int], list[int]]],
                allowed: list[torch.Tensor | None]) -> list[TokenChoice | None]:
         """`pick`, as one TokenChoice per row (None for a grammar dead end)."""

@@ -77,3 +77,15 @@ class BatchPenalties:
                 max=self.seen.shape[1] - 1)] = True
         if self.counted:
             self.counts[torch.arange(len(self.counted), device=tokens.device), tokens[self.counted]] += 1
+
+    def took_more(self, r: int, tokens: list[int]) -> None:
+        """Row r's further tokens of this step (a verified run of drafts) join its history."""
+        if not self._built or not tokens:
+            return
+        if r in self.repeated:
+            ids = torch.tensor(tokens, dtype=torch.long, device=self.seen.device)
+            self.seen[self.repeated.index(r), ids.clamp(max=self.seen.shape[1] - 1)] = True
+        if r in self.counted:
+            row = self.counts[self.counted.index(r)]
+            ids = torch.tensor(tokens, dtype=torch.long, device=row.device)
+            row.index_put_((ids,), torch.ones(len(tokens), device=row.device), accumulate=True)

@@ -1,8 +1,11 @@
 """Which rows speculate, what they propose, and when to stop: per row, the adaptive part.
 
 A row proposes only where verifying cannot change its output (greedy) or its output's distribution (sampled):
-picked in the batch's sampling columns, with no penalties, logit bias or grammar (they read the history token
-by token). A row whose drafts keep being rejected stops proposing for a while,
+any row picked in the batch's sampling columns, penalised, biased and grammar-constrained rows included (at
+each draft position verification applies the penalties of the history with the drafts before it and the
+grammar's mask after them: verify.py); rows sampled one by one (n-gram bans, bad words, an allowed-token set,
+typical-p), LoRA rows and models whose caches cannot drop drafts (proposers.py) decode one token a step. A
+row whose drafts keep being rejected stops proposing for a while,
 doubling each time (so chat with no overlap pays for a few wasted verifications, then nothing), as vLLM's
 and SGLang's adaptive speculation back off.
 """
@@ -54,11 +57,9 @@ class RowSpeculation:
 
 def may_speculate(seq) -> bool:
     """Whether verifying drafts leaves this row's output as decoding one token a step would: the same tokens
-    (greedy), or tokens of the same distribution (sampled: workers/engine/speculation/verify.py)."""
-    sampler = seq.sampler
-    params = sampler.params
-    return (sampler.batchable and seq.constraint is None and params.repetition_penalty == 1.0
-            and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias)
+    (greedy), or tokens of the same distribution (sampled: workers/engine/speculation/verify.py). Penalties,
+    a logit bias and a grammar are applied position by position there; a row sampled one by one is not."""
+    return seq.sampler.batchable
 
 
 def proposing_state(seq, make):
