@@ -128,7 +128,6 @@ def test_rows_paused_for_interactive_work_resume_exactly(families_cache, familie
     flex_prompts, tokens = PROMPTS[1:3], 64
     expected = [greedy(families_cache, family, tuple(prompt), tokens) for prompt in flex_prompts]
     expected_interactive = greedy(families_cache, family, tuple(PROMPTS[0]))
-    client, async_client = clients(families_server)
     model = model_id(family)
     before = preemptions(families_server)
 
@@ -150,6 +149,7 @@ def test_rows_paused_for_interactive_work_resume_exactly(families_cache, familie
         return await asyncio.gather(*batch), interactive
 
     for _ in range(3):  # on a loaded machine the flex rows may end before the interactive one lands: again
+        _, async_client = clients(families_server)  # an async client's pool belongs to one event loop
         flex_ids, interactive = asyncio.run(run())
         assert interactive == [expected_interactive]
         assert flex_ids == expected
