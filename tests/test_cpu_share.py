@@ -81,3 +81,69 @@ def test_only_the_engine_thread_runs_torch_on_several_threads():
         loader.stop()
         beams.shutdown()
     assert torch.get_num_threads() == mine
+
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+many_cores = pytest.mark.skipif(CORES < 2 or "OMP_NUM_THREADS" in os.environ, reason="needs 2+ cores, torch's default")
+
+
+def on_a_thread_of_its_own(function):
+    """`function()` run on a new thread, to its end; what it returned."""
+    import threading
+
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", function()))
+    thread.start()
+    thread.join(60)
+    return result["value"]
+
+
+@many_cores
+def test_an_engine_thread_keeps_every_core_whatever_the_loader_set_before_and_after():
+    """torch gives a thread, the first time it runs torch, the count some other thread set last (process-wide):
+    the loader's `torch_on_one_thread` before the engine thread started, or between the governor's start and
+    the engine's first operator, left the engine on one core of two (a 135M model at 0.64x `generate`)."""
+    import threading
+
+    from workers.engine.cpu_share import torch_on_one_thread
+
+    before = torch.get_num_threads()
+    started, loaded = threading.Event(), threading.Event()
+    seen = {}
+
+    def engine_thread() -> None:
+        governor = ThreadGovernor()
+        seen["governor"] = governor.threads
+        started.set()
+        loaded.wait(30)
+        seen["torch"] = torch.get_num_threads()
+
+    try:
+        on_a_thread_of_its_own(torch_on_one_thread)  # a load before the engine thread starts
+        engine = threading.Thread(target=engine_thread)
+        engine.start()
+        started.wait(30)
+        on_a_thread_of_its_own(torch_on_one_thread)  # a load after the governor started, before any step
+        loaded.set()
+        engine.join(30)
+        assert seen == {"governor": CORES, "torch": CORES}
+    finally:
+        torch.set_num_threads(before)
+
+
+@many_cores
+def test_the_warm_up_leaves_no_team_of_torch_threads_on_its_thread():
+    """The worker warms up on a thread of a pool that stays (asyncio.to_thread): a team of OpenMP threads left
+    there made the engine's operators sleep and wake at every barrier (two threads decoding no faster than one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers.engine.warmup import warm_up
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(CORES)  # what a new thread takes as its own count unless it sets one
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(warm_up).result()
+            assert pool.submit(torch.get_num_threads).result() == 1
+    finally:
+        torch.set_num_threads(before)

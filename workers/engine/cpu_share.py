@@ -67,16 +67,28 @@ def _own_ticks() -> int:
     return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
 
 
+def _default_threads() -> int:
+    """The threads torch would start with: OMP_NUM_THREADS where set, else every core we may use. Not
+    `torch.get_num_threads()`: torch sets a thread's count from a process-wide value the first time the thread
+    runs torch, and the loader's and warm-up's `torch_on_one_thread` leave 1 there (an engine thread started
+    after them read 1 and decoded on one core of two: 0.64x `generate`)."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(_cores())
+
+
 class ThreadGovernor:
     """Called by the engine thread between steps; sets torch's thread count (it is per calling thread)."""
 
     def __init__(self, fixed_threads: int = 0) -> None:
         self.cores = _cores()
         self.fixed = fixed_threads > 0
-        self.most = fixed_threads if self.fixed else max(1, min(torch.get_num_threads(), len(self.cores)))
+        self.most = fixed_threads if self.fixed else max(1, min(_default_threads(), len(self.cores)))
         self.threads = self.most
         self.others_cores = 0.0  # cores other processes used over the last check
         self._last: tuple[float, int, int] | None = None
+        torch.get_num_threads()  # torch's first-use set-up of this thread's count, done now: not over ours later
         torch.set_num_threads(self.threads)
 
     def adjust(self) -> None:

@@ -21,7 +21,7 @@ LAZY_MODULES = ("transformers.modeling_utils", "transformers.generation", "trans
 
 def warm_up() -> float:
     """Import the engine and what loading and running a model import lazily, and run one tiny forward
-    (torch's thread pool and kernels); the seconds it took."""
+    (torch's kernels), on one thread; the seconds it took."""
     started = time.monotonic()
     importlib.import_module("workers.engine.core.engine")
     for name in LAZY_MODULES:
@@ -34,6 +34,11 @@ def warm_up() -> float:
             logger.warning("torchao is installed but cannot be imported", exc_info=True)
     import torch
 
+    from workers.engine.cpu_share import torch_on_one_thread
+
+    # Not the engine's thread: a team of OpenMP threads left behind here would make the engine's every operator
+    # sleep and wake at its barriers (workers/engine/cpu_share.py): a 135M model decoded at 0.64x `generate`.
+    torch_on_one_thread()
     with torch.inference_mode():
         layer = torch.nn.Linear(16, 16)
         torch.nn.functional.scaled_dot_product_attention(*(layer(torch.zeros(1, 1, 4, 16)),) * 3).softmax(-1).argmax(-1)
