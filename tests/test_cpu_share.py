@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from workers.engine import cpu_share
 from workers.engine.cpu_share import ThreadGovernor
 
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
@@ -83,8 +84,8 @@ def test_only_the_engine_thread_runs_torch_on_several_threads():
     assert torch.get_num_threads() == mine
 
 
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-many_cores = pytest.mark.skipif(CORES < 2 or "OMP_NUM_THREADS" in os.environ, reason="needs 2+ cores, torch's default")
+CORES = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, cpu_share.DEFAULT_THREADS)
+many_cores = pytest.mark.skipif(CORES < 2, reason="needs torch to use 2+ cores by default")
 
 
 def on_a_thread_of_its_own(function):

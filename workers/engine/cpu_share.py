@@ -67,15 +67,12 @@ def _own_ticks() -> int:
     return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
 
 
-def _default_threads() -> int:
-    """The threads torch would start with: OMP_NUM_THREADS where set, else every core we may use. Not
-    `torch.get_num_threads()`: torch sets a thread's count from a process-wide value the first time the thread
-    runs torch, and the loader's and warm-up's `torch_on_one_thread` leave 1 there (an engine thread started
-    after them read 1 and decoded on one core of two: 0.64x `generate`)."""
-    try:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    except (KeyError, ValueError):
-        return len(_cores())
+# torch's own count for a new thread (OMP_NUM_THREADS, MKL_NUM_THREADS, else MKL's physical cores), read at
+# import, before any thread here sets one. Not `torch.get_num_threads()` later: torch sets a thread's count, the
+# first time it runs torch, from the value any thread set last, process-wide, and the loader's and warm-up's
+# `torch_on_one_thread` leave 1 there (an engine thread started after them read 1 and decoded on one core of
+# two: 0.64x `generate`).
+DEFAULT_THREADS = torch.get_num_threads()
 
 
 class ThreadGovernor:
@@ -84,7 +81,7 @@ class ThreadGovernor:
     def __init__(self, fixed_threads: int = 0) -> None:
         self.cores = _cores()
         self.fixed = fixed_threads > 0
-        self.most = fixed_threads if self.fixed else max(1, min(_default_threads(), len(self.cores)))
+        self.most = fixed_threads if self.fixed else max(1, min(DEFAULT_THREADS, len(self.cores)))
         self.threads = self.most
         self.others_cores = 0.0  # cores other processes used over the last check
         self._last: tuple[float, int, int] | None = None
