@@ -115,19 +115,31 @@ async function reread(row, model) {
   }
 }
 
+/** `reread` until the row's status is `wanted` (null: once), for up to 5 s: the catalog records a load or an
+ * unload from the worker's own report, which can reach the server a moment after the worker's answer did. */
+async function rereadUntil(row, model, wanted) {
+  for (let tries = 1; ; tries++) {
+    await reread(row, model);
+    if (wanted === null || row.querySelector(".model-status")?.textContent === wanted || tries >= 20) return;
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
+}
+
 async function run(kind, rows) {
   for (const row of rows) {
     const status = row.querySelector(".model-status");
     const model = status.dataset.model;
     const cell = status.closest("td");
     cell.dataset.bytes = status.dataset.bytes;
+    let wanted = null;
     try {
       say("success", await (kind === "load" ? load : unload)(model, cell));
+      wanted = kind === "load" ? "loaded" : "cached";
     } catch (error) {
       say("error", `${kind === "load" ? "Loading" : "Unloading"} ${model} failed: ${error.message}`);
     }
     try {
-      await reread(row, model);
+      await rereadUntil(row, model, wanted);
     } catch (_) {
       showProgress(cell, "reload the page to see the status", 0);
     }
