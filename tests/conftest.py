@@ -19,6 +19,19 @@ TINY_MODEL = "local/tiny-llama"
 
 Zygote.in_test_session = True  # this session's servers fork from tests/zygote.py (bench runs start theirs fresh)
 
+# The slowest files, slowest first (quiet cores, `pytest -n 2 --durations=0`, 2026-11-28): under `-n 2 --dist
+# loadfile` each process takes the next file when it is free, so handing these out first lets both end together
+# instead of one waiting on a long file handed out last. Every other file keeps its order after them.
+SLOWEST_FILES = ("test_bench.py", "test_model_families.py", "test_team_accounts.py", "test_speculative.py",
+                 "test_soak_faults_scale_out.py", "test_teams_scale_out.py", "test_gguf.py", "browser/test_chat.py",
+                 "test_speculative_constrained.py", "test_openapi.py", "test_reliability_web.py", "test_readiness.py",
+                 "test_speculative_proposers.py", "test_fair_share.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: index for index, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))
+
 # A model from the cache alone: transformers passes `local_files_only` on to everything but its look for
 # a PEFT adapter config, which asks the hub (23 s of retries with no network).
 FROM_CACHE = {"local_files_only": True, "adapter_kwargs": {"local_files_only": True}}
