@@ -265,7 +265,7 @@ def test_tokens_per_minute_are_reserved_at_admission_and_settled_to_real_use(liv
                             "ignore_eos": True}) as response:
         assert int(response.headers["x-ratelimit-remaining-tokens"]) == 60 - prompt_tokens - 30
         next(line for line in response.iter_lines() if line.startswith("data: {"))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # the server hears the client left, then the engine drops the row
     while key_status(live, "tpm")["rate_limit"][0]["remaining_tokens"] <= 60 - prompt_tokens - 30:
         assert time.monotonic() < deadline, "the cancelled stream's tokens did not come back"
         time.sleep(0.2)

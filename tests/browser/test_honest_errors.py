@@ -51,7 +51,10 @@ def test_an_unreachable_server_is_said_and_retried_and_nothing_is_lost(page_of, 
     page.wait_for_selector("#offline", state="hidden", timeout=40_000)
     assert page.inner_text("[data-model-status]") == "loaded"
     assert page.is_hidden("#error")
-    stored = stored_conversation(page, web_server, conversation_id(page)).json()["messages"]
+    deadline = time.monotonic() + 15  # the page saves the kept answer once it reaches the server again
+    while len(stored := stored_conversation(page, web_server, conversation_id(page)).json()["messages"]) < 2 \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert [m["role"] for m in stored] == ["user", "assistant"] and stored[1]["content"].strip() == kept.strip()
     page.press("#prompt", "Enter")
     wait_for_answer(page)
