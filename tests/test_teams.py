@@ -288,7 +288,8 @@ def test_tokens_per_minute_are_reserved_at_admission_and_settled_to_real_use(liv
 def test_max_parallel_requests(live):
     async def scenario():
         client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.secrets["solo"], max_retries=0, timeout=120)
-        stream = await client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=200, stream=True,
+        # Long enough to be generating still when the second request lands on a loaded machine.
+        stream = await client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=480, stream=True,
                                                  extra_body={"ignore_eos": True})
         first = await stream.__anext__()
         assert first.choices
