@@ -25,7 +25,7 @@ from workers.engine.speculation.rows import may_speculate
 
 from .conftest import Reference
 from .test_speculative import CONFIG, PROMPTS, Oracle, run, spec_cache  # noqa: F401 (a fixture)
-from .test_speculative_proposers import chi_square_same, sampled_sequence
+from .test_speculative_proposers import assert_sampling_unchanged, sampled_sequence
 from .test_step_contract import load, new_sequence
 
 MODEL = "local/tiny-llama"
@@ -199,27 +199,10 @@ def test_sampled_penalised_rows_keep_their_distribution(loaded, reference):
     ids = reference.encode(PROMPTS[1])
     penalties = dict(frequency_penalty=2.5, repetition_penalty=1.5, logit_bias={token: 40.0 for token in FAVOURED[:3]})
     params = dict(temperature=1.0, top_k=4, **penalties)
-    samples, kept = {}, 0
-    greedy_runner = ModelRunner(loaded, RunnerSettings(max_rows=4))
     first = new_sequence(loaded, Handover(), ids, 4, **penalties)
-    run(greedy_runner, [first])
-    greedy = first.completion_ids
-    for speculate in (False, True):
-        runner = ModelRunner(loaded, RunnerSettings(max_rows=32, speculative=CONFIG if speculate else None))
-        found = []
-        for batch in range(30):
-            sequences = [sampled_sequence(loaded, ids, 3, seed=1000 * batch + n, **params) for n in range(32)]
-            if speculate:
-                runner.proposer = Oracle({id(seq): greedy for seq in sequences}, lambda seq, done: None, count=3)
-            run(runner, sequences)
-            found += [tuple(seq.completion_ids) for seq in sequences]
-            if speculate:
-                kept += runner.proposer.take_counts()[2]
-        samples[speculate] = found
-    assert kept > 100
-    for part in (slice(0, 1), slice(1, 2), slice(0, 2), slice(0, 3)):
-        statistic, critical = chi_square_same([s[part] for s in samples[False]], [s[part] for s in samples[True]])
-        assert statistic < critical, (part, statistic, critical)
+    run(ModelRunner(loaded, RunnerSettings(max_rows=4)), [first])
+    assert_sampling_unchanged(loaded, lambda batch: [
+        sampled_sequence(loaded, ids, 3, seed=1000 * batch + n, **params) for n in range(32)], first.completion_ids)
 
 
 def test_sampled_grammar_rows_keep_their_distribution(loaded, reference):
@@ -232,26 +215,14 @@ def test_sampled_grammar_rows_keep_their_distribution(loaded, reference):
     first = new_sequence(loaded, Handover(), ids, 30)
     first.constraint = Constraint(template.deep_copy())
     run(ModelRunner(loaded, RunnerSettings(max_rows=4)), [first])
-    greedy = first.completion_ids
-    samples, kept = {}, 0
-    for speculate in (False, True):
-        runner = ModelRunner(loaded, RunnerSettings(max_rows=32, speculative=CONFIG if speculate else None))
-        found = []
-        for batch in range(12):
-            sequences = [sampled_sequence(loaded, ids, 30, seed=1000 * batch + n, temperature=1.0)
-                         for n in range(32)]
-            for seq in sequences:
-                seq.constraint = Constraint(template.deep_copy())
-            if speculate:
-                runner.proposer = Oracle({id(seq): greedy for seq in sequences}, lambda seq, done: None, count=3)
-            run(runner, sequences)
-            for seq in sequences:
-                assert re.fullmatch(pattern, reference.decode(seq.completion_ids)), seq.completion_ids
-            found += [tuple(seq.completion_ids) for seq in sequences]
-            if speculate:
-                kept += runner.proposer.take_counts()[2]
-        samples[speculate] = found
-    assert kept > 100
-    for part in (slice(0, 1), slice(1, 2), slice(0, 2), slice(0, 3)):
-        statistic, critical = chi_square_same([s[part] for s in samples[False]], [s[part] for s in samples[True]])
-        assert statistic < critical, (part, statistic, critical)
+
+    def constrained_batch(batch: int) -> list:
+        sequences = [sampled_sequence(loaded, ids, 30, seed=1000 * batch + n, temperature=1.0) for n in range(32)]
+        for seq in sequences:
+            seq.constraint = Constraint(template.deep_copy())
+        return sequences
+
+    def valid(seq) -> None:
+        assert re.fullmatch(pattern, reference.decode(seq.completion_ids)), seq.completion_ids
+
+    assert_sampling_unchanged(loaded, constrained_batch, first.completion_ids, batches=12, check=valid)

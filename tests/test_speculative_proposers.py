@@ -71,31 +71,42 @@ def sampled_sequence(loaded, ids: list[int], max_tokens: int, **params):
     return GenerationJob(job, loaded, TemplateSettings(), Handover()).sequences[0]
 
 
+def assert_sampling_unchanged(loaded, make_batch, greedy: list[int], batches: int = 30, check=None) -> None:
+    """Sample `batches` batches of rows (`make_batch(batch)`) without speculation, then with drafts that are the
+    prompt's greedy continuation whatever a row drew (any proposal must do): drafts were kept often enough to
+    mean something, every row passes `check`, and the first three tokens' joint distribution (and its parts)
+    is the same both ways (chi-square)."""
+    samples, kept = {}, 0
+    for speculate in (False, True):
+        runner = ModelRunner(loaded, RunnerSettings(max_rows=32, speculative=CONFIG if speculate else None))
+        found = []
+        for batch in range(batches):
+            sequences = make_batch(batch)
+            if speculate:
+                runner.proposer = Oracle({id(seq): greedy for seq in sequences}, lambda seq, done: None, count=3)
+            run(runner, sequences)
+            for seq in sequences:
+                if check is not None:
+                    check(seq)
+                found.append(tuple(seq.completion_ids))
+            if speculate:
+                kept += runner.proposer.take_counts()[2]
+        samples[speculate] = found
+    assert kept > 100
+    for part in (slice(0, 1), slice(1, 2), slice(0, 2), slice(0, 3)):
+        statistic, critical = chi_square_same([s[part] for s in samples[False]], [s[part] for s in samples[True]])
+        assert statistic < critical, (part, statistic, critical)
+
+
 def test_sampled_rows_keep_their_distribution(spec_cache):
     """Sampled rows verify drafts by drawing at every position (rejection sampling for one-token drafts): the
     first three tokens' joint distribution over many seeds equals plain sampling's, while drafts are kept."""
     model = "local/tiny-llama"
     loaded, reference = load(spec_cache, model), Reference(spec_cache, model)
     ids = reference.encode(PROMPTS[1])
-    greedy = reference.greedy(ids, 4, min_new_tokens=4)
-    samples, kept = {}, 0
-    for speculate in (False, True):
-        runner = ModelRunner(loaded, RunnerSettings(max_rows=32, speculative=CONFIG if speculate else None))
-        found = []
-        for batch in range(30):
-            sequences = [sampled_sequence(loaded, ids, 3, temperature=0.8, top_k=3, seed=1000 * batch + n)
-                         for n in range(32)]
-            if speculate:  # the prompt's greedy continuation, whatever the row drew: any proposal must do
-                runner.proposer = Oracle({id(seq): greedy for seq in sequences}, lambda seq, done: None, count=3)
-            run(runner, sequences)
-            found += [tuple(seq.completion_ids) for seq in sequences]
-            if speculate:
-                kept += runner.proposer.take_counts()[2]
-        samples[speculate] = found
-    assert kept > 100  # drafts were accepted often enough for the test to mean something
-    for part in (slice(0, 1), slice(1, 2), slice(0, 2), slice(0, 3)):
-        statistic, critical = chi_square_same([s[part] for s in samples[False]], [s[part] for s in samples[True]])
-        assert statistic < critical, (part, statistic, critical)
+    assert_sampling_unchanged(loaded, lambda batch: [
+        sampled_sequence(loaded, ids, 3, temperature=0.8, top_k=3, seed=1000 * batch + n) for n in range(32)],
+        reference.greedy(ids, 4, min_new_tokens=4))
 
 
 def test_a_model_may_set_its_own_speculative_config_over_the_servers():
