@@ -212,7 +212,7 @@ def test_a_draft_model_loads_beside_its_target_or_the_load_fails_clearly(spec_ca
 
 def test_the_width_pays_for_the_rows_that_compute_it():
     """One row with good drafts verifies them all; 16 rows of which half propose verify none on CPU; rows whose
-    drafts often fail verify fewer columns."""
+    drafts often fail verify fewer columns (the guessed cost curves: before a model's is measured)."""
     from types import SimpleNamespace
 
     proposer = NgramProposer(CONFIG, "cpu")
@@ -224,3 +224,34 @@ def test_the_width_pays_for_the_rows_that_compute_it():
         rows[0].speculation.verified(4, 1)
     assert 0 < proposer.width({0: 4}, rows[:1]) < 4
     assert NgramProposer(CONFIG, "cuda").width({i: 4 for i in range(0, 16, 2)}, rows) == 4
+
+
+def test_the_width_follows_the_measured_cost_of_positions():
+    """The same drafts on three devices: where positions are free every draft is verified, where each costs its
+    full share none is, and where wider forwards get cheaper per position (CPU kernels) the width goes wide."""
+    from types import SimpleNamespace
+
+    from workers.engine.speculation.step_cost import StepCost
+
+    config = SpeculativeConfig("ngram", 32, 2, 4)
+    rows = [SimpleNamespace(speculation=RowSpeculation([1, 2])) for _ in range(16)]
+    flat = StepCost({1: 1.0, 4096: 1.0}, measured=True)
+    share = StepCost({1: 1.0, 2: 2.0}, measured=True)
+    steps = StepCost({1: 34.0, 8: 66.0, 16: 67.0, 24: 73.0, 32: 84.0, 64: 110.0}, measured=True)  # SmolLM2, 2 cores
+    assert NgramProposer(config, cost=flat).width({i: 32 for i in range(0, 16, 2)}, rows) == 32
+    assert NgramProposer(config, cost=share).width({0: 32}, rows[:1]) == 0
+    assert 15 <= NgramProposer(config, cost=steps).width({0: 32}, rows[:1]) <= 23  # up to 24 positions, not on
+    assert NgramProposer(config, cost=steps).width({0: 4}, rows[:1]) == 4
+
+
+def test_a_step_cost_is_interpolated_and_measured_on_the_model(spec_cache):
+    from workers.engine.speculation.step_cost import StepCost, measure_step_cost
+
+    cost = StepCost({1: 1.0, 16: 2.5, 32: 3.0}, measured=True)
+    assert cost(1) == 1.0 and cost(8) == pytest.approx(1.7) and cost(64) == pytest.approx(4.0)
+    assert cost(0) == 1.0
+    loaded = load(spec_cache, "local/tiny-llama")
+    measured = measure_step_cost(loaded.model, loaded.device, 40)
+    assert measured.measured and measured.positions[0] == 1 and measured.positions[-1] <= 40
+    assert all(seconds > 0 for seconds in measured.times)
+    assert "1 positions" in measured.describe()

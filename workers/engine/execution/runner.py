@@ -65,7 +65,7 @@ class ModelRunner:
             self.batch.zeroed = True
             self.batch.dtype = loaded.model.dtype
             self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
-        self.proposer = proposer_for(spec, loaded, settings.speculative)
+        self.proposer = proposer_for(spec, loaded, settings.speculative, settings.max_rows)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
         self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
         self._view: InputBatch | None = None  # the persistent batch's view of the rows, until they change

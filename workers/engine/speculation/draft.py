@@ -18,6 +18,7 @@ from protocol.speculative import SpeculativeConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.execution.kv.specs import FULL, NONE, cache_spec
 from workers.engine.speculation.rows import NgramProposer, RowSpeculation, proposing_state
+from workers.engine.speculation.step_cost import StepCost
 
 
 def check_same_tokenizer(target, draft) -> None:
@@ -51,8 +52,8 @@ class DraftRow(RowSpeculation):
 class DraftProposer(NgramProposer):
     """Drafts from a draft model, by row; the counts, back-off and width choice are the n-gram proposer's."""
 
-    def __init__(self, config: SpeculativeConfig, draft, device_type: str = "cpu") -> None:
-        super().__init__(config, device_type)
+    def __init__(self, config: SpeculativeConfig, draft, device_type: str = "cpu", cost: StepCost | None = None) -> None:
+        super().__init__(config, device_type, cost)
         self.draft = draft
 
     @torch.no_grad()

@@ -15,16 +15,13 @@ import numpy
 
 from protocol.speculative import SpeculativeConfig
 from workers.engine.speculation.ngram import lookup
+from workers.engine.speculation.step_cost import StepCost
 
 LOW_ACCEPTANCE = 0.25  # below this recent acceptance rate a row backs off
 FIRST_BACKOFF = 8  # steps without proposing after the first back-off; doubles up to MAX_BACKOFF
 MAX_BACKOFF = 256
 DECAY = 0.7  # weight of the past in a row's recent counts of drafts kept and tried
 MOST_LIKELY = 0.9  # the highest chance a draft is kept that the width choice assumes
-# Rows at which a step's time is half fixed (weights read once) and half per query position: a verifying
-# step's extra columns cost almost nothing to one row and nearly their share to many (a guess from the
-# CPU figures in docs/benchmarks.md, not fitted; GPUs stay weight-bound to far more rows).
-HALF_COST_ROWS = {"cpu": 4, "cuda": 64}
 
 
 class RowSpeculation:
@@ -82,9 +79,9 @@ def proposing_state(seq, make):
 class NgramProposer:
     """Drafts for a batch's rows, and the counts `/metrics` reports."""
 
-    def __init__(self, config: SpeculativeConfig, device_type: str = "cpu") -> None:
+    def __init__(self, config: SpeculativeConfig, device_type: str = "cpu", cost: StepCost | None = None) -> None:
         self.config = config
-        self.half_cost_rows = HALF_COST_ROWS.get(device_type, HALF_COST_ROWS["cuda"])
+        self.cost = cost or StepCost.guess(device_type)  # a forward's time by its positions (step_cost.py)
         self.alone = False  # propose only while one row decodes (sliding-window or recurrent layers: proposers.py)
         self.drafts = self.draft_tokens = self.accepted = 0  # since the metrics last took them
 
@@ -115,22 +112,23 @@ class NgramProposer:
         return {i: drafts[:width] for i, drafts in proposals.items()} if width else {}
 
     def width(self, lengths: dict[int, int], rows: list) -> int:
-        """How many draft columns pay for a step over `rows` where row i would propose lengths[i]: every row of
-        the step computes every column, so the j-th is kept while the drafts expected kept there (each row's
-        chance to the j-th power) outweigh its cost, rows x the share of a step that grows with its columns
-        (rows / (rows + HALF_COST_ROWS)). One row keeps about every draft it has; a batch where few rows
-        propose verifies none."""
+        """How many draft columns a step over `rows` verifies, where row i would propose lengths[i]: the width
+        with the most tokens expected per unit of the step's time. Every row computes every column, so w
+        columns cost a forward of rows x (w + 1) positions (`self.cost`, measured on the model), and gain each
+        proposing row's chance that its first j drafts are kept (its recent rate to the j-th power) for
+        j <= w. One row keeps about every draft it has; a batch where few rows propose verifies few or none."""
         if not lengths:
             return 0
         count = len(rows)
-        cost = count * count / (count + self.half_cost_rows)
         chances = {i: min(MOST_LIKELY, rows[i].speculation.rate) for i in lengths}
-        width = 0
+        expected = float(count)  # tokens the step writes: every row's first, then the drafts expected kept
+        best, best_rate = 0, expected / self.cost(count)
         for column in range(1, max(lengths.values()) + 1):
-            if sum(chances[i] ** column for i, length in lengths.items() if length >= column) < cost:
-                break
-            width = column
-        return width
+            expected += sum(chances[i] ** column for i, length in lengths.items() if length >= column)
+            rate = expected / self.cost(count * (column + 1))
+            if rate > best_rate:
+                best, best_rate = column, rate
+        return best
 
     def verified(self, rows: list, proposals: dict[int, list[int]], kept: list[int]) -> None:
         """Each proposing row's acceptance (kept[i] - 1 of its drafts), for its back-off and the counts."""
