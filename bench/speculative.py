@@ -30,7 +30,7 @@ PASSAGE = ("The lighthouse stood at the edge of the northern cliffs, where the w
            "wind, the height of the waves, and the names of the ships that had passed safely.")
 COPY = f"Copy the following passage exactly, but replace the word \"keeper\" with \"guardian\".\n\n{PASSAGE}"
 CHAT = "Write a short poem about autumn in the mountains, in your own words."
-SPEC = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+SPEC = {"method": "ngram", "num_speculative_tokens": 24, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

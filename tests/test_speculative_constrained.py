@@ -108,10 +108,9 @@ def test_penalised_rows_with_the_ngram_proposer_on_a_repeating_prompt(loaded, re
     favoured tokens (which lookups then find) beside plain ones; output is the one-token steps', drafts kept."""
     ids = reference.encode("one two three four five six one two three four five six one two three")
     ids += [int(token) for token in FAVOURED[:3]] * 3
-    # three rows: with more, two rows' drafts would not pay for the columns every row computes (rows.width)
     rows = [PENALISED[1], PENALISED[2], dict(frequency_penalty=0.6, presence_penalty=0.3)]
-    plain, _ = one_token_steps(loaded, [ids] * len(rows), rows, 30)
-    got, _, (drafts, _, accepted) = speculated(loaded, [ids] * len(rows), rows, 30, [None] * len(rows), None,
+    plain, _ = one_token_steps(loaded, [ids] * len(rows), rows, 60)
+    got, _, (drafts, _, accepted) = speculated(loaded, [ids] * len(rows), rows, 60, [None] * len(rows), None,
                                                proposer=_ngram(loaded))
     assert drafts > 0 and accepted > 0, (drafts, accepted)
     for seq, want in zip(got, plain):
@@ -119,9 +118,11 @@ def test_penalised_rows_with_the_ngram_proposer_on_a_repeating_prompt(loaded, re
 
 
 def _ngram(loaded):
+    """The n-gram proposer with positions free (as on a GPU), so the width choice never stands in the way."""
     from workers.engine.speculation.rows import NgramProposer
+    from workers.engine.speculation.step_cost import StepCost
 
-    return NgramProposer(SpeculativeConfig("ngram", 3, 1, 3))
+    return NgramProposer(SpeculativeConfig("ngram", 3, 1, 3), cost=StepCost({1: 1.0, 2: 1.0}, measured=True))
 
 
 COMPILER = GrammarCompiler()

@@ -32,6 +32,7 @@ from workers.engine.sample.constraints import masks_for
 from workers.engine.execution.static_decode import StaticDecode
 from protocol.speculative import SpeculativeConfig
 from workers.engine.speculation.proposers import proposer_for
+from workers.engine.execution.attention_kernels import grouped_query_attention
 from workers.engine.speculation.verify import verify
 
 logger = logging.getLogger(__name__)
@@ -340,7 +341,8 @@ class ModelRunner:
         inputs = self.batch.verify_inputs(ids)
         if clock is not None:
             clock.lap("prepare")
-        logits = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=width).logits
+        with grouped_query_attention(self.loaded.device):
+            logits = self._forward(self.batch_rows, **inputs, use_cache=True, logits_to_keep=width).logits
         if clock is not None:
             clock.lap("forward")
         output = sample_batch(rows, logits[:, 0])
