@@ -224,12 +224,14 @@ def test_the_width_pays_for_the_rows_that_compute_it():
     for _ in range(2):
         rows[0].speculation.verified(4, 1)
     assert 0 < proposer.width({0: 4}, rows[:1]) < 4
-    assert NgramProposer(CONFIG, "cuda").width({i: 4 for i in range(0, 16, 2)}, rows) == 4
+    assert NgramProposer(CONFIG, "cuda").width({0: 4, 1: 4}, rows[:2]) == 4
 
 
 def test_the_width_follows_the_measured_cost_of_positions():
-    """The same drafts on three devices: where positions are free every draft is verified, where each costs its
-    full share none is, and where wider forwards get cheaper per position (CPU kernels) the width goes wide."""
+    """The same drafts on three devices: where positions are free every draft is verified, even with rows that
+    propose nothing beside; where each costs its full share none is; where wider forwards get cheaper per
+    position (CPU kernels) one row's width goes wide, while 16 rows of which half propose verify nothing (the
+    rows that propose nothing would wait longer than SPARED_SLOWDOWN)."""
     from types import SimpleNamespace
 
     from workers.engine.speculation.step_cost import StepCost
@@ -243,6 +245,8 @@ def test_the_width_follows_the_measured_cost_of_positions():
     assert NgramProposer(config, cost=share).width({0: 32}, rows[:1]) == 0
     assert 15 <= NgramProposer(config, cost=steps).width({0: 32}, rows[:1]) <= 23  # up to 24 positions, not on
     assert NgramProposer(config, cost=steps).width({0: 4}, rows[:1]) == 4
+    assert NgramProposer(config, cost=steps).width({i: 32 for i in range(0, 16, 2)}, rows) == 0
+    assert NgramProposer(config, cost=steps).width({i: 32 for i in range(16)}, rows) > 0
 
 
 def test_a_step_cost_is_interpolated_and_measured_on_the_model(spec_cache):

@@ -26,6 +26,10 @@ MOST_LIKELY = 0.9  # the highest chance a draft is kept that the width choice as
 # of what rows keep (16 mixed rows on CPU: 20.5 drafts expected per step, 17.5 kept), and rows that finish
 # sooner leave a smaller batch behind, which decodes less per second; a step that barely pays is not taken.
 MARGIN = 1.15
+# A verifying step may slow the rows that propose nothing by at most this much (its time over a one-token
+# step's): they gain nothing from it. On a GPU its extra columns cost next to nothing; on CPU they cost their
+# share, and a team whose rows chat should not wait 1.5x longer for another's rows to quote (fair share).
+SPARED_SLOWDOWN = 1.1
 
 
 class RowSpeculation:
@@ -120,19 +124,24 @@ class NgramProposer:
         with the most tokens expected per unit of the step's time. Every row computes every column, so w
         columns cost a forward of rows x (w + 1) positions (`self.cost`, measured on the model), and gain each
         proposing row's chance that its first j drafts are kept (its recent rate to the j-th power) for
-        j <= w; a width is taken only where it beats one-token steps by MARGIN. One row keeps about every
-        draft it has; a batch where few rows propose verifies few or none."""
+        j <= w; a width is taken only where it beats one-token steps by MARGIN and, while some rows propose
+        nothing, costs them at most SPARED_SLOWDOWN. One row keeps about every draft it has; on CPU a batch
+        where some rows propose nothing verifies few columns or none, on a GPU every draft."""
         if not lengths:
             return 0
         count = len(rows)
         chances = {i: min(MOST_LIKELY, rows[i].speculation.rate) for i in lengths}
         expected = float(count)  # tokens the step writes: every row's first, then the drafts expected kept
-        best, best_rate = 0, MARGIN * expected / self.cost(count)
+        plain = self.cost(count)
+        best, best_rate = 0, MARGIN * expected / plain
+        bystanders = len(lengths) < count  # rows that propose nothing pay for the step's columns too
         for column in range(1, max(lengths.values()) + 1):
             expected += sum(chances[i] ** column for i, length in lengths.items() if length >= column)
-            rate = expected / self.cost(count * (column + 1))
-            if rate > best_rate:
-                best, best_rate = column, rate
+            seconds = self.cost(count * (column + 1))
+            if bystanders and seconds > SPARED_SLOWDOWN * plain:
+                continue
+            if expected / seconds > best_rate:
+                best, best_rate = column, expected / seconds
         return best
 
     def verified(self, rows: list, proposals: dict[int, list[int]], kept: list[int]) -> None:

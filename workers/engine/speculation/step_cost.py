@@ -19,8 +19,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 # The guess: a step's time as FIXED_POSITIONS[device] + positions, in one position's time (half fixed at 4
-# positions on CPU, at 64 on a GPU, which stays weight-bound to far more rows).
-FIXED_POSITIONS = {"cpu": 4, "cuda": 64}
+# positions on CPU, at 256 on a GPU, which stays weight-bound to far more rows).
+FIXED_POSITIONS = {"cpu": 4, "cuda": 256}
 MEASURING_S = 1.0  # the measuring stops (and the curve runs straight on) once it took this long: it holds the
 # engine thread, between steps, once per load
 MEASURED_POSITIONS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
