@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--stream-tokens", type=int, default=64, help="tokens per stream of the mixed round")
     parser.add_argument("--spec", default=json.dumps(SPEC), help="the --speculative-config JSON")
+    parser.add_argument("--alternate", type=int, default=0, metavar="ROUNDS",
+                        help="also keep both servers up and run the mixed round ROUNDS times each, alternately "
+                             "(the mixed round swings with the cores' load more than between two servers run in turn)")
     parser.add_argument("--quick", action="store_true", help="48 tokens, 4 mixed streams of 16")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -109,6 +112,24 @@ def serve_round(cache: Path, model: str, args: argparse.Namespace, spec: str | N
     return {"copy": copy, "chat": chat, "mixed": mixed, "speculation": counts}
 
 
+def alternate_mixed(cache: Path, model: str, args: argparse.Namespace) -> list[dict]:
+    """Both servers up side by side, the mixed round run on each in turn, `args.alternate` times."""
+    servers = [OurServer(cache, Path(tempfile.mkdtemp(prefix="bench-spec-")), dtype="float32", **env)
+               for env in ({}, {"INFERENCE_SPECULATIVE_CONFIG": args.spec})]
+    try:
+        for server in servers:
+            one_stream(server.base_url, model, COPY, 16)  # warm
+        rounds = []
+        for _ in range(args.alternate):
+            plain, spec = (many_streams(s.base_url, model, args.streams, args.stream_tokens)["tokens_per_s"]
+                           for s in servers)
+            rounds.append({"without": plain, "with": spec, "ratio": round(spec / plain, 2)})
+        return rounds
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def raw_generate(cache: Path, model_id: str, max_tokens: int) -> dict:
     """`model.generate` on the copy prompt in this process: plain, and with prompt_lookup_num_tokens=10."""
     import torch
@@ -142,17 +163,21 @@ def main(argv: list[str]) -> None:
     plain = serve_round(cache, model, args, None)
     spec = serve_round(cache, model, args, args.spec)
     raw = raw_generate(cache, model, args.max_tokens)
+    alternated = alternate_mixed(cache, model, args) if args.alternate else []
     ratio = {key: round(spec[key]["tokens_per_s"] / plain[key]["tokens_per_s"], 2) for key in ("copy", "chat", "mixed")}
     results = {"scenario": "speculative", "model": model, "spec": json.loads(args.spec),
                "max_tokens": args.max_tokens, "streams": args.streams, "stream_tokens": args.stream_tokens,
                "without": plain, "with": spec, "generate": raw, "with_over_without": ratio,
                "copy_over_generate_prompt_lookup": round(spec["copy"]["tokens_per_s"]
                                                          / raw["copy_prompt_lookup_tokens_per_s"], 2),
-               "same_answers": {key: plain[key]["text"] == spec[key]["text"] for key in ("copy", "chat")}}
+               "same_answers": {key: plain[key]["text"] == spec[key]["text"] for key in ("copy", "chat")},
+               "mixed_alternated": alternated}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(results, indent=2))
     for key in ("copy", "chat", "mixed"):
         print(f"{key}: {plain[key]['tokens_per_s']} -> {spec[key]['tokens_per_s']} tok/s ({ratio[key]}x)")
+    if alternated:
+        print("mixed, alternated:", ", ".join(f"{r['without']} -> {r['with']} ({r['ratio']}x)" for r in alternated))
     print(f"generate copy: {raw['copy_tokens_per_s']}, with prompt lookup 10: {raw['copy_prompt_lookup_tokens_per_s']}")
     print(json.dumps({k: results[k] for k in ("same_answers", "copy_over_generate_prompt_lookup")}),
           json.dumps(spec["speculation"]))
