@@ -31,3 +31,59 @@ def test_tiny_config_builds_a_small_working_model(model_type):
         for _ in range(4):
             ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
     assert out.tolist() == ids.tolist()
+
+
+# Decoders whose forward takes no position_ids and counts positions from the cache's length: a left-padded row
+# would be decoded at the wrong positions, so the engine measures it at load and decodes them one by one.
+POSITIONS_FROM_THE_CACHE = ["bart", "marian", "blenderbot", "trocr"]
+
+
+@pytest.fixture(scope="module")
+def matrix_cache(tmp_path_factory):
+    from workers.tiny.type_matrix import build_type_model
+
+    cache = tmp_path_factory.mktemp("type-matrix")
+    for model_type in POSITIONS_FROM_THE_CACHE + ["gpt2"]:
+        build_type_model(model_type, f"local/tiny-{model_type}", cache)
+    return cache
+
+
+@pytest.mark.parametrize("model_type", POSITIONS_FROM_THE_CACHE)
+def test_models_that_count_positions_from_the_cache_decode_one_by_one_as_generate_writes(matrix_cache, model_type):
+    """Three prompts of different lengths decoded at once, prompts prefilled in chunks of 5: each row's greedy
+    tokens are `generate`'s for that prompt alone, and the runner says at load why it does not batch them."""
+    from workers.engine.execution.input_batch import InputBatch
+    from workers.engine.execution.runner import ModelRunner, RunnerSettings, sample_batch
+    from workers.engine.plan import DecodePlan
+    from workers.engine.sequences import Handover
+    from workers.engine.step_clock import StepClock
+
+    from .conftest import Reference
+    from .test_step_contract import load, new_sequence
+
+    model = f"local/tiny-{model_type}"
+    loaded, reference = load(matrix_cache, model), Reference(matrix_cache, model)
+    runner = ModelRunner(loaded, RunnerSettings(prefill_chunk=5, max_rows=4))
+    assert not runner.spec.batchable and any("decode one by one" in note for note in runner.spec.notes)
+    prompts = [reference.encode(text) for text in ("Hi", "Once upon a time there was", "1, 2, 3, 4, 5, 6, 7,")]
+    sequences = [new_sequence(loaded, Handover(), ids, 8) for ids in prompts]
+    for seq in sequences:
+        logits = None
+        while logits is None:  # in chunks of 5 tokens
+            logits = runner.prefill(seq, 5)[1]
+        sample_batch(InputBatch([seq]), logits[None]).apply()
+        runner.join([seq])
+    while runner.running:
+        runner.execute(DecodePlan(runner.view(), StepClock())).apply()
+        runner.drop_finished()
+    for seq, ids in zip(sequences, prompts):
+        assert seq.completion_ids == reference.greedy(ids, 8, min_new_tokens=8), model_type
+
+
+def test_a_model_that_reads_a_padded_rows_positions_still_batches(matrix_cache):
+    from workers.engine.execution.runner import ModelRunner
+
+    from .test_step_contract import load
+
+    runner = ModelRunner(load(matrix_cache, "local/tiny-gpt2"))
+    assert runner.spec.batchable and runner.spec.pads_rows and not runner.spec.notes

@@ -48,3 +48,22 @@ def tiny_config(model_type: str, vocab_size: int, special_ids: dict[str, int] | 
     fields.update(FIXUPS.get(model_type, {}))
     fields.update(special_ids or {})
     return AutoConfig.for_model(model_type, vocab_size=vocab_size, **fields)
+
+
+def build_type_model(model_type: str, repo_id: str, cache_dir=None, seed: int = 0):
+    """A tiny random-weight model of `model_type` (its config's defaults shrunk) with the project's tokenizer,
+    stored in the Hugging Face cache layout as `repo_id`; returns the snapshot directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from workers.tiny.builders import BOS, EOS, PAD, SIZES, _save_and_install, train_tokenizer
+
+    tokenizer = train_tokenizer(SIZES["tiny"]["vocab_target"], 512)
+    ids = dict(zip(("bos_token_id", "eos_token_id", "pad_token_id"),
+                   (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))))
+    config = tiny_config(model_type, len(tokenizer), ids)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(**ids)
+    return _save_and_install(model, tokenizer, cache_dir, repo_id)

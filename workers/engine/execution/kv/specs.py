@@ -31,6 +31,10 @@ FULL, SLIDING, STATE, NONE, OTHER = "full", "sliding", "state", "none", "other"
 # half precision rounds differently for the two (a chunk's sums in another order).
 CHUNK_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6}
 CHUNK_TOLERANCE_HALF = 3e-2
+# The same for a left-padded row against the row alone: in half precision a padded batch's kernels differ by
+# up to ~1e-2 and a false "no" would decode every row alone, so only a model that misplaces its padded rows
+# (O(0.5-1)) is caught there; float32 catches small misplacements too (GIT's: 1e-2).
+PAD_TOLERANCE_HALF = 0.1
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class CacheSpec:
     cache_arg: str = "past_key_values"  # the forward's name for its cache (Mamba: cache_params)
     takes_positions: bool = True  # the forward takes position_ids (ALiBi and Mamba models do not)
     continues_chunks: bool = True  # a multi-token forward continues a cached state exactly
+    pads_rows: bool = True  # a left-padded row gives the logits it gives alone (measured at load: `_padding_problem`)
     notes: tuple[str, ...] = field(default=())
 
     def has(self, kind: str) -> bool:
@@ -60,8 +65,9 @@ class CacheSpec:
 
     @property
     def batchable(self) -> bool:
-        """Rows decode together in one forward (every layer's cache has a batch store)."""
-        return bool(self.layers) and not self.has(OTHER)
+        """Rows decode together in one forward (every layer's cache has a batch store, and the model reads a
+        left-padded row's positions as its own)."""
+        return bool(self.layers) and not self.has(OTHER) and self.pads_rows
 
     @property
     def attends(self) -> bool:
@@ -135,7 +141,9 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
         return _spec_from_config(config, kinds, cache_arg, takes_positions)
     layers = []
     for kind, layer in zip(kinds, cache.layers):
-        if kind in (FULL, SLIDING):
+        if kind in (FULL, SLIDING) and layer.keys is None:  # a layer the config counts that the forward never
+            layers.append(LayerSpec(NONE))  # filled (BART-style decoders: the encoder's layers)
+        elif kind in (FULL, SLIDING):
             window = getattr(layer, "sliding_window", 0) if kind == SLIDING else 0
             layers.append(LayerSpec(kind, window, _nbytes(layer.keys) + _nbytes(layer.values),
                                     latent=layer.keys.shape != layer.values.shape))
@@ -145,11 +153,12 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
         else:
             layers.append(LayerSpec(kind))
     spec = CacheSpec(tuple(layers), cache_arg, takes_positions)
-    if spec.has(STATE) and spec.batchable:
-        resumes = _continues_chunks(model, device, cache_arg)
-        spec = CacheSpec(spec.layers, cache_arg, takes_positions, resumes,
-                         () if resumes else ("its recurrent layers restart on a multi-token chunk: prompts prefill whole",))
-    return spec
+    padding = "" if spec.has(STATE) or not spec.batchable else _padding_problem(model, device, cache_arg, takes_positions)
+    chunking = ("" if not (spec.has(STATE) or spec.has(OTHER) or padding)
+                else _chunking_problem(model, device, cache_arg, spec.has(STATE)))
+    notes = tuple(f"{why}: {what}" for why, what in ((padding, "rows decode one by one"),
+                                                      (chunking, "prompts prefill whole")) if why)
+    return CacheSpec(spec.layers, cache_arg, takes_positions, not chunking, not padding, notes)
 
 
 def _probe_token(model) -> int:
@@ -157,12 +166,63 @@ def _probe_token(model) -> int:
     return min(5, vocab - 1)
 
 
-def _continues_chunks(model, device: torch.device, cache_arg: str) -> bool:
-    """Whether a prompt prefilled in two chunks gives the logits it gives whole (recurrent layers that
-    only continue their state one token at a time restart it on a longer chunk)."""
+def _near(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, half: float = CHUNK_TOLERANCE_HALF) -> bool:
+    tolerance = CHUNK_TOLERANCE.get(dtype, half)
+    return bool((got.float() - want.float()).norm() <= tolerance * want.float().norm())
+
+
+def _padding_problem(model, device: torch.device, cache_arg: str, takes_positions: bool) -> str:
+    """Why a row left-padded beside a longer one, prefilled and then decoding a token, does not give the logits
+    it gives alone ("" when it does). Models whose forward counts positions from the cache's length (BART-style
+    decoders, Marian, Pegasus, TrOCR, GIT…) do not: their padded rows would be decoded at the wrong positions."""
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(1)
+    short, long = (torch.randint(3, vocab, (1, n), generator=generator).to(device) for n in (9, 15))
+    following = torch.randint(3, vocab, (2, 1), generator=generator).to(device)
+
+    def run(ids, mask, starts: list[int], last):
+        cache = DynamicCache(config=model.config)
+        positions = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if takes_positions else {}
+        first = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_arg: cache}, **positions).logits[:, -1]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = {"position_ids": torch.tensor(starts, device=device)[:, None]} if takes_positions else {}
+        second = model(input_ids=last, attention_mask=mask, use_cache=True, **{cache_arg: cache}, **positions).logits[:, -1]
+        return first, second
+
+    try:
+        with torch.inference_mode():
+            padded = torch.cat([torch.cat([torch.zeros_like(short[:, :6]), short], dim=1), long])
+            mask = torch.ones_like(padded)
+            mask[0, :6] = 0
+            together = run(padded, mask, [9, 15], following)
+            for row, ids in enumerate((short, long)):
+                alone = run(ids, torch.ones_like(ids), [ids.shape[1]], following[row:row + 1])
+                if not all(_near(got[row], want[0], model.dtype, PAD_TOLERANCE_HALF)
+                           for got, want in zip(together, alone)):
+                    return ("a left-padded row's logits differ from its own alone (its positions count from the "
+                            "cache's length, not the row's)")
+    except Exception as exc:  # a forward that takes no padded batch
+        return f"a left-padded batch failed in its forward ({type(exc).__name__}: {str(exc)[:120]})"
+    return ""
+
+
+def _chunking_problem(model, device: torch.device, cache_arg: str, recurrent: bool) -> str:
+    """Why a prompt prefilled in two chunks does not give the logits it gives whole ("" when it does): recurrent
+    layers that only continue their state one token at a time restart it on a longer chunk; some caches of
+    their own keep what a chunk cannot extend."""
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, 24), generator=generator).to(device)
+    try:
+        if _chunked_like_whole(model, device, cache_arg, ids):
+            return ""
+    except Exception as exc:  # a cache that cannot take a second chunk
+        return f"a prompt's second chunk failed in its forward ({type(exc).__name__}: {str(exc)[:120]})"
+    return ("its recurrent layers restart on a multi-token chunk" if recurrent
+            else "a prompt's logits differ when prefilled in chunks")
+
+
+def _chunked_like_whole(model, device: torch.device, cache_arg: str, ids: torch.Tensor) -> bool:
     with torch.inference_mode():
         whole = model(input_ids=ids, use_cache=True, logits_to_keep=1,
                       **{cache_arg: DynamicCache(config=model.config)}).logits[0, -1].float()
@@ -171,8 +231,7 @@ def _continues_chunks(model, device: torch.device, cache_arg: str) -> bool:
         chunked = model(input_ids=ids[:, 12:], use_cache=True, logits_to_keep=1, **{cache_arg: cache},
                         **({"position_ids": torch.arange(12, 24, device=device)[None]}
                            if forward_arguments(model)[1] else {})).logits[0, -1].float()
-    tolerance = CHUNK_TOLERANCE.get(model.dtype, CHUNK_TOLERANCE_HALF)
-    return bool((whole - chunked).norm() <= tolerance * whole.norm())
+    return _near(chunked, whole, model.dtype)
 
 
 def _spec_from_config(config, kinds: list[str], cache_arg: str, takes_positions: bool) -> CacheSpec:
