@@ -10,10 +10,12 @@ from protocol import ChoiceDelta, Logprobs, Part, Usage
 
 
 def usage_body(usage: Usage) -> dict:
+    """OpenAI's usage, with `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache served."""
     return {
         "prompt_tokens": usage["prompt_tokens"],
         "completion_tokens": usage["completion_tokens"],
         "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)},
     }
 
 

@@ -214,6 +214,7 @@ class ChoiceDelta(TypedDict):
 class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: NotRequired[int]  # prompt tokens whose keys/values came from the prefix cache
 
 
 class DeltaMessage(TypedDict):

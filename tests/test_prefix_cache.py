@@ -127,3 +127,27 @@ def test_prompts_after_cached_starts_of_other_lengths_prefill_in_one_forward_and
     assert rows == len(prompts) and shared < cached_columns <= shared + 64  # the short starts were padded
     for index, prompt in enumerate(prompts):
         assert answers[index] == reference.greedy(reference.encode(prompt), 12, min_new_tokens=12)
+
+
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(client, reference):
+    """OpenAI's `prompt_tokens_details.cached_tokens` (Responses: `input_tokens_details`): 0 for a prompt the
+    server has not seen, then the cached start's tokens (whole blocks, never the whole prompt: its last token is
+    always fed) when the same prompt comes again, through chat, completions and Responses."""
+    words = " ".join(uuid.uuid4().hex for _ in range(12))  # a start no earlier test sent
+    prompt = f"Remember these: {words}. Which came first?"
+    first = client.completions.create(model=TINY_MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=TINY_MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert again.usage.prompt_tokens == len(reference.encode(prompt)) == first.usage.prompt_tokens
+    assert cached % BLOCK_TOKENS == 0 and again.usage.prompt_tokens - BLOCK_TOKENS < cached < again.usage.prompt_tokens
+
+    messages = [{"role": "user", "content": f"Other words: {words}"}]
+    chat = [client.chat.completions.create(model=TINY_MODEL, messages=messages, max_tokens=2, temperature=0)
+            for _ in range(2)]
+    assert chat[0].usage.prompt_tokens_details.cached_tokens < BLOCK_TOKENS * 2  # the template's start, at most
+    assert chat[1].usage.prompt_tokens_details.cached_tokens > chat[0].usage.prompt_tokens_details.cached_tokens
+    replies = [client.responses.create(model=TINY_MODEL, input=f"Responses: {words}", max_output_tokens=2)
+               for _ in range(2)]
+    assert replies[1].usage.input_tokens_details.cached_tokens >= BLOCK_TOKENS
+    assert replies[1].usage.input_tokens_details.cached_tokens > replies[0].usage.input_tokens_details.cached_tokens

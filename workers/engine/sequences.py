@@ -38,7 +38,7 @@ class Sequence:
     __slots__ = ("request", "index", "prompt_index", "prefilled", "prompt_ids", "sampler", "max_tokens",
                  "end_ids", "eos_ids", "completion_ids", "state", "media_inputs", "finish_reason", "constraint",
                  "paused", "wants_prompt_logprobs", "prompt_scorer", "echo_scoring", "output", "handover",
-                 "wants_logprobs", "speculation")
+                 "wants_logprobs", "speculation", "cached_prompt_tokens")
 
     def __init__(self, request: Any, index: int, prompt_index: int, prompt_ids: list[int], sampler: "Sampler",
                  max_tokens: int, output: "ChoiceOutput", handover: Handover, prompt_scorer=None,
@@ -47,6 +47,7 @@ class Sequence:
         self.index = index
         self.prompt_index = prompt_index  # choices of one prompt share its prefill
         self.prefilled = 0
+        self.cached_prompt_tokens = 0  # prompt tokens its prefill took from the prefix cache (usage's cached_tokens)
         self.prompt_ids = prompt_ids
         self.sampler = sampler
         self.max_tokens = max_tokens

@@ -133,6 +133,7 @@ class ModelRunner:
                 or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
             return None
         seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, getattr(seq.request.model, "adapter", None))
+        seq.cached_prompt_tokens = seq.prefilled
         return seq.prefilled
 
     def remember_prefix(self, seq: Sequence) -> None:

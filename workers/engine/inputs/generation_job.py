@@ -242,8 +242,12 @@ class GenerationJob:
                 "max_model_len": self.model.max_model_len}
 
     def usage(self) -> Usage:
+        cached: dict[int, int] = {}  # by prompt: its choices share one prefill
+        for seq in self.sequences:
+            cached[seq.prompt_index] = max(cached.get(seq.prompt_index, 0), seq.cached_prompt_tokens)
         return {"prompt_tokens": sum(len(ids) for ids in self.prompt_ids),
-                "completion_tokens": sum(seq.output.billed for seq in self.sequences)}
+                "completion_tokens": sum(seq.output.billed for seq in self.sequences),
+                "cached_tokens": sum(cached.values())}
 
     def due(self, stream_interval: int) -> bool:
         """Whether an answered, unfinished job's new deltas go out now: a streamed one's as they come, or
