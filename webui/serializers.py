@@ -75,10 +75,17 @@ class ContentField(serializers.Field):
         return value
 
 
+class PromptTokensDetailsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    cached_tokens = StrictIntegerField(min_value=0, required=False)
+
+
 class UsageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """An answer's `usage` as the API gave it (OpenAI's shape)."""
+
     prompt_tokens = StrictIntegerField(min_value=0)
     completion_tokens = StrictIntegerField(min_value=0)
     total_tokens = StrictIntegerField(min_value=0)
+    prompt_tokens_details = PromptTokensDetailsSerializer(required=False, allow_null=True)
 
 
 class AnswerStatsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
