@@ -53,7 +53,7 @@ class Oracle(NgramProposer):
         super().__init__(SpeculativeConfig("ngram", count))
         self.expected, self.wrong_at, self.count = expected, wrong_at, count
 
-    def propose(self, rows):
+    def propose(self, rows, waiting=False):
         proposals = {}
         if self.alone and len(rows) > 1:
             return proposals
@@ -265,7 +265,7 @@ class PromptOracle(NgramProposer):
         super().__init__(CONFIG)
         self.expected, self.kept_in_all = expected, 0
 
-    def propose(self, rows):
+    def propose(self, rows, waiting=False):
         proposals = {}
         for i, seq in enumerate(rows):
             whole = self.expected.get(tuple(seq.prompt_ids))
@@ -335,7 +335,8 @@ def test_static_decode_steps_between_verifying_steps_stay_exact(spec_cache):
     # drafts every other step, wrong for some rows: holes, then static steps over them
     runner.proposer = Oracle(expected, lambda seq, done: None if len(seq.prompt_ids) % 2 else 1)
     propose = runner.proposer.propose
-    runner.proposer.propose = lambda rows: propose(rows) if sum(len(s.completion_ids) for s in rows) % 2 else {}
+    runner.proposer.propose = (lambda rows, waiting=False:
+                               propose(rows, waiting) if sum(len(s.completion_ids) for s in rows) % 2 else {})
     run(runner, sequences)
     for seq in sequences:
         assert seq.completion_ids == expected[id(seq)][:seq.max_tokens]

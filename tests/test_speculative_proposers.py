@@ -231,7 +231,7 @@ def test_the_width_follows_the_measured_cost_of_positions():
     """The same drafts on three devices: where positions are free every draft is verified, even with rows that
     propose nothing beside; where each costs its full share none is; where wider forwards get cheaper per
     position (CPU kernels) one row's width goes wide, while 16 rows of which half propose verify nothing (the
-    rows that propose nothing would wait longer than SPARED_SLOWDOWN)."""
+    rows that propose nothing would wait longer than SPARED_SLOWDOWN), nor one row while prompts wait."""
     from types import SimpleNamespace
 
     from workers.engine.speculation.step_cost import StepCost
@@ -247,6 +247,9 @@ def test_the_width_follows_the_measured_cost_of_positions():
     assert NgramProposer(config, cost=steps).width({0: 4}, rows[:1]) == 4
     assert NgramProposer(config, cost=steps).width({i: 32 for i in range(0, 16, 2)}, rows) == 0
     assert NgramProposer(config, cost=steps).width({i: 32 for i in range(16)}, rows) > 0
+    # sequences waiting for their prefill wait for the step too: one row's drafts may not delay them on CPU
+    assert NgramProposer(config, cost=steps).width({0: 32}, rows[:1], waiting=True) == 0
+    assert NgramProposer(config, cost=flat).width({0: 32}, rows[:1], waiting=True) == 32
 
 
 def test_a_step_cost_is_interpolated_and_measured_on_the_model(spec_cache):

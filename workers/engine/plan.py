@@ -45,6 +45,7 @@ class DecodePlan:
 
     rows: "InputBatch"
     clock: "StepClock | None" = None  # where the step's time goes (prepare, forward, sample)
+    waiting: bool = False  # sequences wait for their prefill: a longer step delays them too (speculation)
 
 
 @dataclass

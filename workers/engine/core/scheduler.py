@@ -99,7 +99,8 @@ class Scheduler:
         decoded = 0
         started = time.perf_counter()
         for model, runner in self.runners.items():
-            output = self._attempt([], lambda runner=runner: _decode_and_sample(runner, self.clock), runner)
+            waiting = bool(self.waiting) or any(not seq.finished for seq in self.prefilling)
+            output = self._attempt([], lambda runner=runner: _decode_and_sample(runner, self.clock, waiting), runner)
             if output is not FAILED and output is not None:
                 rows = output.rows
                 decoded += len(rows)
@@ -308,11 +309,11 @@ class Scheduler:
                 member.finish("length")
 
 
-def _decode_and_sample(runner: ModelRunner, clock: StepClock) -> StepOutput | None:
+def _decode_and_sample(runner: ModelRunner, clock: StepClock, waiting: bool = False) -> StepOutput | None:
     """The model's decode step as a plan for its runner; the output applied to the rows."""
     if not runner.running:
         return None
-    output = runner.execute(DecodePlan(runner.view(), clock))
+    output = runner.execute(DecodePlan(runner.view(), clock, waiting))
     output.apply()
     clock.lap("sample")
     return output

@@ -320,7 +320,7 @@ class ModelRunner:
         if plan.rows is not self._view:
             raise ValueError("a decode plan for rows this runner does not hold")
         if self.proposer is not None and self.batch_rows:
-            proposals = self.proposer.propose(self.batch_rows)
+            proposals = self.proposer.propose(self.batch_rows, plan.waiting)
             if plan.clock is not None:
                 plan.clock.lap("propose")
             if proposals:

@@ -52,12 +52,13 @@ class DraftRow(RowSpeculation):
 class DraftProposer(NgramProposer):
     """Drafts from a draft model, by row; the counts, back-off and width choice are the n-gram proposer's."""
 
-    def __init__(self, config: SpeculativeConfig, draft, device_type: str = "cpu", cost: StepCost | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, draft, device_type: str = "cpu",
+                 cost: StepCost | None = None) -> None:
         super().__init__(config, device_type, cost)
         self.draft = draft
 
     @torch.no_grad()
-    def propose(self, rows: list) -> dict[int, list[int]]:
+    def propose(self, rows: list, waiting: bool = False) -> dict[int, list[int]]:
         proposals: dict[int, list[int]] = {}
         wanted: dict[int, int] = {}  # row -> drafts it has room for
         if self.alone and len(rows) > 1:
@@ -68,7 +69,7 @@ class DraftProposer(NgramProposer):
             room = min(seq.max_tokens - len(seq.completion_ids) - 1, self.config.num_speculative_tokens)
             if room >= 1:
                 wanted[i] = room
-        width = self.width(wanted, rows)  # decided before drafting: a guess costs a forward of the draft
+        width = self.width(wanted, rows, waiting)  # decided before drafting: a guess costs a forward of the draft
         if not width:
             return proposals
         for i, room in wanted.items():

@@ -93,8 +93,9 @@ class NgramProposer:
         self.alone = False  # propose only while one row decodes (sliding-window or recurrent layers: proposers.py)
         self.drafts = self.draft_tokens = self.accepted = 0  # since the metrics last took them
 
-    def propose(self, rows: list) -> dict[int, list[int]]:
-        """{row: drafts} for the rows that propose this step (rows absent decode one token)."""
+    def propose(self, rows: list, waiting: bool = False) -> dict[int, list[int]]:
+        """{row: drafts} for the rows that propose this step (rows absent decode one token); `waiting`:
+        sequences outside the batch wait for this step too (their prefill), as rows that propose nothing do."""
         config = self.config
         proposals: dict[int, list[int]] = {}
         if self.alone and len(rows) > 1:
@@ -112,21 +113,22 @@ class NgramProposer:
                             min(room, config.num_speculative_tokens))
             if drafts:
                 proposals[i] = drafts
-        return self.worth_it(proposals, rows)
+        return self.worth_it(proposals, rows, waiting)
 
-    def worth_it(self, proposals: dict[int, list[int]], rows: list) -> dict[int, list[int]]:
+    def worth_it(self, proposals: dict[int, list[int]], rows: list, waiting: bool = False) -> dict[int, list[int]]:
         """The proposals cut to the width that pays (`width`); {} when none does."""
-        width = self.width({i: len(drafts) for i, drafts in proposals.items()}, rows)
+        width = self.width({i: len(drafts) for i, drafts in proposals.items()}, rows, waiting)
         return {i: drafts[:width] for i, drafts in proposals.items()} if width else {}
 
-    def width(self, lengths: dict[int, int], rows: list) -> int:
+    def width(self, lengths: dict[int, int], rows: list, waiting: bool = False) -> int:
         """How many draft columns a step over `rows` verifies, where row i would propose lengths[i]: the width
         with the most tokens expected per unit of the step's time. Every row computes every column, so w
         columns cost a forward of rows x (w + 1) positions (`self.cost`, measured on the model), and gain each
         proposing row's chance that its first j drafts are kept (its recent rate to the j-th power) for
         j <= w; a width is taken only where it beats one-token steps by MARGIN and, while some rows propose
-        nothing, costs them at most SPARED_SLOWDOWN. One row keeps about every draft it has; on CPU a batch
-        where some rows propose nothing verifies few columns or none, on a GPU every draft."""
+        nothing or sequences are `waiting` for their prefill, costs them at most SPARED_SLOWDOWN. One row keeps
+        about every draft it has; on CPU a batch where some rows propose nothing verifies few columns or none,
+        on a GPU every draft."""
         if not lengths:
             return 0
         count = len(rows)
@@ -134,7 +136,7 @@ class NgramProposer:
         expected = float(count)  # tokens the step writes: every row's first, then the drafts expected kept
         plain = self.cost(count)
         best, best_rate = 0, MARGIN * expected / plain
-        bystanders = len(lengths) < count  # rows that propose nothing pay for the step's columns too
+        bystanders = waiting or len(lengths) < count  # rows that propose nothing pay for the step's columns too
         for column in range(1, max(lengths.values()) + 1):
             expected += sum(chances[i] ** column for i, length in lengths.items() if length >= column)
             seconds = self.cost(count * (column + 1))
