@@ -19,6 +19,8 @@ class StreamEnd:
     done: bool = False
     errors: list[dict] = field(default_factory=list)
     broken: str = ""
+    ended_at: float = 0.0  # time.monotonic() when the stream closed
+    before_signal: bool = False  # it had ended (all its tokens) before the signal was sent
 
     @property
     def ended_well(self) -> bool:
@@ -50,6 +52,7 @@ def read_stream(base_url: str, headers: dict[str, str], model: str, max_tokens: 
                     first_chunk.set()
     except (httpx.HTTPError, ValueError) as exc:
         end.broken = f"{type(exc).__name__}: {exc}"
+    end.ended_at = time.monotonic()
 
 
 def signal_with_streams(process: ManagedProcess, base_url: str, headers: dict[str, str], model: str,
@@ -71,6 +74,8 @@ def signal_with_streams(process: ManagedProcess, base_url: str, headers: dict[st
     took = time.monotonic() - signalled
     for reader in readers:
         reader.join(30)
+    for end in ends:  # under load the first streams can finish before the last one's first token
+        end.before_signal = end.done and 0 < end.ended_at < signalled
     return status, ends, took
 
 
