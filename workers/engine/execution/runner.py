@@ -5,8 +5,8 @@ engine step so running streams never stall for long; its cache then joins the
 left-padded batch, and every running sequence advances by one token per step.
 What the model caches (workers/engine/execution/kv/specs.py) decides the rest: recurrent
 layers that restart on a multi-token chunk prefill whole; a recurrent state is
-never cut out of a padded prefill nor taken from the prefix cache; a cache of a
-kind the batch has no store for decodes row by row.
+never cut out of a padded prefill nor taken from the prefix cache; a cache of a kind the
+batch has no store for, or a model that misreads a padded row's positions, decodes row by row.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from protocol import failpoints
-
 from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.prefix_cache import PrefixCache
