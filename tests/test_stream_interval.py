@@ -27,8 +27,11 @@ def test_a_streamed_chat_comes_in_groups_equal_to_the_whole_answer(grouped_clien
     chunks = [c for c in grouped_client.chat.completions.create(**ask, stream=True) if c.choices]
     with_tokens = [c for c in chunks if c.choices[0].logprobs and c.choices[0].logprobs.content]
     sizes = [len(c.choices[0].logprobs.content) for c in with_tokens]
-    assert sizes[0] == 1 and max(sizes) == INTERVAL and sum(sizes) == TOKENS == whole.usage.completion_tokens
-    assert len(with_tokens) == 1 + -(-(TOKENS - 1) // INTERVAL)
+    assert sizes[0] == 1 and sum(sizes) == TOKENS == whole.usage.completion_tokens
+    # groups of at least INTERVAL tokens (the last one: what is left); a loaded machine may deliver two at once,
+    # which the web side's stream then sends as one chunk
+    assert all(size >= INTERVAL and size % INTERVAL == 0 for size in sizes[1:-1]) and 1 <= sizes[-1], sizes
+    assert len(with_tokens) <= 1 + -(-(TOKENS - 1) // INTERVAL)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     streamed = [(t.token, t.logprob) for c in with_tokens for t in c.choices[0].logprobs.content]
     assert streamed == [(t.token, t.logprob) for t in whole.choices[0].logprobs.content]
