@@ -169,7 +169,8 @@ class ResponseBuilder:
             yield from self._open("message")  # an empty answer is still a message
         yield from self._close()
         self.response["usage"] = {
-            "input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)},
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)},
             "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import numpy
+import torch
 import pytest
 
 import protocol
@@ -263,3 +264,26 @@ def test_a_step_cost_is_interpolated_and_measured_on_the_model(spec_cache):
     assert measured.measured and measured.positions[0] == 1 and measured.positions[-1] <= 40
     assert all(seconds > 0 for seconds in measured.times)
     assert "1 positions" in measured.describe()
+    assert measure_step_cost(loaded.model, loaded.device, 5000).positions[-1] <= 1024  # past it: extrapolated
+
+
+class NarrowModel(torch.nn.Module):
+    """A model whose forward fails past 8 positions (as a large one runs out of memory on a wide forward)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, **kwargs):
+        if input_ids.shape[1] > 8:
+            raise torch.OutOfMemoryError("a forward this wide does not fit")
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_forward_that_fails_wide_keeps_the_narrower_points(spec_cache):
+    from workers.engine.speculation.step_cost import measure_step_cost
+
+    loaded = load(spec_cache, "local/tiny-llama")
+    measured = measure_step_cost(NarrowModel(loaded.model), loaded.device, 40)
+    assert measured.measured and measured.positions == [1, 2, 4, 8]
+    assert measured(40) > 0

@@ -5,8 +5,9 @@ A verifying step computes every row at every column: rows x columns positions. T
 from proportional: on CPU a forward of 16 positions took 2.0x one of 1 and one of 33 only 2.4x (SmolLM2-135M,
 2 cores: the weights are read once per forward, and the matrix kernels run some widths much better than
 others), while on a GPU it stays flat to hundreds. So the curve is measured on the loaded model when
-speculation is on (a few forwards at load, cut short where one takes long) and read by interpolation; before
-that, or where measuring fails, a guess of a fixed and a per-position part.
+speculation is on (a few forwards at load, at most 1,024 positions and about a second of them) and read by
+interpolation, straight on past the last point; where no two points could be measured, a guess of a fixed and
+a per-position part.
 """
 from __future__ import annotations
 
@@ -61,11 +62,15 @@ class StepCost:
 @torch.no_grad()
 def measure_step_cost(model, device: torch.device, most_positions: int) -> StepCost:
     """Times forwards of 1..`most_positions` positions (one row, no cache: the weights' and the kernels' share,
-    which is what a verifying step's extra columns add) on the loaded model; the guess where that fails."""
+    which is what a verifying step's extra columns add) on the loaded model. A forward that fails (out of memory
+    on a large one) ends the measuring with the points it has; the guess where fewer than two."""
     points: dict[int, float] = {}
     started_all = time.perf_counter()
+    wanted = [p for p in MEASURED_POSITIONS if p < most_positions]
+    if most_positions <= MEASURED_POSITIONS[-1]:
+        wanted.append(most_positions)
     try:
-        for positions in [p for p in MEASURED_POSITIONS if p < most_positions] + [most_positions]:
+        for positions in wanted:
             ids = torch.zeros((1, positions), dtype=torch.long, device=device)
             best = float("inf")
             for _ in range(2):  # the first also warms the kernels of this shape
@@ -79,9 +84,9 @@ def measure_step_cost(model, device: torch.device, most_positions: int) -> StepC
             points[positions] = best
             if time.perf_counter() - started_all > MEASURING_S:
                 break
-    except Exception as exc:  # a model that cannot run this plain forward: decide by the guess
-        logger.info("speculative decoding: could not time the model's forwards (%s); widths by a guess", exc)
-        return StepCost.guess(device.type)
+    except Exception as exc:  # a model that cannot run this plain forward, or not this wide
+        logger.info("speculative decoding: timing the model's forwards stopped after %s positions (%s)",
+                    max(points, default=0), exc)
     if len(points) < 2:
         return StepCost.guess(device.type)
     return StepCost(points, measured=True)

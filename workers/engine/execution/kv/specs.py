@@ -153,7 +153,8 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
         else:
             layers.append(LayerSpec(kind))
     spec = CacheSpec(tuple(layers), cache_arg, takes_positions)
-    padding = "" if spec.has(STATE) or not spec.batchable else _padding_problem(model, device, cache_arg, takes_positions)
+    padding = ("" if spec.has(STATE) or not spec.batchable
+               else _padding_problem(model, device, cache_arg, takes_positions))
     chunking = ("" if not (spec.has(STATE) or spec.has(OTHER) or padding)
                 else _chunking_problem(model, device, cache_arg, spec.has(STATE)))
     notes = tuple(f"{why}: {what}" for why, what in ((padding, "rows decode one by one"),
@@ -183,10 +184,12 @@ def _padding_problem(model, device: torch.device, cache_arg: str, takes_position
     def run(ids, mask, starts: list[int], last):
         cache = DynamicCache(config=model.config)
         positions = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if takes_positions else {}
-        first = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_arg: cache}, **positions).logits[:, -1]
+        first = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_arg: cache},
+                      **positions).logits[:, -1]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = {"position_ids": torch.tensor(starts, device=device)[:, None]} if takes_positions else {}
-        second = model(input_ids=last, attention_mask=mask, use_cache=True, **{cache_arg: cache}, **positions).logits[:, -1]
+        second = model(input_ids=last, attention_mask=mask, use_cache=True, **{cache_arg: cache},
+                       **positions).logits[:, -1]
         return first, second
 
     try:
