@@ -398,6 +398,7 @@ def engine_config(env: Env) -> EngineConfig:
         attn_implementation=env.text("INFERENCE_ATTN_IMPLEMENTATION", ""),
         max_num_seqs=env.integer("INFERENCE_MAX_NUM_SEQS", 0),
         max_model_len=env.integer("INFERENCE_MAX_MODEL_LEN", 0),
+        tensor_parallel_size=max(1, env.integer("INFERENCE_TENSOR_PARALLEL_SIZE", 1)),
         seed=env.optional_integer("INFERENCE_SEED"),
         generation_config=env.text("INFERENCE_GENERATION_CONFIG", "auto") or "auto",
         batch_rows_beside_interactive=env.integer("INFERENCE_BATCH_ROWS_BESIDE_INTERACTIVE", -1),

@@ -42,6 +42,7 @@ class EngineConfig:
     attn_implementation: str = ""  # every model's attention kernel where its catalog row sets none; "": the model's
     max_num_seqs: int = 32  # 0: fit the device (`fitted`)
     max_model_len: int = 0  # caps every model's context (vLLM's --max-model-len); 0: each model's own
+    tensor_parallel_size: int = 1  # ranks every model is split over where its catalog row sets none (vLLM's -tp)
     generation_config: str = "auto"  # vLLM's --generation-config: auto (the model's), vllm (none), or a folder
     seed: int | None = None  # vLLM's --seed: torch's global RNG seeded at start, so unseeded sampling repeats per run
     batch_rows_beside_interactive: int = -1  # rows batch work may hold while interactive work is here; -1: fit

@@ -38,7 +38,7 @@ class Sequence:
     __slots__ = ("request", "index", "prompt_index", "prefilled", "prompt_ids", "sampler", "max_tokens",
                  "end_ids", "eos_ids", "completion_ids", "state", "media_inputs", "finish_reason", "constraint",
                  "paused", "wants_prompt_logprobs", "prompt_scorer", "echo_scoring", "output", "handover",
-                 "wants_logprobs", "speculation", "cached_prompt_tokens")
+                 "wants_logprobs", "speculation", "cached_prompt_tokens", "__weakref__")
 
     def __init__(self, request: Any, index: int, prompt_index: int, prompt_ids: list[int], sampler: "Sampler",
                  max_tokens: int, output: "ChoiceOutput", handover: Handover, prompt_scorer=None,

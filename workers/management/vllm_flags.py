@@ -13,7 +13,8 @@ from django.core.management.base import CommandError
 
 # (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
-                        ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"))
+                        ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"),
+                        ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"))
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 SIZE_UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
 
@@ -51,6 +52,13 @@ def speculative_config(text: str) -> str:
     return text
 
 
+def positive(text: str) -> int:
+    """A whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that shape the engine: `serve` and `run_worker` alike (a scale-out worker runs the engine)."""
     group = parser.add_argument_group("vLLM's engine flags")
@@ -70,6 +78,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt lookup), or "
                             "'{\"method\": \"draft_model\", \"model\": \"NAME\", \"num_speculative_tokens\": 5}' (a "
                             "catalog model with the same tokenizer); full-attention models; default: off")
+    group.add_argument("--tensor-parallel-size", "-tp", type=positive, metavar="N",
+                       help="split each model over N devices (vLLM's): N GPUs over NCCL, or N CPU processes over "
+                            "gloo; the model needs transformers' tensor-parallel plan and heads that divide by N. "
+                            "A model's own tensor_parallel_size in the admin or config file wins; default: 1")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:

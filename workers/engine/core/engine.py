@@ -74,6 +74,7 @@ class Engine(JobFlow):
                                                    config.speculative),
                                     load_defaults=LoadOptions(config.quantization, False, config.attn_implementation,
                                                               max_model_len=config.max_model_len,
+                                                              tensor_parallel_size=config.tensor_parallel_size,
                                                               generation_config=config.generation_config))
         if config.seed is not None:  # vLLM's --seed: requests without a seed draw from this reproducible stream
             torch.manual_seed(config.seed)

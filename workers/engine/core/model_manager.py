@@ -24,6 +24,7 @@ from workers.engine.output.parsing.factory import model_type_of
 from protocol import ModelRef
 from protocol.speculative import SpeculativeConfig, model_speculative_config
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
+from workers.engine.parallel.loading import load_split, runner_for
 from workers.engine.sample.sampling import MODEL_DEFAULT_KEYS
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ class LoadPlan:
         """A model, or a LoRA adapter's files (with its base, loaded here only if the worker lacks it)."""
         found = adapters.adapter_base(self.ref)
         if found is None:
-            loaded = load_model(self.ref, self.device, self.dtype, progress, self.options(self.ref))
+            options = self.options(self.ref)
+            if options.tensor_parallel_size > 1:
+                return load_split(self.ref, self.device, self.dtype, progress, options)
+            loaded = load_model(self.ref, self.device, self.dtype, progress, options)
             config = self.speculative
             if config is not None and config.method == "draft_model" and loaded.kind == "causal":
                 loaded.draft = self._draft(loaded, config)
@@ -59,6 +63,9 @@ class LoadPlan:
                     loaded.memory_bytes += loaded.draft.memory_bytes
             return loaded
         folder, base = found
+        if self.options(base).tensor_parallel_size > 1:
+            raise ModelLoadError(f"The LoRA adapter `{self.ref.key}` cannot be served: its base `{base.key}` is split "
+                                 "over several ranks (tensor parallel), which serves no adapters.")
         files = adapters.AdapterFiles(self.ref, folder, base)
         if self.held is None or not self.held(base.key):
             files.base_loaded = load_model(base, self.device, self.dtype, progress, self.options(base))
@@ -155,7 +162,9 @@ class ModelManager:
                            trust_remote_code=bool(own.get("trust_remote_code")),
                            attn_implementation=own.get("attn_implementation") or self.load_defaults.attn_implementation,
                            gguf_file=own.get("gguf_file") or "", max_model_len=self.load_defaults.max_model_len,
-                           generation_config=self.load_defaults.generation_config)
+                           generation_config=self.load_defaults.generation_config,
+                           tensor_parallel_size=int(own.get("tensor_parallel_size") or 0)
+                           or self.load_defaults.tensor_parallel_size)
 
     def runner_settings_for(self, repo_id: str) -> RunnerSettings:
         """The server's runner settings with the model's own speculative decoding where its catalog row sets it
@@ -221,7 +230,7 @@ class ModelManager:
         gc.freeze()
         if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
             # embeddings and cross-encoders: no KV cache; adapters: the base's runner
-            self.runners[plan.name] = ModelRunner(loaded, self.runner_settings_for(plan.ref.repo_id))
+            self.runners[plan.name] = runner_for(loaded, self.runner_settings_for(plan.ref.repo_id))
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()
@@ -276,6 +285,8 @@ class ModelManager:
             adapters.detach(self.models[loaded.base_key], loaded)
         self.runners.pop(name, None)
         self._file_defaults.pop(name, None)
+        if loaded.parallel is not None:
+            loaded.parallel.close()
         device = loaded.device
         model = weakref.ref(loaded.model)
         del loaded

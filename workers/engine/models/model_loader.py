@@ -25,6 +25,7 @@ from transformers.utils import cached_file
 from workers.engine.errors import ModelLoadError
 from workers.engine.models.gguf_loading import find_gguf, gguf_bytes, gguf_model_fields
 from workers.engine.models.processors import load_processor
+from workers.engine.parallel.checks import refuse_tensor_parallel, tensor_parallel_kwargs
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
 from protocol.dtypes import canonical_dtype
@@ -77,6 +78,7 @@ class LoadOptions:
     gguf_file: str = ""  # a GGUF model's file chosen in the catalog (protocol/gguf.py); "": its default one
     max_model_len: int = 0  # the server's cap on the context (vLLM's --max-model-len); 0: the model's own
     generation_config: str = "auto"  # sampling defaults from: auto (generation_config.json), vllm (none), a folder
+    tensor_parallel_size: int = 1  # ranks the model is split over (workers/engine/parallel/); 1: one device
 
 
 @dataclass
@@ -101,6 +103,7 @@ class LoadedModel:
     peft: Any = None  # a base model with adapters: the PeftModel around `model` (forwards with adapter_names)
     output_format: Any = None  # workers.engine.output.parsing.OutputFormat: how its answers are parsed (set by the manager)
     draft: Any = None  # speculative decoding's draft model (a LoadedModel with the same tokenizer), if configured
+    parallel: Any = None  # its workers.engine.parallel.group.TensorParallelGroup when split over several ranks
     quantization: str = ""  # how its weights are held: "" (not quantized), a protocol.load_options name, or the
     # checkpoint's own quant_method (e.g. "torchao")
 
@@ -318,6 +321,9 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         check_attn_implementation(options.attn_implementation)
         # a GGUF model (`repo:FILE`, or a repo of .gguf files): loaded by workers/engine/models/gguf_loading.py
         gguf = find_gguf(ref, options.gguf_file)
+        if gguf is not None and options.tensor_parallel_size > 1:
+            refuse_tensor_parallel(ref.key, options.tensor_parallel_size, "GGUF files load through transformers' GGUF "
+                                   "reader, which does not shard")
         if gguf is not None:
             fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress,
                                        options.quantization, options.attn_implementation)
@@ -348,6 +354,9 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             tokenizer = processor.tokenizer
         report("config", None)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
+        if options.tensor_parallel_size > 1:  # the process group is joined already (workers/engine/parallel/group.py)
+            kwargs.update(tensor_parallel_kwargs(ref.key, config, options.tensor_parallel_size, kind, torch_device,
+                                                 options.quantization))
         if options.attn_implementation:
             kwargs["attn_implementation"] = options.attn_implementation
         saved_quantized = getattr(config, "quantization_config", None)
@@ -380,7 +389,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
     except (ValueError, KeyError, RuntimeError, ImportError) as exc:
         raise _remote_code_refused(ref.key, exc) or ModelLoadError(
             f"The model `{ref.key}` could not be loaded: {exc}") from exc
-    if "device_map" not in kwargs:
+    if "device_map" not in kwargs and "distributed_config" not in kwargs:
         model.to(torch_device)
     elif torch_device.type == "cpu":
         release_checkpoint_map(model)

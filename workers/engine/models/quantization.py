@@ -44,7 +44,8 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     flatten = getattr(inner, "__tensor_flatten__", None)
     if flatten is not None and type(inner) is not torch.Tensor:
         names, _ = flatten()
-        return sum(tensor_bytes(getattr(inner, name)) for name in names)
+        parts = (getattr(inner, name) for name in names)  # a DTensor's: its local shard (and its mesh, no tensor)
+        return sum(tensor_bytes(part) for part in parts if isinstance(part, torch.Tensor))
     return inner.numel() * inner.element_size()
 
 
