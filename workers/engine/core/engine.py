@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 import protocol
-from protocol import failpoints
+from protocol import ModelRef, failpoints
 from workers.engine.tasks.beam_search import BeamRunner
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_share import ThreadGovernor
@@ -210,6 +210,8 @@ class Engine(JobFlow):
         if self.grammars:
             self._check_compiles()
         self.threads.adjust()
+        if self.manager.split:
+            self._reload_broken()
         if time.monotonic() - self._idle_checked > IDLE_CHECK_SECONDS:
             self._idle_checked = time.monotonic()
             try:
@@ -232,6 +234,20 @@ class Engine(JobFlow):
             self.metrics.step_phases(self.scheduler.clock)
             self.metrics.teams(self.scheduler.in_flight(), self.scheduler.waiting)
         return busy
+
+    def _reload_broken(self) -> None:
+        """A model whose tensor-parallel group went down (a rank died, a collective failed): its requests fail
+        now, it is unloaded (the catalog hears why) and loaded again; requests meanwhile wait for that load."""
+        for name, why in self.manager.broken():
+            message = protocol.error_message(503, f"The model `{name}` stopped ({why}); it is being loaded again, "
+                                                  "retry shortly.", None, "model_restarting")
+            for request in [r for r in self.requests.values() if r.model_name == name]:
+                self._fail(request, message)
+            self.manager.unload(name, set(), requested_by="fault", error=why)
+            try:
+                self.models_control.load(ModelRef.parse(name), requested_by="restart")
+            except Exception:
+                logger.exception("reloading %s after its fault failed", name)
 
     def _fail_all(self, message: dict) -> None:
         """After a fault outside one request's work: every job held hears `message`, and is forgotten

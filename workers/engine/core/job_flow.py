@@ -71,6 +71,10 @@ class JobFlow:
                 request.kind = kind
             else:
                 request = GenerationJob(job, model, self.config.templates, self.handover)
+                if request.beam is not None and model.parallel is not None:  # beams run generate() on rank 0 alone
+                    raise JobError(400, f"The model `{name}` is split over tensor-parallel ranks, which serve no "
+                                        "beam search (num_beams); sample, or serve it on one device.",
+                                   "num_beams", "unsupported_parameter")
             request.model_name = model.base_key or name  # an adapter's rows run in its base's batch
             request.served_name = name
         except JobError as exc:

@@ -271,7 +271,17 @@ class ModelManager:
             victim = min(idle, key=lambda n: self.models[n].last_used)
             self.unload(victim, busy, requested_by=f"evict:{name}")
 
-    def unload(self, name: str, busy: set[str], requested_by: str) -> bool:
+    @property
+    def split(self) -> bool:
+        """Whether a model here is split over tensor-parallel ranks."""
+        return any(loaded.parallel is not None for loaded in self.models.values())
+
+    def broken(self) -> list[tuple[str, str]]:
+        """The models split over ranks whose group is down, with why (the engine reloads them)."""
+        return [(name, why) for name, loaded in self.models.items() if loaded.parallel is not None
+                and (why := self.runners[name].problem()) is not None]
+
+    def unload(self, name: str, busy: set[str], requested_by: str, error: str = "") -> bool:
         """Unload now; refuses (ModelBusyError) while sequences of the model run or wait. False if not loaded."""
         if name not in self.models:
             return False
@@ -299,7 +309,7 @@ class ModelManager:
         self._publish()
         logger.info("unloaded %s (%s)", name, requested_by)
         self.on_event({"type": protocol.MODEL_UNLOADED, "model": name, "requested_by": requested_by,
-                       "duration_s": time.monotonic() - started})
+                       "duration_s": time.monotonic() - started, **({"error": error} if error else {})})
         return True
 
     def unload_idle(self, busy: set[str]) -> None:

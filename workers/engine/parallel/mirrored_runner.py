@@ -84,8 +84,8 @@ class MirroredRunner(ModelRunner):
         try:
             return run()
         except Exception as exc:
-            self._break(self.group.problem() or f"{type(exc).__name__}: {exc}")
-            raise
+            self._break(self.group.problem() or f"{type(exc).__name__}: {exc}"[:300])
+            raise GroupDown(f"the model's tensor-parallel group is down ({self.broken}); it is being reloaded") from exc
 
     def problem(self) -> str | None:
         """Why this model cannot serve now (its group is down), or None."""
