@@ -201,6 +201,8 @@ class ModelManager:
         self.on_event({"type": protocol.MODEL_LOADING, "model": name, "requested_by": requested_by})
         try:
             self._make_room(ref, busy)
+            if self.load_options(ref).tensor_parallel_size > 1:
+                self._make_room_for_split(name, busy)
         except ModelLoadError as exc:
             self.fail_load(plan, exc)
             raise
@@ -280,6 +282,15 @@ class ModelManager:
         """The models split over ranks whose group is down, with why (the engine reloads them)."""
         return [(name, why) for name, loaded in self.models.items() if loaded.parallel is not None
                 and (why := self.runners[name].problem()) is not None]
+
+    def _make_room_for_split(self, name: str, busy: set[str]) -> None:
+        """A worker process joins one tensor-parallel group at a time: a split model idle here makes way."""
+        for other in [n for n, m in self.models.items() if m.parallel is not None and n != name]:
+            if other in busy or self.pinned(other):
+                raise ModelLoadError(f"The model `{name}` cannot be split over ranks now: this worker's tensor-parallel "
+                                     f"group serves `{other}`, which is {'in use' if other in busy else 'preloaded'} "
+                                     "(one split model per worker; start another worker for a second).")
+            self.unload(other, busy, requested_by=f"evict:{name}")
 
     def unload(self, name: str, busy: set[str], requested_by: str, error: str = "") -> bool:
         """Unload now; refuses (ModelBusyError) while sequences of the model run or wait. False if not loaded."""

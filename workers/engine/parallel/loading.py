@@ -1,15 +1,21 @@
 """Loading a model split over ranks, and its runner: the rest of the engine sees one LoadedModel."""
 from __future__ import annotations
 
+from transformers import AutoConfig
+
 from workers.engine.errors import ModelLoadError
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
 from workers.engine.models.model_loader import LoadedModel, LoadOptions, Progress, load_model, resolve_device
+from workers.engine.models.gguf_loading import find_gguf
+from workers.engine.parallel.checks import check_tensor_parallel, refuse_tensor_parallel
 from workers.engine.parallel.group import TensorParallelGroup
+from protocol.modalities import model_kind
 from protocol import ModelRef
 
 
 def load_split(ref: ModelRef, device: str, dtype: str, progress: Progress | None, options: LoadOptions) -> LoadedModel:
     """Rank 0's shard, loaded here while the followers load theirs; memory counts every rank's share."""
+    precheck(ref, resolve_device(device), options)
     group = TensorParallelGroup.start(ref.key, resolve_device(device), dtype, options)
     try:
         loaded = load_model(ref, device, dtype, progress, options)
@@ -32,3 +38,17 @@ def runner_for(loaded: LoadedModel, settings: RunnerSettings) -> ModelRunner:
     from workers.engine.parallel.mirrored_runner import MirroredRunner
 
     return MirroredRunner(loaded, settings)
+
+
+def precheck(ref: ModelRef, device, options: LoadOptions) -> None:
+    """The refusals that need only the config, before any rank is spawned (load_model checks again)."""
+    if find_gguf(ref, options.gguf_file) is not None:
+        refuse_tensor_parallel(ref.key, options.tensor_parallel_size, "GGUF files load through transformers' GGUF "
+                                                                      "reader, which does not shard")
+    try:
+        config = AutoConfig.from_pretrained(ref.repo_id, revision=ref.branch, local_files_only=True,
+                                            trust_remote_code=options.trust_remote_code)
+    except (OSError, ValueError):  # not cached yet: load_model reads it and checks
+        return
+    check_tensor_parallel(ref.key, config, options.tensor_parallel_size, model_kind(config.to_dict()) or "causal",
+                          device, options.quantization)

@@ -1,0 +1,134 @@
+"""Tensor parallel through the real server: 2 gloo ranks on CPU (`INFERENCE_TENSOR_PARALLEL_SIZE=2`, what
+`serve --tensor-parallel-size 2` sets), each split model greedy-equal to single-process `generate`.
+
+One family per kind of cache whose architecture has a transformers tensor-parallel plan (full attention, MLA,
+every layer sliding, sliding beside full, linear attention beside full, Mamba beside attention), with prompts
+that prefill together, in chunks (64-token chunks, a 179-token prompt) and from the prefix cache; the prompts
+scored (echo + logprobs) as the model does; a rank killed mid-stream (the client hears within seconds, the
+model is loaded again and serves, the catalog's history says why); and each refusal with its reason. One split
+model per worker: each family's first request evicts the previous one.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import pytest
+import torch
+
+from workers.tiny.families import build_tiny_families
+
+from .live_server import LiveServer, base_env, clients
+from .test_model_families import PROMPTS, complete, greedy, model_id, reference_of, token_ids
+
+SPLIT_FAMILIES = ["llama", "deepseek-v3", "mistral", "gemma3", "qwen3.5", "jamba"]
+RANK_LINE = re.compile(r"tensor parallel over 2 ranks \(gloo, rank 1 pid (\d+)\)")
+
+
+@pytest.fixture(scope="module")
+def split_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("split-cache")
+    build_tiny_families([*SPLIT_FAMILIES, "mamba"], cache_dir=cache)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def split_server(split_cache, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp("split-server")
+    live = LiveServer(base_env(split_cache, work_dir, INFERENCE_PREFILL_CHUNK="64", INFERENCE_TENSOR_PARALLEL_SIZE="2"),
+                      work_dir, name="split")
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("family", SPLIT_FAMILIES)
+def test_a_split_model_gives_what_generate_gives_alone_batched_chunked_and_cached(split_cache, split_server, family):
+    expected = [greedy(split_cache, family, tuple(prompt)) for prompt in PROMPTS]
+    _, client = clients(split_server)
+    model = model_id(family)
+
+    async def run():
+        alone = await complete(client, model, [PROMPTS[1]])  # loads it (evicting the last family's ranks)
+        at_once = await asyncio.gather(*[complete(client, model, [prompt]) for prompt in PROMPTS])
+        again = await asyncio.gather(*[complete(client, model, [prompt]) for prompt in PROMPTS])  # prefix-cache hits
+        in_one = await complete(client, model, PROMPTS)
+        return alone, at_once, again, in_one
+
+    alone, at_once, again, in_one = asyncio.run(run())
+    assert alone == [expected[1]], "alone"
+    assert [tokens for [tokens] in at_once] == expected, "sent at once"
+    assert [tokens for [tokens] in again] == expected, "sent again (prefix cache)"
+    assert in_one == expected, "four prompts in one request"
+    assert f"local/tiny-{family}@main: tensor parallel over 2 ranks" in split_server.log()
+
+
+def test_a_split_model_scores_a_prompt_as_the_model_does_and_counts_every_rank_s_memory(split_cache, split_server):
+    prompt = PROMPTS[2]
+    reference = reference_of(split_cache, "llama")
+    with torch.no_grad():
+        logits = reference.model(torch.tensor([prompt])).logits[0].float()
+    expected = torch.log_softmax(logits, dim=-1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
+    client, _ = clients(split_server)
+    response = client.completions.create(model=model_id("llama"), prompt=[prompt], max_tokens=0, echo=True, logprobs=1)
+    assert response.choices[0].logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+    listed = {m.id: m for m in client.models.list().data}
+    whole = sum(p.numel() * p.element_size() for p in reference.model.parameters())
+    # both ranks' shares: the sharded weights once, what every rank keeps whole (norms, embeddings) twice
+    assert whole < listed[model_id("llama")].model_extra["memory_bytes"] < 2 * whole
+
+
+def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes_back(split_cache, split_server):
+    model = model_id("llama")
+    client, async_client = clients(split_server)
+    client.completions.create(model=model, prompt="load it", max_tokens=1)
+    follower = int(RANK_LINE.findall(split_server.log())[-1])
+
+    async def run():
+        stream = await async_client.completions.create(model=model, prompt=[PROMPTS[0]], max_tokens=1500,
+                                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+        received, killed_at = 0, None
+        try:
+            async for chunk in stream:
+                received += 1
+                if received == 5:
+                    import os
+                    import signal
+
+                    os.kill(follower, signal.SIGKILL)
+                    killed_at = time.monotonic()
+        except Exception as exc:  # the SDK raises the stream's error event
+            return received, exc, time.monotonic() - killed_at
+        return received, None, None
+
+    received, error, heard_after = asyncio.run(run())
+    assert error is not None and "tensor-parallel rank 1 exited" in str(error), (received, error)
+    assert heard_after < 10
+    expected = greedy(split_cache, "llama", tuple(PROMPTS[1]))
+    deadline = time.monotonic() + 90
+    while True:  # the model is loaded again; a request meanwhile waits for that load or hears it restarting
+        try:
+            assert asyncio.run(complete(clients(split_server)[1], model, [PROMPTS[1]])) == [expected]
+            break
+        except Exception as exc:
+            assert "503" in str(exc) or "restarting" in str(exc) or "loaded again" in str(exc), exc
+            assert time.monotonic() < deadline, "the model never came back"
+            time.sleep(1)
+    assert int(RANK_LINE.findall(split_server.log())[-1]) != follower  # a new rank 1
+    history = httpx.get(f"{split_server.base_url}/v1/models", headers=split_server.headers, timeout=30)
+    assert history.status_code == 200
+    assert "unloaded local/tiny-llama@main (fault)" in split_server.log()
+
+
+def test_what_cannot_be_split_is_refused_with_its_reason(split_server):
+    client, _ = clients(split_server)
+    with pytest.raises(Exception) as refused:
+        client.completions.create(model=model_id("mamba"), prompt="hi", max_tokens=2)
+    assert "no tensor-parallel plan for its architecture (mamba)" in str(refused.value)
+    with pytest.raises(Exception) as beams:
+        client.completions.create(model=model_id("llama"), prompt="hi", max_tokens=2,
+                                  n=2, extra_body={"use_beam_search": True})
+    assert getattr(beams.value, "status_code", None) == 400
+    assert "beam search" in beams.value.body["message"]
+    assert client.completions.create(model=model_id("llama"), prompt="still serving", max_tokens=2).choices
