@@ -120,6 +120,9 @@ class Engine(JobFlow):
         self.output.stop(timeout)
         self.grammars.compiler.shutdown()
         self.beams.shutdown()
+        for loaded in list(self.models.values()):  # follower ranks stop with their model's worker
+            if loaded.parallel is not None:
+                loaded.parallel.close()
 
     @property
     def outstanding(self) -> int:

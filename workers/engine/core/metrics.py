@@ -62,6 +62,9 @@ STEP = Histogram("inference_step_seconds", "Wall time of one engine step: decode
                  buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0))
 STEP_PHASE = Counter("inference_step_phase_seconds", "Engine time by phase of its steps (workers/engine/step_clock.py).",
                      ["phase"])
+TP_MESSAGES = Counter("inference_tensor_parallel_messages", "Op messages rank 0 sent its follower ranks (one per "
+                      "forward of a model split over ranks, workers/engine/parallel/).", MODEL)
+TP_SEND = Counter("inference_tensor_parallel_send_seconds", "Time rank 0 spent sending those messages.", MODEL)
 MODEL_LOAD = Histogram("inference_model_load_seconds", "Time to load a model on a worker.", MODEL,
                        buckets=LOAD_BUCKETS)
 
@@ -214,6 +217,12 @@ class EngineMetrics:
         totals = self._speculated.get(name, (0, 0))
         totals = self._speculated[name] = (totals[0] + drafts, totals[1] + accepted)
         SPEC_MEAN_LENGTH.labels(name).set(1 + totals[1] / totals[0])
+
+    @staticmethod
+    def tensor_parallel_sent(model: str, messages: int, seconds: float) -> None:
+        """Rank 0's op messages to a split model's followers since the last call, and their sending time."""
+        TP_MESSAGES.labels(label(model)).inc(messages)
+        TP_SEND.labels(label(model)).inc(seconds)
 
     @staticmethod
     def model_loaded(event: dict) -> None:

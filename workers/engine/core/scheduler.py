@@ -109,6 +109,9 @@ class Scheduler:
                     self.waiting.charge(rows.rows[i], generated=len(run))
             if runner.proposer is not None and runner.proposer.drafts:
                 self.metrics.speculated(model, *runner.proposer.take_counts())
+            sent = runner.take_sent()
+            if sent[0]:
+                self.metrics.tensor_parallel_sent(model, *sent)
         self.metrics.step(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)

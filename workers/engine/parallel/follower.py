@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
+import time
 from types import SimpleNamespace
 
 import torch
@@ -88,8 +90,10 @@ class Follower:
         self.conn = conn
         self.runner: FollowerRunner | None = None
         self.shadows: dict[int, Shadow] = {}
+        self.arrived = self.handled = 0.0
 
     def run(self) -> None:
+        messages, handling = 0, 0.0  # time from a message's arrival to its forward: what the ops cost this rank
         with torch.inference_mode():
             while True:
                 try:
@@ -97,10 +101,16 @@ class Follower:
                 except (EOFError, OSError):
                     logger.info("rank 0 is gone; stopping")
                     return
+                self.arrived = time.perf_counter()
                 for op in pickle.loads(data):
                     if op[0] == "stop":
+                        logger.info("stopping after %d messages, %.0f us each from arrival to forward", messages,
+                                    1e6 * handling / max(1, messages))
                         return
                     getattr(self, f"op_{op[0]}")(*op[1:])
+                if self.handled >= self.arrived:  # a message with a forward (not the runner's construction)
+                    messages += 1
+                    handling += self.handled - self.arrived
 
     def _rows(self, ids) -> list[Shadow]:
         return [self.shadows[i] for i in ids]
@@ -122,7 +132,9 @@ class Follower:
         self.runner.remember_prefix(self.shadows[tid])
 
     def op_prefill(self, tids: list[int], tokens: int, together: bool) -> None:
-        self.runner.execute_prefill(PrefillWork(tuple(self._rows(tids)), tokens, together))
+        work = PrefillWork(tuple(self._rows(tids)), tokens, together)
+        self.handled = time.perf_counter()
+        self.runner.execute_prefill(work)
 
     def op_share(self, source: int, sibling: int) -> None:
         self.runner.share_prefill(self.shadows[source], self.shadows[sibling])
@@ -153,6 +165,7 @@ class Follower:
         for seq, length, last in zip(rows, lengths, lasts):
             tail = seq.completion_ids
             tail.length, tail.last = length, last
+        self.handled = time.perf_counter()
         self.runner.decode(None)
 
 
@@ -162,6 +175,7 @@ def follower_main(rank: int, load, conn) -> None:
     from workers.engine.models.model_loader import load_model, model_bytes
     from workers.engine.parallel.group import init_rank
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops this one
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s tp-rank-{rank} %(levelname)s %(name)s: %(message)s")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(load.size))

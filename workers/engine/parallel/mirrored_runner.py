@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import weakref
 from dataclasses import replace
 
@@ -35,6 +36,7 @@ class MirroredRunner(ModelRunner):
         self._ids: dict[int, int] = {}  # id(seq) -> the id its shadow has on the followers
         self._next_id = itertools.count()
         self._forgotten: list[int] = []
+        self._sent = (0, 0.0)  # messages and their sending time, for /metrics
         # CUDA graphs capture no collectives here, and a draft's acceptance would need every rank's agreement
         declined = [what for what, on in (("the static decode step", settings.static_decode),
                                           ("speculative decoding", settings.speculative is not None)) if on]
@@ -51,8 +53,10 @@ class MirroredRunner(ModelRunner):
         if self._forgotten:
             forgotten, self._forgotten = self._forgotten, []
             ops = [("forget", forgotten), *ops]
+        started = time.perf_counter()
         try:
             self.group.send([*self._pending, *ops])
+            self._sent = (self._sent[0] + 1, self._sent[1] + time.perf_counter() - started)
         except Exception as exc:
             self._break(f"the followers could not be reached: {exc}")
             raise GroupDown(self.broken) from exc
@@ -86,6 +90,10 @@ class MirroredRunner(ModelRunner):
         except Exception as exc:
             self._break(self.group.problem() or f"{type(exc).__name__}: {exc}"[:300])
             raise GroupDown(f"the model's tensor-parallel group is down ({self.broken}); it is being reloaded") from exc
+
+    def take_sent(self) -> tuple[int, float]:
+        sent, self._sent = self._sent, (0, 0.0)
+        return sent
 
     def problem(self) -> str | None:
         """Why this model cannot serve now (its group is down), or None."""
