@@ -20,8 +20,9 @@ import torch
 
 from workers.tiny.families import build_tiny_families
 
+from . import test_model_families as families
 from .live_server import LiveServer, base_env, clients
-from .test_model_families import PROMPTS, complete, greedy, model_id, reference_of, token_ids
+from .test_model_families import PROMPTS, complete, greedy, model_id, reference_of
 
 SPLIT_FAMILIES = ["llama", "deepseek-v3", "mistral", "gemma3", "qwen3.5", "jamba"]
 RANK_LINE = re.compile(r"tensor parallel over 2 ranks \(gloo, rank 1 pid (\d+)\)")
@@ -77,6 +78,27 @@ def test_a_split_model_scores_a_prompt_as_the_model_does_and_counts_every_rank_s
     whole = sum(p.numel() * p.element_size() for p in reference.model.parameters())
     # both ranks' shares: the sharded weights once, what every rank keeps whole (norms, embeddings) twice
     assert whole < listed[model_id("llama")].model_extra["memory_bytes"] < 2 * whole
+
+
+def test_a_split_model_samples_n_choices_with_logprobs_and_grammars_and_resumes_paused_rows(split_cache,
+                                                                                         split_server):
+    """What rank 0 alone does (sampling, logprobs, grammars) beside what every rank mirrors (a prompt's
+    prefill shared by its choices, rows paused for interactive work and joining again)."""
+    model, prompt = model_id("llama"), PROMPTS[2]
+    expected = greedy(split_cache, "llama", tuple(prompt))
+    client, _ = clients(split_server)
+    answer = client.completions.create(model=model, prompt=[prompt], n=2, max_tokens=len(expected), temperature=0,
+                                       logprobs=1, extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert [choice.model_extra["token_ids"] for choice in answer.choices] == [expected, expected]
+    with torch.no_grad():
+        logits = reference_of(split_cache, "llama").model(torch.tensor([prompt + expected])).logits[0].float()
+    chosen = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)[torch.arange(len(expected)), torch.tensor(expected)]
+    assert answer.choices[0].logprobs.token_logprobs == pytest.approx(chosen.tolist(), abs=1e-4)
+    pattern = "[A-Z][a-z]{2,6} [0-9]{2}"
+    constrained = client.completions.create(model=model, prompt="Label:", n=3, temperature=1.0, seed=4, max_tokens=30,
+                                            extra_body={"structured_outputs": {"regex": pattern}})
+    assert all(re.fullmatch(pattern, choice.text) for choice in constrained.choices), constrained.choices
+    families.test_rows_paused_for_interactive_work_resume_exactly(split_cache, split_server, "llama")
 
 
 def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes_back(split_cache, split_server):
