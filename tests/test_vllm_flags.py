@@ -72,15 +72,19 @@ def test_the_flags_are_in_help_and_a_wrong_one_is_refused_before_start():
                             text=True, timeout=120).stdout
     for flag in ("--api-key", "--served-model-name", "--max-model-len", "--seed", "--allowed-origins",
                  "--max-num-seqs", "--revision", "--tokenizer", "--generation-config", "--tool-call-parser",
-                 "--reasoning-parser"):
+                 "--reasoning-parser", "--tensor-parallel-size"):
         assert flag in helped, flag
     refused = subprocess.run([sys.executable, "manage.py", "serve", "--tool-call-parser", "hermes"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "pinned model" in refused.stderr
     worker_help = subprocess.run([sys.executable, "manage.py", "run_worker", "--help"], cwd=ROOT,
                                  capture_output=True, text=True, timeout=120).stdout
-    for flag in ("--max-model-len", "--seed", "--max-num-seqs", "--generation-config"):
+    for flag in ("--max-model-len", "--seed", "--max-num-seqs", "--generation-config", "--tensor-parallel-size"):
         assert flag in worker_help, flag
+    for wrong in ("0", "two"):
+        refused = subprocess.run([sys.executable, "manage.py", "run_worker", "--tensor-parallel-size", wrong], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and "is not a whole number of at least 1" in refused.stderr
 
 
 def test_version_is_this_projects():
