@@ -25,6 +25,7 @@ from workers.engine.core.fair_share import FairQueue
 from workers.engine.core.metrics import EngineMetrics
 from workers.engine.core.prefill_pacing import PrefillPacer
 from workers.engine.execution.runner import ModelRunner
+from workers.engine.parallel.mirrored_runner import MirroredRunner
 from workers.engine.sequences import Sequence
 from workers.engine.step_clock import StepClock
 
@@ -109,9 +110,8 @@ class Scheduler:
                     self.waiting.charge(rows.rows[i], generated=len(run))
             if runner.proposer is not None and runner.proposer.drafts:
                 self.metrics.speculated(model, *runner.proposer.take_counts())
-            sent = runner.take_sent()
-            if sent[0]:
-                self.metrics.tensor_parallel_sent(model, *sent)
+            if isinstance(runner, MirroredRunner):
+                self.metrics.tensor_parallel_sent(model, *runner.take_sent())
         self.metrics.step(decoded)
         if decoded:
             self.pacer.decoded(time.perf_counter() - started)

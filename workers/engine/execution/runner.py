@@ -91,10 +91,6 @@ class ModelRunner:
                 return self.loaded.model(**inputs)
         return self.loaded.peft(**inputs, adapter_names=names)
 
-    def take_sent(self) -> tuple[int, float]:
-        """Op messages to follower ranks since the last call, and their time (a model split over ranks)."""
-        return 0, 0.0
-
     def _static_forward(self, **inputs) -> torch.Tensor:
         return self.loaded.model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1]
 

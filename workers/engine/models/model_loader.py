@@ -7,23 +7,22 @@ or an omni model taking images and audio (`AutoModelForMultimodalLM` + its `Auto
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub import snapshot_download, try_to_load_from_cache
+from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import cached_file
 
 from workers.engine.errors import ModelLoadError
 from workers.engine.models.gguf_loading import find_gguf, gguf_bytes, gguf_model_fields
+from workers.engine.models.load_progress import (DOWNLOAD_EVENT_SECONDS, Progress, bytes_progress,  # noqa: F401 (theirs)
+                                                 download, weights_progress)
 from workers.engine.models.processors import load_processor
 from workers.engine.parallel.checks import refuse_tensor_parallel, tensor_parallel_kwargs
 from protocol.hub import hub_reachable
@@ -39,7 +38,6 @@ from workers.engine.sample.sampling import MODEL_DEFAULT_KEYS
 logger = logging.getLogger(__name__)
 
 # progress(stage, {"current", "total"} | None): the load stages of /load_model, in order.
-Progress = Callable[[str, "dict | None"], None]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
@@ -205,50 +203,6 @@ def estimate_bytes(ref: ModelRef) -> int | None:
     return sum(f.stat().st_size for f in snapshot.rglob("*") if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
 
 
-_progress_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _weights_progress(progress: Progress) -> Iterator[None]:
-    """Report transformers' per-tensor loading loop as `weights` progress.
-
-    transformers drives that loop through its own tqdm; while this thread loads, that name
-    points at a wrapper that counts items (other threads still get the real tqdm).
-    """
-    try:
-        from transformers import core_model_loading as loading
-    except ImportError:  # another transformers layout: start and end only
-        yield
-        return
-    with _progress_lock:
-        original = getattr(loading, "tqdm", None)
-        if original is None:
-            yield
-            return
-        owner = threading.current_thread()
-
-        def counting_tqdm(iterable=None, *args, **kwargs):
-            if threading.current_thread() is not owner or iterable is None:
-                return original(iterable, *args, **kwargs)
-            return _count(iterable, progress)
-
-        loading.tqdm = counting_tqdm
-        try:
-            yield
-        finally:
-            loading.tqdm = original
-
-
-def _count(iterable, progress: Progress) -> Iterator:
-    items = list(iterable)
-    total = len(items)
-    every = max(1, total // 10)  # about ten events per load, always the first and the last
-    for index, item in enumerate(items, 1):
-        yield item
-        if index == 1 or index == total or index % every == 0:
-            progress("weights", {"current": index, "total": total})
-
-
 def _remote_code_refused(repo_id: str, exc: Exception) -> ModelLoadError | None:
     """transformers' refusal of a repo that carries its own code, said as what an admin can do about it."""
     if "trust_remote_code" not in str(exc):
@@ -271,40 +225,6 @@ def _local_first(loader, repo_id: str, **kwargs):
         return loader(repo_id, **kwargs)
 
 
-def _download(repo_id: str, revision: str, progress: Progress) -> None:
-    progress("download", {"current": 0, "total": None})
-    folder = Path(snapshot_download(repo_id, revision=revision, tqdm_class=bytes_progress(progress)))
-    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    progress("download", {"current": size, "total": size})
-
-
-DOWNLOAD_EVENT_SECONDS = 0.25  # the least time between two `download` events while bytes arrive
-
-
-def bytes_progress(progress: Progress):
-    """A tqdm class for `snapshot_download` that reports the bytes written as `download` progress while they
-    arrive (its "snapshot_download" bar, fed by every file's download), at most every DOWNLOAD_EVENT_SECONDS;
-    its bars print nothing."""
-    from huggingface_hub.utils import tqdm as hub_tqdm
-
-    class BytesProgress(hub_tqdm):
-        def __init__(self, *args, name: str | None = None, **kwargs) -> None:
-            self.reports, self.written, self.said = name == "huggingface_hub.snapshot_download", 0, 0.0
-            kwargs["disable"] = True
-            super().__init__(*args, name=name, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            if self.reports and n:
-                self.written += int(n)
-                now = time.monotonic()
-                if now - self.said >= DOWNLOAD_EVENT_SECONDS or (self.total and self.written >= self.total):
-                    self.said = now
-                    progress("download", {"current": self.written, "total": int(self.total) if self.total else None})
-            return super().update(n)
-
-    return BytesProgress
-
-
 def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None,
                options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
@@ -325,7 +245,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             refuse_tensor_parallel(ref.key, options.tensor_parallel_size, "GGUF files load through transformers' GGUF "
                                    "reader, which does not shard")
         if gguf is not None:
-            fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, _weights_progress,
+            fields = gguf_model_fields(ref, gguf, torch_device, torch_dtype, report, weights_progress,
                                        options.quantization, options.attn_implementation)
             if options.max_model_len:
                 fields["max_model_len"] = min(fields["max_model_len"], options.max_model_len)
@@ -375,14 +295,14 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
             kwargs["device_map"] = {"": torch_device}
         model_class = _model_class(kind)
         try:
-            with _weights_progress(report):
+            with weights_progress(report):
                 # transformers passes `local_files_only` on to everything but its look for a PEFT
                 # adapter_config.json, which went to the hub (23 s of retries with no network)
                 model = model_class.from_pretrained(repo_id, local_files_only=True,
                                                     adapter_kwargs={"local_files_only": True}, **kwargs)
         except OSError:
-            _download(repo_id, revision, report)
-            with _weights_progress(report):
+            download(repo_id, revision, report)
+            with weights_progress(report):
                 model = model_class.from_pretrained(repo_id, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"The model `{ref.key}` does not exist or could not be read: {exc}", not_found=True) from exc
