@@ -154,3 +154,34 @@ def test_what_cannot_be_split_is_refused_with_its_reason(split_server):
     assert getattr(beams.value, "status_code", None) == 400
     assert "beam search" in beams.value.body["message"]
     assert client.completions.create(model=model_id("llama"), prompt="still serving", max_tokens=2).choices
+
+
+@pytest.mark.scale_out
+def test_a_scale_out_worker_splits_its_models_over_ranks(hf_cache, tmp_path, redis_server, reference):
+    """`run_worker --tensor-parallel-size 2` beside `serve --no-worker`, over Redis: the same answers."""
+    from openai import OpenAI
+
+    from .conftest import TINY_MODEL
+    from .live_server import ManagedProcess
+
+    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_WORKER_ACK_TIMEOUT="30")
+    web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
+    worker = ManagedProcess(["manage.py", "run_worker", "--tensor-parallel-size", "2"], env, tmp_path / "worker.log")
+    try:
+        client = OpenAI(base_url=f"{web.base_url}/v1", api_key=web.key, max_retries=0, timeout=120)
+        prompts = ["Once upon a time", "The capital of France is", "1, 2, 3,"]
+        deadline = time.monotonic() + 60
+        while True:  # until the worker has registered
+            try:
+                answer = client.completions.create(model=TINY_MODEL, prompt=prompts, max_tokens=12, temperature=0)
+                break
+            except Exception as exc:
+                assert "no_worker" in str(exc) and time.monotonic() < deadline, exc
+                time.sleep(0.5)
+        expected = [reference.decode(reference.greedy(reference.encode(p), 12)) for p in prompts]
+        assert [choice.text for choice in sorted(answer.choices, key=lambda c: c.index)] == expected
+        assert "local/tiny-llama@main: tensor parallel over 2 ranks" in worker.log()
+    finally:
+        worker.stop()
+        web.stop()
+    assert "tensor-parallel ranks stopped" in worker.log()
