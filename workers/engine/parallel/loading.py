@@ -37,7 +37,11 @@ def runner_for(loaded: LoadedModel, settings: RunnerSettings) -> ModelRunner:
         return ModelRunner(loaded, settings)
     from workers.engine.parallel.mirrored_runner import MirroredRunner
 
-    return MirroredRunner(loaded, settings)
+    try:
+        return MirroredRunner(loaded, settings)
+    except Exception:  # its load-time forwards failed on some rank: the group goes with the model
+        loaded.parallel.close()
+        raise
 
 
 def precheck(ref: ModelRef, device, options: LoadOptions) -> None:

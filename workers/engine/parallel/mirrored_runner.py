@@ -50,9 +50,9 @@ class MirroredRunner(ModelRunner):
     def _send_now(self, ops: list[tuple]) -> None:
         if self.broken is not None:
             raise GroupDown(f"the model's tensor-parallel group is down ({self.broken}); it is being reloaded")
-        if self._forgotten:
+        if self._forgotten:  # last: an op waiting in _pending may name a sequence collected since
             forgotten, self._forgotten = self._forgotten, []
-            ops = [("forget", forgotten), *ops]
+            ops = [*ops, ("forget", forgotten)]
         started = time.perf_counter()
         try:
             self.group.send([*self._pending, *ops])
