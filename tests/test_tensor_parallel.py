@@ -101,6 +101,36 @@ def test_a_split_model_samples_n_choices_with_logprobs_and_grammars_and_resumes_
     families.test_rows_paused_for_interactive_work_resume_exactly(split_cache, split_server, "llama")
 
 
+def test_streams_cancelled_mid_flight_leave_the_ranks_in_step(split_cache, split_server):
+    """Rows that end early (cancelled streams) leave rank 0 and every follower alike: the streams beside them
+    and every request after them still equal `generate`."""
+    model = model_id("llama")
+    prompts = [PROMPTS[i % len(PROMPTS)][: 4 + i] for i in range(8)]
+    expected = [greedy(split_cache, "llama", tuple(prompt), 48) for prompt in prompts]
+
+    async def run():
+        _, client = clients(split_server)
+
+        async def stream(prompt, cancel_after):
+            response = await client.completions.create(
+                model=model, prompt=[prompt], max_tokens=48, temperature=0, stream=True,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+            ids = []
+            async for chunk in response:
+                ids.extend(chunk.choices[0].model_extra.get("token_ids") or [])
+                if cancel_after is not None and len(ids) >= cancel_after:
+                    await response.close()
+                    return None
+            return ids
+
+        return await asyncio.gather(*[stream(p, 3 + i if i % 3 == 0 else None) for i, p in enumerate(prompts)])
+
+    for _ in range(2):
+        results = asyncio.run(run())
+        assert [r for r in results if r is not None] == [e for i, e in enumerate(expected) if i % 3 != 0]
+    assert asyncio.run(complete(clients(split_server)[1], model, prompts)) == [e[:16] for e in expected]
+
+
 def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes_back(split_cache, split_server):
     model = model_id("llama")
     client, async_client = clients(split_server)
