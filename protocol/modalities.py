@@ -10,6 +10,9 @@ from typing import Literal
 Kind = Literal["causal", "image_text", "audio_text", "omni", "speech", "embedding", "cross_encoder"]
 TEXT, IMAGE, AUDIO, VIDEO = "text", "image", "audio", "video"
 CAUSAL_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+# transformers' causal-LM classes named otherwise (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES; tests/test_type_matrix.py
+# checks the list against the installed transformers)
+OTHER_CAUSAL_ARCHITECTURES = frozenset({"BertGenerationDecoder", "ReformerModelWithLMHead"})
 CROSS_ENCODER_SUFFIX = "ForSequenceClassification"
 
 
@@ -35,7 +38,7 @@ def model_kind(config: dict, sentence_transformers: bool = False) -> Kind | None
     architectures = [a for a in config.get("architectures") or () if isinstance(a, str)]
     if any(arch.endswith(CROSS_ENCODER_SUFFIX) for arch in architectures):
         return "cross_encoder"
-    if any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) for arch in architectures):
+    if any(arch.endswith(CAUSAL_ARCHITECTURE_SUFFIXES) or arch in OTHER_CAUSAL_ARCHITECTURES for arch in architectures):
         return "causal"
     return None
 

@@ -17,6 +17,20 @@ def test_matrix_lists_every_family_type():
     assert {model_type for model_type, _ in FAMILIES.values()} <= set(types)
 
 
+def test_every_causal_lm_class_of_transformers_is_offered_as_one():
+    """The catalog offers a model by its config's `architectures`: every class transformers maps to a causal LM
+    is read as one (a `…ForConditionalGeneration` is a media model, read from its vision/audio sections)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from protocol.modalities import model_kind
+
+    classes = {name for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+               for name in (value if isinstance(value, (list, tuple)) else [value])}
+    missed = sorted(name for name in classes if not name.endswith("ForConditionalGeneration")
+                    and model_kind({"architectures": [name]}) != "causal")
+    assert not missed
+
+
 @pytest.mark.parametrize("model_type", ["llama", "gpt2", "opt", "bloom", "gpt_neox", "phi3", "mistral"])
 def test_tiny_config_builds_a_small_working_model(model_type):
     from transformers import AutoModelForCausalLM
