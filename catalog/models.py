@@ -84,6 +84,9 @@ class CachedModel(models.Model):
         help_text='speculative decoding for this model, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 5, '
                   '"prompt_lookup_max": 4, "prompt_lookup_min": 2}; "off": none; empty: the server\'s '
                   '(--speculative-config)')
+    tensor_parallel_size = models.PositiveSmallIntegerField(
+        default=0, help_text="split the model over N devices (N GPUs over NCCL, or N CPU processes over gloo; vLLM's "
+                             "--tensor-parallel-size); 0: the server default (--tensor-parallel-size, else 1)")
 
     class Meta:
         ordering = ["repo_id"]

@@ -71,7 +71,7 @@ def model_settings_map() -> dict[str, dict]:
     never unloaded (and whether its code may run), whatever its row says."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
               "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser", "gguf_file",
-              "speculative_config")
+              "speculative_config", "tensor_parallel_size")
     by_model = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
                 for row in CachedModel.objects.filter(gone=False).values(*fields)}
     config = settings.INFERENCE.models

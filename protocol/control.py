@@ -38,6 +38,7 @@ class ModelSettings(TypedDict):
     attn_implementation: str
     gguf_file: NotRequired[str]  # a GGUF model's file (protocol/gguf.py); "": its default one
     speculative_config: NotRequired[str]  # protocol/speculative.py: vLLM's JSON, "off", or "": the server's
+    tensor_parallel_size: NotRequired[int]  # ranks the model is split over; 0: the worker's default
 
 
 class ControlMessage(TypedDict):

@@ -231,7 +231,7 @@ def test_the_change_form_validates_aliases_and_generation_defaults(admin_client,
     alpha = CachedModel.objects.get(repo_id="local/alpha")
     url = f"/admin/catalog/cachedmodel/{alpha.pk}/change/"
     form = {"enabled": "on", "aliases": '["a1"]', "idle_timeout": "", "dtype": "auto", "device": "",
-            "chat_template": "", "generation_defaults": '{"temperature": 0.5}',
+            "chat_template": "", "tensor_parallel_size": "2", "generation_defaults": '{"temperature": 0.5}',
             "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
     bad = admin_client.post(url, {**form, "generation_defaults": '{"temprature": 0.5}'})
     assert bad.status_code == 200 and b"Unknown key" in bad.content
@@ -239,7 +239,9 @@ def test_the_change_form_validates_aliases_and_generation_defaults(admin_client,
     assert admin_client.post(url, form).status_code == 302
     alpha.refresh_from_db()
     assert alpha.aliases == ["a1"] and alpha.generation_defaults == {"temperature": 0.5}
-    assert listener()["settings"]["local/alpha"]["generation_defaults"] == {"temperature": 0.5}
+    assert alpha.tensor_parallel_size == 2
+    sent = listener()["settings"]["local/alpha"]  # what the workers are told
+    assert sent["generation_defaults"] == {"temperature": 0.5} and sent["tensor_parallel_size"] == 2
 
 
 def test_admin_rounds_memory_and_durations(admin_client, cache):
@@ -334,7 +336,7 @@ def test_actions_and_saves_with_the_channel_layer_down_say_so_and_change_nothing
                                           "apply": "1", "idle_timeout": "60"}, follow=True)
     assert b"The channel layer (Redis) is unavailable" in done.content
     form = {"enabled": "on", "aliases": "[]", "idle_timeout": "90", "dtype": "auto", "device": "", "chat_template": "",
-            "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
+            "tensor_parallel_size": "0", "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
     done = admin_client.post(f"{CHANGELIST}{alpha.pk}/change/", form, follow=True)
     assert done.status_code == 200 and b"The channel layer (Redis) is unavailable" in done.content
     alpha.refresh_from_db()

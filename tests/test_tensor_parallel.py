@@ -215,3 +215,28 @@ def test_a_scale_out_worker_splits_its_models_over_ranks(hf_cache, tmp_path, red
         worker.stop()
         web.stop()
     assert "tensor-parallel ranks stopped" in worker.log()
+
+
+def test_a_models_own_tensor_parallel_size_wins_and_each_refusal_says_why(split_cache, tmp_path):
+    """Per model in a config file's `models:` (the admin's field alike), over a server that splits nothing."""
+    import yaml
+
+    config = {"models": [{"name": model_id("gemma3"), "tensor_parallel_size": 2},
+                         {"name": model_id("llama"), "tensor_parallel_size": 3},
+                         {"name": model_id("mistral"), "tensor_parallel_size": 2, "quantization": "torchao-int8"}]}
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump(config))
+    live = LiveServer(base_env(split_cache, tmp_path), tmp_path, ("--config", str(tmp_path / "server.yaml")),
+                      name="per-model")
+    try:
+        client, async_client = clients(live)
+        expected = greedy(split_cache, "gemma3", tuple(PROMPTS[2]))
+        assert asyncio.run(complete(async_client, model_id("gemma3"), [PROMPTS[2]])) == [expected]
+        assert "local/tiny-gemma3@main: tensor parallel over 2 ranks" in live.log()
+        for model, reason in ((model_id("llama"), "its num_attention_heads (4) does not divide by 3"),
+                              (model_id("mistral"), "quantized weights are not sharded")):
+            with pytest.raises(Exception) as refused:
+                client.completions.create(model=model, prompt="hi", max_tokens=2)
+            assert f"cannot be served with tensor_parallel_size=" in str(refused.value), refused.value
+            assert reason in str(refused.value), refused.value
+    finally:
+        live.stop()

@@ -30,7 +30,7 @@ def configure_models(entries: list[dict]) -> list[str]:
     Each entry: {"name", "preload"?, "dtype"?, "device"?, "chat_template"? (template text),
     "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?, "tool_parser"?, "reasoning_parser"?,
     "quantization"?, "trust_remote_code"?, "attn_implementation"?, "gguf_file"?, "speculative_config"? (vLLM's JSON,
-    as text or an object)}; a model not in the cache is ModelNotFound.
+    as text or an object), "tensor_parallel_size"?}; a model not in the cache is ModelNotFound.
     """
     configured = []
     for entry in entries:
@@ -40,7 +40,7 @@ def configure_models(entries: list[dict]) -> list[str]:
             raise ModelNotFound(entry["name"])
         for key in ("preload", "dtype", "device", "chat_template", "idle_timeout", "aliases", "tool_parser",
                     "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation", "gguf_file",
-                    "speculative_config"):
+                    "speculative_config", "tensor_parallel_size"):
             if key in entry:
                 value = entry[key]
                 setattr(row, key, json.dumps(value) if key == "speculative_config" and isinstance(value, dict) else value)

@@ -26,7 +26,7 @@ MODEL_KEYS: dict[str, Any] = {
     "stop": list, "generation_defaults": GENERATION_KEYS, "idle_timeout": int, "aliases": list,
     "tool_parser": str, "reasoning_parser": str,
     "quantization": str, "trust_remote_code": bool, "attn_implementation": str, "gguf_file": str,
-    "speculative_config": (str, dict),
+    "speculative_config": (str, dict), "tensor_parallel_size": int,
 }
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
