@@ -1,7 +1,7 @@
 """A model's ranks: follower processes, the process group that joins them, and the pipe of ops to them.
 
 Rank 0 is the worker's own process (its loader thread loads the shard, its engine thread runs the
-forwards); ranks 1..N-1 are spawned processes (`follower.py`), one per device. The forwards' collectives
+forwards); ranks 1..N-1 are processes forked from a fork server (`follower.py`), one per device. The forwards' collectives
 go over `torch.distributed` (NCCL on CUDA, gloo on CPU) with a timeout, so a rank that hangs never holds
 the others past it; the ops go over a pipe per follower, which a follower reads without a timeout while
 the model is idle and which tells it when rank 0 is gone. A follower that dies closes its sockets: the
@@ -83,7 +83,10 @@ class TensorParallelGroup:
         load = RankLoad(ref, device.type, dtype, options, size, f"tcp://127.0.0.1:{_free_port()}", threads)
         from workers.engine.parallel.follower import follower_main
 
-        context = multiprocessing.get_context("spawn")  # never fork a process whose threads hold locks
+        # never fork the worker (its threads hold locks): a fork server, started once with torch and transformers
+        # imported, forks each follower clean (a reload after a fault starts in a fraction of a second)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["workers.engine.parallel.follower", "transformers"])
         processes, conns = [], []
         for rank in range(1, size):
             parent, child = context.Pipe()
@@ -135,12 +138,17 @@ class TensorParallelGroup:
         for conn in self.conns:
             conn.send_bytes(data)
 
-    def problem(self) -> str | None:
-        """Why the group cannot serve (a follower exited), or None."""
-        for rank, process in enumerate(self.processes, start=1):
-            if not process.is_alive():
-                return f"tensor-parallel rank {rank} exited (code {process.exitcode})"
-        return None
+    def problem(self, wait: float = 0.0) -> str | None:
+        """Why the group cannot serve (a follower exited), or None; `wait`: after a failed collective, how long
+        a dead rank may take to be seen as exited (its sockets close before its exit is reported)."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, process in enumerate(self.processes, start=1):
+                if not process.is_alive():
+                    return f"tensor-parallel rank {rank} exited (code {process.exitcode})"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
     def close(self) -> None:
         """Stop the followers (asked, then killed) and leave the process group."""

@@ -45,7 +45,7 @@ def runner_for(loaded: LoadedModel, settings: RunnerSettings) -> ModelRunner:
 
 
 def precheck(ref: ModelRef, device, options: LoadOptions) -> None:
-    """The refusals that need only the config, before any rank is spawned (load_model checks again)."""
+    """The refusals that need only the config, before any rank starts (load_model checks again)."""
     if find_gguf(ref, options.gguf_file) is not None:
         refuse_tensor_parallel(ref.key, options.tensor_parallel_size, "GGUF files load through transformers' GGUF "
                                                                       "reader, which does not shard")

@@ -88,7 +88,7 @@ class MirroredRunner(ModelRunner):
         try:
             return run()
         except Exception as exc:
-            self._break(self.group.problem() or f"{type(exc).__name__}: {exc}"[:300])
+            self._break(self.group.problem(wait=1.0) or f"{type(exc).__name__}: {exc}"[:300])
             raise GroupDown(f"the model's tensor-parallel group is down ({self.broken}); it is being reloaded") from exc
 
     def take_sent(self) -> tuple[int, float]:
