@@ -1,8 +1,8 @@
 """A model's ranks: follower processes, the process group that joins them, and the pipe of ops to them.
 
 Rank 0 is the worker's own process (its loader thread loads the shard, its engine thread runs the
-forwards); ranks 1..N-1 are processes forked from a fork server (`follower.py`), one per device. The forwards' collectives
-go over `torch.distributed` (NCCL on CUDA, gloo on CPU) with a timeout, so a rank that hangs never holds
+forwards); ranks 1..N-1 are processes forked from a fork server (`follower.py`), one per device. The
+forwards' collectives go over `torch.distributed` (NCCL on CUDA, gloo on CPU) with a timeout, so a rank that hangs never holds
 the others past it; the ops go over a pipe per follower, which a follower reads without a timeout while
 the model is idle and which tells it when rank 0 is gone. A follower that dies closes its sockets: the
 next collective on rank 0 raises at once, and the engine tears the group down and loads the model again.
