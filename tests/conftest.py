@@ -23,7 +23,8 @@ Zygote.in_test_session = True  # this session's servers fork from tests/zygote.p
 # loadfile` each process takes the next file when it is free, so handing these out first lets both end together
 # instead of one waiting on a long file handed out last. Every other file keeps its order after them.
 SLOWEST_FILES = ("test_bench.py", "test_model_families.py", "test_team_accounts.py", "test_speculative.py",
-                 "test_soak_faults_scale_out.py", "test_teams_scale_out.py", "test_gguf.py", "browser/test_chat.py",
+                 "test_soak_faults_scale_out.py", "test_teams_scale_out.py", "test_gguf.py", "test_tensor_parallel.py",
+                 "browser/test_chat.py",
                  "test_speculative_constrained.py", "test_openapi.py", "test_reliability_web.py", "test_readiness.py",
                  "test_speculative_proposers.py", "test_fair_share.py")
 
