@@ -19,12 +19,14 @@ import pytest
 import torch
 
 from workers.tiny.families import build_tiny_families
+from workers.tiny.lora import build_tiny_lora
 
 from . import test_model_families as families
 from .live_server import LiveServer, base_env, clients
 from .test_model_families import PROMPTS, complete, greedy, model_id, reference_of
 
 SPLIT_FAMILIES = ["llama", "deepseek-v3", "mistral", "gemma3", "qwen3.5", "jamba"]
+ADAPTER = "local/tiny-lora-split"
 RANK_LINE = re.compile(r"tensor parallel over 2 ranks \(gloo, rank 1 pid (\d+)\)")
 
 
@@ -32,6 +34,7 @@ RANK_LINE = re.compile(r"tensor parallel over 2 ranks \(gloo, rank 1 pid (\d+)\)
 def split_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("split-cache")
     build_tiny_families([*SPLIT_FAMILIES, "mamba"], cache_dir=cache)
+    build_tiny_lora(ADAPTER, model_id("llama"), cache_dir=cache)
     return cache
 
 
@@ -178,6 +181,9 @@ def test_what_cannot_be_split_is_refused_with_its_reason(split_server):
     with pytest.raises(Exception) as refused:
         client.completions.create(model=model_id("mamba"), prompt="hi", max_tokens=2)
     assert "no tensor-parallel plan for its architecture (mamba)" in str(refused.value)
+    with pytest.raises(Exception) as adapter:
+        client.completions.create(model=ADAPTER, prompt="hi", max_tokens=2)
+    assert "split over several ranks (tensor parallel), which serves no adapters" in str(adapter.value)
     with pytest.raises(Exception) as beams:
         client.completions.create(model=model_id("llama"), prompt="hi", max_tokens=2,
                                   n=2, extra_body={"use_beam_search": True})
