@@ -27,6 +27,9 @@ def check_tensor_parallel(key: str, config: Any, size: int, kind: str, device: t
         heads = getattr(text, name, None)
         if isinstance(heads, int) and heads % size:
             refuse_tensor_parallel(key, size, f"its {name} ({heads}) does not divide by {size}")
+    if device.type == "cuda" and device.index not in (None, 0):
+        refuse_tensor_parallel(key, size, f"rank r runs on cuda:r, so the worker's device must be cuda or cuda:0, not "
+                                          f"{device} (choose the GPUs with CUDA_VISIBLE_DEVICES)")
     if device.type == "cuda" and size > torch.cuda.device_count():
         refuse_tensor_parallel(key, size, f"it asks for {size} GPUs and this machine has {torch.cuda.device_count()}")
     if device.type not in ("cpu", "cuda"):
