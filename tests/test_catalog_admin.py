@@ -236,12 +236,38 @@ def test_the_change_form_validates_aliases_and_generation_defaults(admin_client,
     bad = admin_client.post(url, {**form, "generation_defaults": '{"temprature": 0.5}'})
     assert bad.status_code == 200 and b"Unknown key" in bad.content
     assert admin_client.post(url, {**form, "aliases": '"a1"'}).status_code == 200  # not a list: shown again
+    negative = admin_client.post(url, {**form, "tensor_parallel_size": "-1"})
+    assert negative.status_code == 200 and b"greater than or equal to 0" in negative.content
     assert admin_client.post(url, form).status_code == 302
     alpha.refresh_from_db()
     assert alpha.aliases == ["a1"] and alpha.generation_defaults == {"temperature": 0.5}
     assert alpha.tensor_parallel_size == 2
     sent = listener()["settings"]["local/alpha"]  # what the workers are told
     assert sent["generation_defaults"] == {"temperature": 0.5} and sent["tensor_parallel_size"] == 2
+
+
+def test_a_config_files_tensor_parallel_size_reaches_the_row_and_the_workers(cache, listener, tmp_path):
+    """`serve --config`'s `models:` entry (dashed, as YAML files write it) onto the catalog row, then to workers."""
+    from django.core.exceptions import ValidationError
+    from django.core.management.base import CommandError
+
+    from inference_site.management.config_files import SERVER_KEYS, load_config
+
+    config = tmp_path / "server.yaml"
+    config.write_text("models:\n  - name: local/alpha\n    tensor-parallel-size: 2\n")
+    entries = load_config(str(config), SERVER_KEYS)["models"]
+    assert entries == [{"name": "local/alpha", "tensor_parallel_size": 2}]
+    assert model_settings.configure_models(entries) == ["local/alpha"]
+    assert CachedModel.objects.get(repo_id="local/alpha").tensor_parallel_size == 2
+    message = listener()
+    assert message["type"] == protocol.MODEL_SETTINGS and message["settings"]["local/alpha"]["tensor_parallel_size"] == 2
+    assert selectors.model_settings_map()["local/encoder"]["tensor_parallel_size"] == 0  # unset: the server's
+    config.write_text("models:\n  - name: local/alpha\n    tensor-parallel-size: two\n")
+    with pytest.raises(CommandError, match=r"models\[0\]\.tensor-parallel-size: expected an integer"):
+        load_config(str(config), SERVER_KEYS)
+    with pytest.raises(ValidationError, match="tensor_parallel_size"):
+        model_settings.configure_models([{"name": "local/alpha", "tensor_parallel_size": -1}])
+    assert CachedModel.objects.get(repo_id="local/alpha").tensor_parallel_size == 2
 
 
 def test_admin_rounds_memory_and_durations(admin_client, cache):
