@@ -254,7 +254,7 @@ def test_the_admin_shows_a_gguf_repo_s_files_and_chooses_the_one_it_serves(admin
     assert "tiny-llama-gguf.F16.gguf (F16) ← served" in page
     assert "tiny-llama-gguf.F32.gguf (F32) ← served" not in page
     form = {"enabled": "on", "aliases": "[]", "idle_timeout": "", "dtype": "auto", "device": "", "chat_template": "",
-            "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
+            "tensor_parallel_size": "0", "generation_defaults": "{}", "loads-TOTAL_FORMS": "0", "loads-INITIAL_FORMS": "0", "_save": "Save"}
     refused = admin_client.post(url, {**form, "gguf_file": "Q8_0"})
     assert refused.status_code == 200 and "has no GGUF file `Q8_0`" in refused.content.decode()
     assert admin_client.post(url, {**form, "gguf_file": "f32"}).status_code == 302

@@ -101,3 +101,61 @@ def test_a_model_that_reads_a_padded_rows_positions_still_batches(matrix_cache):
 
     runner = ModelRunner(load(matrix_cache, "local/tiny-gpt2"))
     assert runner.spec.batchable and runner.spec.pads_rows and not runner.spec.notes
+
+
+@pytest.fixture(scope="module")
+def odd_cache(tmp_path_factory):
+    from workers.tiny.type_matrix import build_type_model
+
+    cache = tmp_path_factory.mktemp("odd-types")
+    for model_type in ("openai-gpt", "xlm"):
+        build_type_model(model_type, f"local/tiny-{model_type}", cache)
+    build_type_model("megatron-bert", "local/tiny-megatron-encoder", cache, is_decoder=False)
+    return cache
+
+
+@pytest.mark.parametrize("model_type", ["openai-gpt", "xlm"])
+def test_a_model_that_keeps_no_cache_is_refused_at_load_with_why(odd_cache, model_type):
+    """Rather than a 500 for every request: the runner refuses it when the model loads."""
+    from workers.engine.errors import ModelLoadError
+    from workers.engine.execution.runner import ModelRunner
+
+    from .test_step_contract import load
+
+    with pytest.raises(ModelLoadError, match="cannot be served: its forward (returns no cache|leaves transformers' "
+                                             "cache empty)"):
+        ModelRunner(load(odd_cache, f"local/tiny-{model_type}"))
+
+
+def test_a_model_whose_logits_change_when_its_prompt_is_chunked_prefills_whole(odd_cache):
+    """Megatron-BERT with is_decoder: false attends both ways inside a forward, so a prompt cut in two gives other
+    logits: measured at load, its prompts prefill whole, and rows joining one after another decode to
+    `generate`'s tokens (before, chunked prompts gave other tokens)."""
+    from workers.engine.execution.input_batch import InputBatch
+    from workers.engine.execution.runner import ModelRunner, RunnerSettings, sample_batch
+    from workers.engine.plan import DecodePlan
+    from workers.engine.sequences import Handover
+    from workers.engine.step_clock import StepClock
+
+    from .conftest import Reference
+    from .test_step_contract import load, new_sequence
+
+    model = "local/tiny-megatron-encoder"
+    loaded, reference = load(odd_cache, model), Reference(odd_cache, model)
+    runner = ModelRunner(loaded, RunnerSettings(prefill_chunk=5, max_rows=4))
+    assert not runner.spec.continues_chunks
+    prompts = [reference.encode(text) for text in ("Hi", "Once upon a time there was", "1, 2, 3, 4, 5, 6, 7,")]
+    sequences = [new_sequence(loaded, Handover(), ids, 8) for ids in prompts]
+    for seq in sequences:
+        logits = None
+        while logits is None:
+            logits = runner.prefill(seq, 5)[1]
+        sample_batch(InputBatch([seq]), logits[None]).apply()
+        runner.join([seq])
+        runner.execute(DecodePlan(runner.view(), StepClock())).apply()
+        runner.drop_finished()
+    while runner.running:
+        runner.execute(DecodePlan(runner.view(), StepClock())).apply()
+        runner.drop_finished()
+    for seq, ids in zip(sequences, prompts):
+        assert seq.completion_ids == reference.greedy(ids, 8, min_new_tokens=8)

@@ -22,10 +22,7 @@ _CAPS: dict[str, int] = {
 }
 
 # per-type fix-ups over the shrunk defaults (fields whose defaults don't shrink consistently)
-FIXUPS: dict[str, dict[str, Any]] = {
-    "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-                        n_group=1, topk_group=1, first_k_dense_replace=1, num_key_value_heads=4),
-}
+FIXUPS: dict[str, dict[str, Any]] = {}
 
 
 def causal_lm_types() -> list[str]:
@@ -36,23 +33,57 @@ def causal_lm_types() -> list[str]:
 
 
 def tiny_config(model_type: str, vocab_size: int, special_ids: dict[str, int] | None = None) -> Any:
-    """The type's config with its own defaults shrunk to a tiny model over `vocab_size` tokens."""
+    """The type's config with its own defaults shrunk to a tiny model over `vocab_size` tokens: a type of the
+    families suite takes that family's fields (checked by hand); the others are shrunk by rule."""
     from transformers import AutoConfig
 
+    from workers.tiny.families import _BASE, FAMILIES
+
+    family = next((fields for family_type, fields in FAMILIES.values() if family_type == model_type), None)
+    if family is not None:
+        fields = {key: value for key, value in {**_BASE, **family}.items() if value is not None}
+        fields.pop("attn_implementation", None)
+        fields.update(special_ids or {})
+        return AutoConfig.for_model(model_type, vocab_size=vocab_size, **fields)
     defaults = AutoConfig.for_model(model_type).to_dict()
     fields = {key: min(value, cap) for key, cap in _CAPS.items()
               if isinstance(value := defaults.get(key), int) and not isinstance(value, bool)}
-    if "layer_types" in defaults and isinstance(defaults["layer_types"], list):
-        layers = next((fields[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in fields), 2)
-        fields["layer_types"] = defaults["layer_types"][:layers]
+    layers_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers") if k in fields), None)
+    original = defaults.get(layers_key) if layers_key else None
+    per_layer = {key: value for key, value in defaults.items() if isinstance(value, list) and original
+                 and len(value) == original and all(isinstance(v, str) for v in value)}
+    if per_layer and layers_key:  # layer_types and the like: every kind the model mixes kept, in 4 layers
+        fields[layers_key] = layers = max(4, max(len(set(v)) for v in per_layer.values()))
+        for key, kinds in per_layer.items():
+            fields[key] = _keep_every_kind(kinds, layers)
+    if "kv_lora_rank" in defaults:  # MLA: the latent and rotary widths must agree
+        fields.update({k: v for k, v in _MLA.items() if k in defaults})
+    if isinstance(defaults.get("rotary_dim"), int):
+        fields["rotary_dim"] = min(defaults["rotary_dim"], 8)
+    if defaults.get("is_decoder") is False:  # BERT-style models are causal LMs only as decoders
+        fields["is_decoder"] = True
     fields.update(FIXUPS.get(model_type, {}))
     fields.update(special_ids or {})
     return AutoConfig.for_model(model_type, vocab_size=vocab_size, **fields)
 
 
-def build_type_model(model_type: str, repo_id: str, cache_dir=None, seed: int = 0):
+_MLA = dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=1,
+            topk_group=1, first_k_dense_replace=1, num_key_value_heads=4)
+
+
+def _keep_every_kind(kinds: list[str], layers: int) -> list[str]:
+    """The first `layers` entries of a per-layer list, with each kind it holds present at least once."""
+    kept = list(kinds[:layers])
+    missing = [kind for kind in dict.fromkeys(kinds) if kind not in kept]
+    for index, kind in enumerate(missing):
+        kept[layers - 1 - index] = kind
+    return kept
+
+
+def build_type_model(model_type: str, repo_id: str, cache_dir=None, seed: int = 0, **overrides: Any):
     """A tiny random-weight model of `model_type` (its config's defaults shrunk) with the project's tokenizer,
-    stored in the Hugging Face cache layout as `repo_id`; returns the snapshot directory."""
+    stored in the Hugging Face cache layout as `repo_id` (`overrides`: config fields set over the shrunk ones);
+    returns the snapshot directory."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -61,7 +92,7 @@ def build_type_model(model_type: str, repo_id: str, cache_dir=None, seed: int = 
     tokenizer = train_tokenizer(SIZES["tiny"]["vocab_target"], 512)
     ids = dict(zip(("bos_token_id", "eos_token_id", "pad_token_id"),
                    (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))))
-    config = tiny_config(model_type, len(tokenizer), ids)
+    config = tiny_config(model_type, len(tokenizer), {**ids, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()

@@ -225,14 +225,15 @@ class ModelManager:
             self.on_event({"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
                            "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes})
             return loaded
+        if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
+            # embeddings and cross-encoders: no KV cache; adapters: the base's runner. Built before the model is
+            # installed: a model its runner refuses at load (workers/engine/execution/kv/specs.py) is not served.
+            self.runners[plan.name] = runner_for(loaded, self.runner_settings_for(plan.ref.repo_id))
         self.models[plan.name] = loaded
         # Everything alive now (the libraries, this model's modules) leaves the collector's sight:
         # a full collection scans ~450k objects with the GIL held (~170 ms on CPU, a stall of every
         # stream); after freezing, only what is new.
         gc.freeze()
-        if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
-            # embeddings and cross-encoders: no KV cache; adapters: the base's runner
-            self.runners[plan.name] = runner_for(loaded, self.runner_settings_for(plan.ref.repo_id))
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()

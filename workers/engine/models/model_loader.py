@@ -24,7 +24,7 @@ from workers.engine.models.gguf_loading import find_gguf, gguf_bytes, gguf_model
 from workers.engine.models.load_progress import (DOWNLOAD_EVENT_SECONDS, Progress, bytes_progress,  # noqa: F401 (theirs)
                                                  download, weights_progress)
 from workers.engine.models.processors import load_processor
-from workers.engine.parallel.checks import refuse_tensor_parallel, tensor_parallel_kwargs
+from workers.engine.models.tensor_parallel_plan import refuse_tensor_parallel, tensor_parallel_kwargs
 from protocol.hub import hub_reachable
 from protocol.context_length import context_length
 from protocol.dtypes import canonical_dtype

@@ -7,8 +7,8 @@ small inputs: which rows, how many tokens, each row's last token) and every rank
 over its shard; transformers' tensor-parallel plan (`from_pretrained(tp_plan="auto")`) all-reduces inside
 it, and only rank 0 samples.
 
-- `checks.py`: which models can be split, and why not (refused at load with the reason).
-- `group.py`: the ranks: follower processes, the process group, the op pipe, faults.
+- `group.py`: the ranks: follower processes, the op pipe, faults; `ranks.py`: the process group they join.
+- `loading.py`: a split model's load (the refusals in workers/engine/models/tensor_parallel_plan.py) and runner.
 - `follower.py`: a follower rank's loop over rank 0's ops.
 - `mirrored_runner.py`: rank 0's runner, which sends each op before doing it.
 """

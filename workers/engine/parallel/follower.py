@@ -173,7 +173,7 @@ def follower_main(rank: int, load, conn) -> None:
     """A follower process: join the group, load the shard, say so, then follow rank 0's ops."""
     from protocol import ModelRef
     from workers.engine.models.model_loader import load_model, model_bytes
-    from workers.engine.parallel.group import init_rank
+    from workers.engine.parallel.ranks import init_rank
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops this one
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

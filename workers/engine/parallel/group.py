@@ -15,44 +15,18 @@ import os
 import pickle
 import socket
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from workers.engine.errors import ModelLoadError
 from workers.engine.models.model_loader import LoadOptions
+from workers.engine.parallel.follower import follower_main
+from workers.engine.parallel.ranks import RankLoad, backend_for, init_rank
 
 logger = logging.getLogger(__name__)
 
-# A collective that waits this long means a rank hangs: the step fails and the group is torn down.
-COLLECTIVE_TIMEOUT = timedelta(seconds=30)
-STOP_WAIT_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class RankLoad:
-    """What every follower loads: the same model, dtype and options as rank 0, and where to meet it."""
-
-    ref: str  # protocol.ModelRef text
-    device_type: str  # "cpu" or "cuda" (rank r takes cuda:r)
-    dtype: str
-    options: LoadOptions
-    size: int
-    init_method: str
-    threads: int  # torch threads per CPU rank
-
-
-def backend_for(device_type: str) -> str:
-    return "nccl" if device_type == "cuda" else "gloo"
-
-
-def init_rank(load: RankLoad, rank: int) -> None:
-    """Join the group as `rank` (every rank calls this once; the call waits for all of them)."""
-    dist.init_process_group(backend_for(load.device_type), init_method=load.init_method, rank=rank,
-                            world_size=load.size, timeout=COLLECTIVE_TIMEOUT)
-
+STOP_WAIT_SECONDS = 5.0  # a follower asked to stop gets this long before it is killed
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -81,8 +55,6 @@ class TensorParallelGroup:
                                  "start another worker).")
         threads = max(1, (os.cpu_count() or 1) // size)
         load = RankLoad(ref, device.type, dtype, options, size, f"tcp://127.0.0.1:{_free_port()}", threads)
-        from workers.engine.parallel.follower import follower_main
-
         # never fork the worker (its threads hold locks): a fork server, started once with torch and transformers
         # imported, forks each follower clean (a reload after a fault starts in a fraction of a second)
         context = multiprocessing.get_context("forkserver")

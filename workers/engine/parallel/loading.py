@@ -7,7 +7,7 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
 from workers.engine.models.model_loader import LoadedModel, LoadOptions, Progress, load_model, resolve_device
 from workers.engine.models.gguf_loading import find_gguf
-from workers.engine.parallel.checks import check_tensor_parallel, refuse_tensor_parallel
+from workers.engine.models.tensor_parallel_plan import check_tensor_parallel, refuse_tensor_parallel
 from workers.engine.parallel.group import TensorParallelGroup
 from protocol.modalities import model_kind
 from protocol import ModelRef

@@ -23,6 +23,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
+from workers.engine.errors import ModelLoadError
+
 logger = logging.getLogger(__name__)
 
 FULL, SLIDING, STATE, NONE, OTHER = "full", "sliding", "state", "none", "other"
@@ -133,12 +135,13 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
         return CacheSpec((LayerSpec(OTHER),), cache_arg, takes_positions, notes=("no layer types in its config",))
     try:
         with torch.inference_mode():
-            model(input_ids=torch.tensor([[_probe_token(model)]], device=device), use_cache=True,
-                  logits_to_keep=1, **{cache_arg: cache})
+            output = model(input_ids=torch.tensor([[_probe_token(model)]], device=device), use_cache=True,
+                           logits_to_keep=1, **{cache_arg: cache})
     except Exception as exc:  # e.g. a model whose forward needs more than token ids: sizes unknown
         logger.warning("%s: could not read its cache's shapes (%s); sizing it from the config",
                        getattr(config, "name_or_path", ""), exc)
         return _spec_from_config(config, kinds, cache_arg, takes_positions)
+    _check_keeps_a_cache(config, output, cache_arg, cache)
     layers = []
     for kind, layer in zip(kinds, cache.layers):
         if kind in (FULL, SLIDING) and layer.keys is None:  # a layer the config counts that the forward never
@@ -155,11 +158,24 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
     spec = CacheSpec(tuple(layers), cache_arg, takes_positions)
     padding = ("" if spec.has(STATE) or not spec.batchable
                else _padding_problem(model, device, cache_arg, takes_positions))
-    chunking = ("" if not (spec.has(STATE) or spec.has(OTHER) or padding)
-                else _chunking_problem(model, device, cache_arg, spec.has(STATE)))
+    chunking = _chunking_problem(model, device, cache_arg, spec.has(STATE))
     notes = tuple(f"{why}: {what}" for why, what in ((padding, "rows decode one by one"),
                                                       (chunking, "prompts prefill whole")) if why)
     return CacheSpec(spec.layers, cache_arg, takes_positions, not chunking, not padding, notes)
+
+
+def _check_keeps_a_cache(config, output, cache_arg: str, cache) -> None:
+    """Refuse (ModelLoadError) a model whose forward keeps nothing to continue from: no cache returned (RWKV's own
+    state, XLM, OpenAI GPT), or one left empty."""
+    returned = getattr(output, cache_arg, None) if cache_arg != "past_key_values" else None
+    returned = returned if returned is not None else getattr(output, "past_key_values", None)
+    filled = any(getattr(layer, "keys", None) is not None or getattr(layer, "conv_states", None)
+                 or getattr(layer, "recurrent_states", None) for layer in cache.layers)
+    if returned is None or not filled:
+        name = getattr(config, "name_or_path", "") or config.model_type
+        why = ("its forward returns no cache" if returned is None else "its forward leaves transformers' cache empty")
+        raise ModelLoadError(f"The model `{name}` cannot be served: {why}, so each token would recompute the "
+                             "whole text; the engine serves models that cache their keys and values or a state.")
 
 
 def _probe_token(model) -> int:

@@ -1,4 +1,5 @@
-"""What a tensor-parallel load needs, checked before any weight is read: each refusal says why."""
+"""What a tensor-parallel load needs, checked before any weight is read (each refusal says why), and
+transformers' arguments for one rank's shard; workers/engine/parallel/ runs the ranks."""
 from __future__ import annotations
 
 from typing import Any
