@@ -142,6 +142,7 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
                        getattr(config, "name_or_path", ""), exc)
         return _spec_from_config(config, kinds, cache_arg, takes_positions)
     _check_keeps_a_cache(config, output, cache_arg, cache)
+    _check_continues(model, device, cache_arg, takes_positions)
     layers = []
     for kind, layer in zip(kinds, cache.layers):
         if kind in (FULL, SLIDING) and layer.keys is None:  # a layer the config counts that the forward never
@@ -178,6 +179,26 @@ def _check_keeps_a_cache(config, output, cache_arg: str, cache) -> None:
         why = ("its forward returns no cache" if returned is None else "its forward leaves transformers' cache empty")
         raise ModelLoadError(f"The model `{name}` cannot be served: {why}, so each token would recompute the "
                              "whole text; the engine serves models that cache their keys and values or a state.")
+
+
+def _check_continues(model, device: torch.device, cache_arg: str, takes_positions: bool) -> None:
+    """Refuse (ModelLoadError) a model whose forward fails where the engine continues a prompt one token at a time
+    with transformers' own cache (the path every model can take: row by row), rather than fail every request."""
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(3, vocab, (1, 11), generator=torch.Generator().manual_seed(2)).to(device)
+    cache = DynamicCache(config=model.config)
+    try:
+        with torch.inference_mode():
+            for start, end in ((0, 9), (9, 10), (10, 11)):
+                positions = {"position_ids": torch.arange(start, end, device=device)[None]} if takes_positions else {}
+                output = model(input_ids=ids[:, start:end], use_cache=True, logits_to_keep=1, **{cache_arg: cache},
+                               **positions)
+                returned = getattr(output, cache_arg, None) if cache_arg != "past_key_values" else None
+                cache = returned if returned is not None else output.past_key_values
+    except Exception as exc:
+        name = getattr(model.config, "name_or_path", "") or model.config.model_type
+        raise ModelLoadError(f"The model `{name}` cannot be served: its forward fails when a prompt is continued one "
+                             f"token at a time with its cache ({type(exc).__name__}: {str(exc)[:160]}).") from exc
 
 
 def _probe_token(model) -> int:
