@@ -108,7 +108,7 @@ def odd_cache(tmp_path_factory):
     from workers.tiny.type_matrix import build_type_model
 
     cache = tmp_path_factory.mktemp("odd-types")
-    for model_type in ("openai-gpt", "xlm"):
+    for model_type in ("openai-gpt", "xlm", "cpmant"):
         build_type_model(model_type, f"local/tiny-{model_type}", cache)
     build_type_model("megatron-bert", "local/tiny-megatron-encoder", cache, is_decoder=False)
     return cache
@@ -125,6 +125,18 @@ def test_a_model_that_keeps_no_cache_is_refused_at_load_with_why(odd_cache, mode
     with pytest.raises(ModelLoadError, match="cannot be served: its forward (returns no cache|leaves transformers' "
                                              "cache empty)"):
         ModelRunner(load(odd_cache, f"local/tiny-{model_type}"))
+
+
+def test_a_model_whose_forward_fails_continuing_a_prompt_is_refused_at_load_with_why(odd_cache):
+    """CPM-Ant prepends prompt tokens of its own, so a prompt continued one token at a time with its cache fails
+    in its forward: refused at load (transformers' generate, which feeds it differently, still runs)."""
+    from workers.engine.errors import ModelLoadError
+    from workers.engine.execution.runner import ModelRunner
+
+    from .test_step_contract import load
+
+    with pytest.raises(ModelLoadError, match="its forward fails when a prompt is continued one token at a time"):
+        ModelRunner(load(odd_cache, "local/tiny-cpmant"))
 
 
 def test_a_model_whose_logits_change_when_its_prompt_is_chunked_prefills_whole(odd_cache):
