@@ -180,6 +180,8 @@ SCENARIOS = {
                 "[DONE] (bench/shutdown.py)",
     "readiness": "a fresh process's first completion after /health said ok vs its second, embedded and scale-out, "
                  "5 tries each (bench/readiness.py)",
+    "types": "every causal-LM model_type of the installed transformers through the engine vs generate: equal, "
+             "declined at load (why), wrong, or a failed tiny build (bench/types.py)",
     "tensor_parallel": "small-llama split over 2 ranks (gloo on CPU) vs on one: tok/s at 1 and 16 streams, equal "
                        "tokens, the per-step op message's share of a step (bench/tensor_parallel.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "

@@ -1,0 +1,145 @@
+"""`python -m bench.run --scenario types`: every causal-LM `model_type` of the installed transformers through the
+engine, against `generate` (issue 46's matrix; a new transformers release adds its new types by itself).
+
+Each type in a process of its own (6 GB of address space, 120 s): a tiny random-weight model built from the type's
+own config defaults (workers/tiny/type_matrix.py), loaded by the server's loader, its runner built (the load-time
+checks: what it caches, padded rows, chunked prefill, whether it keeps a cache at all), then 4 prompts prefilled in
+chunks of 5 joining the batch one after another, and the same 4 prefilled together, 8 greedy tokens each, every
+row compared with `generate` for that prompt alone. A type ends as `equal`, `declined` (refused at load, with the
+reason), `WRONG` (other tokens: a bug), or `error` (the tiny build or the check failed; the reason kept). Writes
+bench/results/types-*.json and prints a line per type that is not `equal`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS = 8
+TEXTS = ["Hi there", "Once upon a time there was a", "1, 2, 3, 4, 5, 6, 7, 8, 9,",
+         "The capital of France is a city on the river"]
+QUICK = ["llama", "gpt2", "bart", "mamba", "openai-gpt", "cpmant"]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench.run --scenario types", description=__doc__)
+    parser.add_argument("--types", default="", help="comma-separated model types (default: every causal-LM type)")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    return parser.parse_args(argv)
+
+
+def check_type(model_type: str, cache: str) -> dict:
+    """One type, in this process: built, loaded, its runner, the two batched runs against `generate`."""
+    out: dict = {"type": model_type}
+    try:
+        import torch
+
+        import protocol
+        from protocol import ModelRef
+        from workers.engine.config import TemplateSettings
+        from workers.engine.inputs.generation_job import GenerationJob
+        from workers.engine.errors import ModelLoadError
+        from workers.engine.execution.input_batch import InputBatch
+        from workers.engine.execution.runner import ModelRunner, RunnerSettings, sample_batch
+        from workers.engine.models.model_loader import load_model
+        from workers.engine.plan import DecodePlan
+        from workers.engine.sequences import Handover
+        from workers.engine.step_clock import StepClock
+        from workers.tiny.type_matrix import build_type_model
+
+        repo = f"local/tiny-{model_type.replace('_', '-')}"
+        build_type_model(model_type, repo, cache)
+        loaded = load_model(ModelRef.parse(repo), "cpu", "float32")
+        try:
+            runner = ModelRunner(loaded, RunnerSettings(prefill_chunk=5, max_rows=8, prefix_cache_bytes=0))
+        except ModelLoadError as exc:
+            return {**out, "status": "declined", "reason": str(exc)}
+        out.update(cache=runner.spec.describe(), notes=list(runner.spec.notes))
+        prompts = [loaded.tokenizer(text)["input_ids"] for text in TEXTS]
+
+        def generate(ids: list[int]) -> list[int]:
+            with torch.no_grad():
+                output = loaded.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                               max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False,
+                                               pad_token_id=loaded.tokenizer.pad_token_id)
+            return output[0, len(ids):].tolist()
+
+        def new_sequence(ids: list[int]):
+            job = protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", "reply", ModelRef.parse(repo), [ids],
+                                          protocol.JobParams(temperature=0, ignore_eos=True, max_tokens=TOKENS))
+            return GenerationJob(job, loaded, TemplateSettings(), Handover()).sequences[0]
+
+        def step() -> None:
+            runner.execute(DecodePlan(runner.view(), StepClock())).apply()
+            runner.drop_finished()
+
+        expected = [generate(ids) for ids in prompts]
+        sequences = [new_sequence(ids) for ids in prompts]
+        for seq in sequences:  # in chunks of 5, joining one after another
+            logits = None
+            while logits is None:
+                logits = runner.prefill(seq, 5)[1]
+            sample_batch(InputBatch([seq]), logits[None]).apply()
+            runner.join([seq])
+            step()
+        while runner.running:
+            step()
+        checks = {"chunked and joining": [s.completion_ids for s in sequences] == expected}
+        if runner.spec.prefills_padded:
+            sequences = [new_sequence(ids) for ids in prompts]
+            sample_batch(InputBatch(sequences), torch.stack(runner.prefill_together(sequences))).apply()
+            runner.join(sequences)
+            while runner.running:
+                step()
+            checks["together"] = [s.completion_ids for s in sequences] == expected
+        out["checks"] = checks
+        out["status"] = "equal" if all(checks.values()) else "WRONG"
+    except Exception as exc:
+        out.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:300]}",
+                   where=traceback.format_exc().splitlines()[-3].strip()[:200])
+    return out
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    from workers.tiny.type_matrix import causal_lm_types
+
+    types = QUICK if args.quick else [t for t in args.types.split(",") if t] or causal_lm_types()
+    cache = tempfile.mkdtemp(prefix="bench-types-")
+    results = []
+    for model_type in types:
+        started = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, "-m", "bench.types", model_type, cache], cwd=ROOT, timeout=120,
+                                  capture_output=True, text=True, env={**os.environ, "HF_HUB_CACHE": cache,
+                                                                       "HF_HUB_OFFLINE": "1"})
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            result = (json.loads(lines[-1][len("RESULT "):]) if lines else
+                      {"type": model_type, "status": "error", "reason": f"the check's process exited {done.returncode}"})
+        except subprocess.TimeoutExpired:
+            result = {"type": model_type, "status": "error", "reason": "over 120 s"}
+        result["seconds"] = round(time.monotonic() - started, 1)
+        results.append(result)
+        if result["status"] != "equal":
+            print(f"{model_type}: {result['status']}: {result.get('reason', result.get('checks'))}", flush=True)
+    counts = Counter(r["status"] for r in results)
+    print(json.dumps({"types": len(results), **counts}))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"types-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":  # one type, in the process main() started for it
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    print("RESULT " + json.dumps(check_type(sys.argv[1], sys.argv[2])), flush=True)
