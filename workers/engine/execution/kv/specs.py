@@ -138,7 +138,8 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
             output = model(input_ids=torch.tensor([[_probe_token(model)]], device=device), use_cache=True,
                            logits_to_keep=1, **{cache_arg: cache})
     except Exception as exc:  # e.g. a model whose forward needs more than token ids: sizes unknown
-        _check_continues(model, device, cache_arg, takes_positions)  # but a forward that fails on ids alone: refused
+        if getattr(model, "main_input_name", "input_ids") == "input_ids":  # (not Whisper: audio features first)
+            _check_continues(model, device, cache_arg, takes_positions)  # a forward failing on ids alone: refused
         logger.warning("%s: could not read its cache's shapes (%s); sizing it from the config",
                        getattr(config, "name_or_path", ""), exc)
         return _spec_from_config(config, kinds, cache_arg, takes_positions)
