@@ -158,7 +158,8 @@ def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes
         return received, None, None
 
     received, error, heard_after = asyncio.run(run())
-    assert error is not None and "tensor-parallel rank 1 exited" in str(error), (received, error)
+    # the rank that died is named once its exit is seen (within a second); the group's failure is said always
+    assert error is not None and "tensor-parallel group is down" in str(error), (received, error)
     assert heard_after < 10
     expected = greedy(split_cache, "llama", tuple(PROMPTS[1]))
     deadline = time.monotonic() + 90
