@@ -64,6 +64,13 @@ def check_type(model_type: str, cache: str) -> dict:
         try:
             runner = ModelRunner(loaded, RunnerSettings(prefill_chunk=5, max_rows=8, prefix_cache_bytes=0))
         except ModelLoadError as exc:
+            try:  # a decline counts only where transformers itself generates with the tiny build
+                ids = torch.tensor([loaded.tokenizer(TEXTS[1])["input_ids"]])
+                loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+            except Exception as broken:
+                return {**out, "status": "error",
+                        "reason": f"the tiny build does not run generate either: {type(broken).__name__}: "
+                                  f"{str(broken)[:200]}"}
             return {**out, "status": "declined", "reason": str(exc)}
         out.update(cache=runner.spec.describe(), notes=list(runner.spec.notes))
         prompts = [loaded.tokenizer(text)["input_ids"] for text in TEXTS]
