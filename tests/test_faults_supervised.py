@@ -47,8 +47,13 @@ def test_supervisord_restarts_a_killed_worker(hf_cache, tmp_path):
     base_url = f"http://127.0.0.1:{port}"
     try:
         key_file = Path(env["INFERENCE_KEY_DIR"]) / f"{port}.key"
-        wait_for(lambda: key_file.exists() and httpx.get(f"{base_url}/health", timeout=5).status_code == 200,
-                 timeout=90, what="web and a worker to be up")
+        def up() -> bool:  # the key file is written before the port listens
+            try:
+                return key_file.exists() and httpx.get(f"{base_url}/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=90, what="web and a worker to be up")
         key = key_file.read_text().strip()
         pids = {name: wait_for(lambda name=name: worker_pid(env, name), 60, f"{name} RUNNING")
                 for name in ("worker:worker-0", "worker:worker-1")}
