@@ -160,6 +160,7 @@ def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes
     received, error, heard_after = asyncio.run(run())
     # the rank that died is named once its exit is seen (within a second); the group's failure is said always
     assert error is not None and "tensor-parallel group is down" in str(error), (received, error)
+    assert error.body.get("code") == "model_restarting", error.body  # a 503 in the stream: retrying may succeed
     assert heard_after < 10
     expected = greedy(split_cache, "llama", tuple(PROMPTS[1]))
     deadline = time.monotonic() + 90
@@ -182,6 +183,10 @@ def test_what_cannot_be_split_is_refused_with_its_reason(split_server):
     with pytest.raises(Exception) as refused:
         client.completions.create(model=model_id("mamba"), prompt="hi", max_tokens=2)
     assert "no tensor-parallel plan for its architecture (mamba)" in str(refused.value)
+    assert refused.value.status_code == 503 and refused.value.body["code"] == "model_load_failed"
+    with pytest.raises(Exception) as unknown:  # refused before any rank is started
+        client.completions.create(model="local/no-such-model", prompt="hi", max_tokens=2)
+    assert unknown.value.status_code == 404 and "local/no-such-model: tensor parallel" not in split_server.log()
     with pytest.raises(Exception) as adapter:
         client.completions.create(model=ADAPTER, prompt="hi", max_tokens=2)
     assert "split over several ranks (tensor parallel), which serves no adapters" in str(adapter.value)

@@ -15,6 +15,7 @@ import protocol
 from protocol import ModelRef, failpoints
 from workers.engine.core.supervision import engine_fault_message
 from workers.engine.errors import JobError, ModelLoadError
+from workers.engine.parallel.mirrored_runner import GroupDown
 from workers.engine.inputs.generation_job import GenerationJob
 from workers.engine.output.processor import publish_due
 from workers.engine.sequences import Handover
@@ -193,8 +194,10 @@ class JobFlow:
             request = seq.request
             if self.requests.get(request.request_id) is request:
                 reason = f"{type(exc).__name__}: {exc}"[:300]
+                own = isinstance(exc, GroupDown)  # a split model's group went down: it is being loaded again
                 self._fail(request, protocol.error_message(
-                    500, f"Generation failed on the worker ({reason}).", None, "internal_error"))
+                    exc.status if own else 500, f"Generation failed on the worker ({reason}).", None,
+                    exc.code if own else "internal_error"))
 
     def _fail(self, request: GenerationJob, message: dict | None = None) -> None:
         self.requests.pop(request.request_id, None)

@@ -27,6 +27,7 @@ from workers.engine.parallel.ranks import RankLoad, backend_for, init_rank
 logger = logging.getLogger(__name__)
 
 STOP_WAIT_SECONDS = 5.0  # a follower asked to stop gets this long before it is killed
+LOAD_WAIT_SECONDS = 600.0  # after rank 0 loaded its shard, the longest a follower may take to load its own
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -81,12 +82,19 @@ class TensorParallelGroup:
 
     def wait_loaded(self) -> None:
         """After rank 0's own load: every follower's shard is loaded too (else its error, raised)."""
+        deadline = time.monotonic() + LOAD_WAIT_SECONDS
         for rank, conn in enumerate(self.conns, start=1):
             while not conn.poll(0.2):
                 if not self.processes[rank - 1].is_alive():
                     raise ModelLoadError(f"tensor-parallel rank {rank} exited while loading "
                                          f"(code {self.processes[rank - 1].exitcode})")
-            kind, value = conn.recv()
+                if time.monotonic() > deadline:
+                    raise ModelLoadError(f"tensor-parallel rank {rank} did not load its shard within "
+                                         f"{LOAD_WAIT_SECONDS:.0f} s of rank 0")
+            try:
+                kind, value = conn.recv()
+            except (EOFError, OSError) as exc:
+                raise ModelLoadError(f"tensor-parallel rank {rank} exited while loading") from exc
             if kind == "error":
                 raise ModelLoadError(value)
             self.follower_bytes.append(int(value))

@@ -23,7 +23,10 @@ logger = logging.getLogger(__name__)
 
 
 class GroupDown(RuntimeError):
-    """The model's tensor-parallel group cannot run a step (a rank died or a collective failed)."""
+    """The model's tensor-parallel group cannot run a step (a rank died or a collective failed); its requests
+    hear a 503 (the model is being loaded again: a retry may succeed)."""
+
+    status, code = 503, "model_restarting"
 
 
 class MirroredRunner(ModelRunner):
