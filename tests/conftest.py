@@ -3,6 +3,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+import os
+import signal
 
 import pytest
 import torch
@@ -16,6 +18,17 @@ from .live_server import LiveServer, Zygote, base_env
 from .services import RedisServer, require_binary
 
 TINY_MODEL = "local/tiny-llama"
+
+# A shell runs a command started with `&` with SIGINT ignored, and every process started from it inherits that: the
+# servers' Twisted then leaves Ctrl-C alone and the graceful-stop tests' SIGINT does nothing. Servers started from
+# here handle SIGINT as a foreground `manage.py serve` does.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# In-process torch work (engines, runners, `generate` references) takes this worker's share of the cores: two
+# xdist workers with two OpenMP threads each on two cores spin against each other (the engine tests ran 2.6x
+# slower than with one thread each). The servers the tests start size their own threads (workers/engine/cpu_share.py).
+torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 Zygote.in_test_session = True  # this session's servers fork from tests/zygote.py (bench runs start theirs fresh)
 

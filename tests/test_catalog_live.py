@@ -72,10 +72,12 @@ def test_concurrent_first_requests_trigger_one_load(live):
     async def burst():
         client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key=live.key, max_retries=0, timeout=120)
         return await asyncio.gather(*[client.completions.create(model="local/other", prompt=f"Story {i}:",
-                                                                max_tokens=3) for i in range(8)])
+                                                                max_tokens=3, extra_body={"ignore_eos": True})
+                                     for i in range(8)])
 
     results = asyncio.run(burst())
-    assert all(r.usage.completion_tokens == 3 for r in results)
+    # ignore_eos: batched in whichever way they arrive, a random model's near-tie may pick its EOS.
+    assert [r.usage.completion_tokens for r in results] == [3] * 8
     assert live.log().count("loaded local/other@main on") == 1
 
 
