@@ -12,6 +12,7 @@ import openai
 from openai import AsyncOpenAI, OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from workers.engine import cpu_share
 from workers.tiny.builders import build_tiny_model
 
 from .live_server import LiveServer, Zygote, base_env
@@ -27,7 +28,9 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 # In-process torch work (engines, runners, `generate` references) takes this worker's share of the cores: two
 # xdist workers with two OpenMP threads each on two cores spin against each other (the engine tests ran 2.6x
-# slower than with one thread each). The servers the tests start size their own threads (workers/engine/cpu_share.py).
+# slower than with one thread each). The servers the tests start size their own threads (workers/engine/cpu_share.py,
+# imported first: it reads torch's default count, the most an engine's governor gives itself, before this sets one).
+cpu_share.DEFAULT_THREADS  # noqa: B018
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 Zygote.in_test_session = True  # this session's servers fork from tests/zygote.py (bench runs start theirs fresh)
