@@ -42,12 +42,14 @@ def raw_generate(cache: Path, model_id: str, texts: list[str], max_tokens: int) 
     from huggingface_hub import snapshot_download
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from workers.engine.models.gguf_loading import each_file_parsed_once
     from workers.tiny.smollm2 import GGUF_FILE
 
     folder = snapshot_download(model_id, cache_dir=cache, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
+    with each_file_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32).eval()
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32).eval()
 
     def timed(batch: list[str]) -> float:
         inputs = tokenizer(batch, return_tensors="pt", padding=True)

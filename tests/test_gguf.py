@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 from openai import AsyncOpenAI
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from workers.tiny.builders import build_tiny_model
 from workers.tiny.gguf_files import build_tiny_gguf_model
@@ -183,7 +183,7 @@ def test_the_real_smollm2_dequantized_holds_the_gguf_file_s_weights(tmp_path):
     assert build_smollm2(tmp_path) == model_id == "local/SmolLM2-135M-Instruct"  # kept, not rebuilt
     snapshot = next((tmp_path / "models--local--SmolLM2-135M-Instruct" / "snapshots").iterdir())
     saved = {name: tensor for file in snapshot.glob("*.safetensors") for name, tensor in load_file(file).items()}
-    config = AutoModelForCausalLM.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True).config
+    config = AutoConfig.from_pretrained(model_id, cache_dir=tmp_path, local_files_only=True)
     compared = 0
     for tensor in gguf.GGUFReader(smollm2_gguf_path()).tensors:
         parts = tensor.name.split(".")  # blk.N.attn_q.weight / token_embd.weight

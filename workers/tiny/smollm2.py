@@ -69,8 +69,11 @@ def _dequantize(source: Path, out: Path, dtype: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=getattr(torch, dtype))
+    from workers.engine.models.gguf_loading import each_file_parsed_once
+
+    with each_file_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=getattr(torch, dtype))
     # transformers will not save a model it loaded through its GGUF quantizer: the same weights in a plain model
     config = loaded.config
     if hasattr(config, "quantization_config"):
