@@ -11,6 +11,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: a Sequence's request is an inputs.generation_job.GenerationJob
+    import torch
+
     from workers.engine.output.choice_output import ChoiceOutput
     from workers.engine.sample.constraints import Constraint
     from workers.engine.sample.sampling import Sampler, TokenChoice
@@ -38,7 +40,7 @@ class Sequence:
     __slots__ = ("request", "index", "prompt_index", "prefilled", "prompt_ids", "sampler", "max_tokens",
                  "end_ids", "eos_ids", "completion_ids", "state", "media_inputs", "finish_reason", "constraint",
                  "paused", "wants_prompt_logprobs", "prompt_scorer", "echo_scoring", "output", "handover",
-                 "wants_logprobs", "speculation", "cached_prompt_tokens", "__weakref__")
+                 "wants_logprobs", "speculation", "cached_prompt_tokens", "rope_table", "rope_offset", "__weakref__")
 
     def __init__(self, request: Any, index: int, prompt_index: int, prompt_ids: list[int], sampler: "Sampler",
                  max_tokens: int, output: "ChoiceOutput", handover: Handover, prompt_scorer=None,
@@ -57,6 +59,10 @@ class Sequence:
         self.completion_ids: list[int] = []
         self.state = None  # the runner's per-sequence model state (KV cache) while out of the batch
         self.media_inputs: dict | None = None  # processor tensors the prompt's prefill takes (pixel_values, …)
+        # M-RoPE (workers/engine/execution/mrope.py): the prompt's (3, length) rotary positions while it prefills,
+        # and the offset every later token's rotary position has from its index
+        self.rope_table: torch.Tensor | None = None
+        self.rope_offset = 0
         self.finish_reason: str | None = None
         self.constraint: Constraint | None = None  # set once the request's grammar is compiled
         self.paused = False  # preempted: out of the batch with its keys/values in `state`, waiting to rejoin

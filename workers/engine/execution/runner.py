@@ -28,6 +28,8 @@ from workers.engine.step_clock import StepClock
 from workers.engine.execution.input_batch import InputBatch
 from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutput
 from workers.engine.sample.constraints import masks_for
+from workers.engine.execution.media_rows import chunk_media, may_end_at, prefix_root
+from workers.engine.execution.mrope import prompt_position_ids, takes_rope_offsets
 from workers.engine.execution.static_decode import StaticDecode
 from protocol.speculative import SpeculativeConfig
 from workers.engine.speculation.proposers import proposer_for
@@ -58,7 +60,8 @@ class ModelRunner:
                              if settings.prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
         # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
         row_slots = settings.max_rows if loaded.device.type == "cpu" else 4
-        self.batch = SlabKV(loaded.model.config, spec, loaded.device, row_slots)
+        self.rope_offsets = takes_rope_offsets(loaded.model)  # M-RoPE: a rotary offset per row (execution/mrope.py)
+        self.batch = SlabKV(loaded.model.config, spec, loaded.device, row_slots, self.rope_offsets)
         # LoRA rows pick their adapter per row, which a fixed program over a bucket cannot.
         self.static: StaticDecode | None = None
         if settings.static_decode and spec.batchable and loaded.peft is None and static_attention(loaded.model.config):
@@ -129,17 +132,21 @@ class ModelRunner:
         """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
         cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
         if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs
-                or seq.media_inputs is not None):  # equal placeholder ids stand for different pictures
+                or not self._caches_prefix_of(seq)):
             return None
-        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, getattr(seq.request.model, "adapter", None))
+        may_end = may_end_at(seq.media_inputs) if seq.media_inputs is not None else None
+        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, prefix_root(seq), may_end)
         seq.cached_prompt_tokens = seq.prefilled
         return seq.prefilled
 
     def remember_prefix(self, seq: Sequence) -> None:
         """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
-        if self.prefix_cache is not None and seq.state is not None and seq.media_inputs is None:
-            # keyed by adapter: the same tokens give other keys/values under a LoRA adapter
-            self.prefix_cache.remember(seq.prompt_ids, seq.state, getattr(seq.request.model, "adapter", None))
+        if self.prefix_cache is not None and seq.state is not None and self._caches_prefix_of(seq):
+            self.prefix_cache.remember(seq.prompt_ids, seq.state, prefix_root(seq))
+
+    def _caches_prefix_of(self, seq: Sequence) -> bool:
+        """Text prompts, and media prompts of models whose positions the engine passes (execution/media_rows.py)."""
+        return seq.media_inputs is None or self.rope_offsets
 
     def chunk_for(self, seq: Sequence, budget: int) -> int:
         """How many more prompt tokens a prefill of this sequence takes within `budget`: media features need
@@ -166,27 +173,33 @@ class ModelRunner:
         if take <= 0:
             return 0, None
         chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
+        positions = range(seq.prefilled, seq.prefilled + take)
+        inputs = self._cache_inputs(seq.state, None if seq.media_inputs is not None else positions)
+        if self.rope_offsets and seq.media_inputs is not None:
+            inputs["position_ids"] = prompt_position_ids(self.loaded.model, seq, positions)
         output = self._forward(
             [seq], input_ids=torch.tensor([chunk], device=self.loaded.device),
             use_cache=True,
             logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
-            **self._cache_inputs(seq.state, None if seq.media_inputs is not None else range(seq.prefilled, seq.prefilled + take)),
-            **self._media_tensors(seq),
+            **inputs, **self._media_tensors(seq, positions),
         )
         seq.state = self._cache_of(output)
         seq.prefilled += take
         done = seq.prefilled == len(seq.prompt_ids)
+        if done and self.rope_offsets:
+            seq.rope_table = None  # the offset is all its later tokens need
         if seq.wants_prompt_logprobs:
             seq.record_prompt_chunk(output.logits[0], last=done)
         return take, output.logits[0, -1] if done else None
 
-    def _media_tensors(self, seq: Sequence) -> dict:
-        """The processor's tensors for the model's forward, floating ones in the model's dtype."""
+    def _media_tensors(self, seq: Sequence, positions: range) -> dict:
+        """The processor's tensors for the model's forward over these prompt positions, floating ones in the
+        model's dtype."""
         if seq.media_inputs is None:
             return {}
         dtype = self.loaded.model.dtype
         return {key: value.to(self.loaded.device, dtype=dtype if value.is_floating_point() else value.dtype)
-                for key, value in seq.media_inputs.items()}
+                for key, value in chunk_media(seq.media_inputs, positions.start, positions.stop).items()}
 
     def prefills_together(self, seq: Sequence) -> bool:
         """Whether this prompt may prefill in one padded forward with others: not when the model keeps a
@@ -231,6 +244,8 @@ class ModelRunner:
         if sibling.max_tokens > 0:
             sibling.state = clone_cache(source.state)
         sibling.prefilled = len(sibling.prompt_ids)
+        if self.rope_offsets:
+            sibling.rope_offset = source.rope_offset
         if sibling.wants_prompt_logprobs:
             sibling.output.copy_prompt_scores(source.output)
 
@@ -242,7 +257,8 @@ class ModelRunner:
         if not self.spec.batchable:
             self.solo_rows.extend(sequences)
             return
-        self.batch.add([seq.state for seq in sequences], [cached_tokens(seq) for seq in sequences])
+        self.batch.add([seq.state for seq in sequences], [cached_tokens(seq) for seq in sequences],
+                       [seq.rope_offset for seq in sequences] if self.rope_offsets else None)
         for seq in sequences:
             seq.state = None  # its keys/values now live in the batch
         self.batch_rows.extend(sequences)

@@ -9,13 +9,18 @@ from workers.tiny.lora import build_tiny_lora
 from workers.tiny.multimodal import build_tiny_audio_lm, build_tiny_vlm, build_tiny_whisper
 from workers.tiny.gguf_files import build_tiny_gguf_model
 from workers.tiny.omni import build_tiny_omni
+from workers.tiny.qwen_vl import QWEN_VL_KINDS, build_tiny_qwen_vl
 from workers.tiny.smollm2 import build_from_gguf, smollm2_gguf_path
+
+
+QWEN_VL_ARCHES = dict(zip(("qwen2-vl", "qwen2.5-vl", "qwen3-vl"), QWEN_VL_KINDS))
 
 
 class Command(BaseCommand):
     help = ("Build a model with random weights and a trained tokenizer into the Hugging Face cache (offline): "
             "a Llama causal LM, a LLaVA-shaped vision-language model, a Qwen2-Audio-shaped audio chat model "
-            "(audio-chat), a Gemma-4-shaped omni model (omni: images, video and audio), a Whisper, or a "
+            "(audio-chat), a Gemma-4-shaped omni model (omni: images, video and audio), a Qwen2-VL, Qwen2.5-VL or "
+            "Qwen3-VL (qwen2-vl, qwen2.5-vl, qwen3-vl: M-RoPE vision-language models), a Whisper, or a "
             "sentence-transformers embedding model (encoder: a BERT with mean pooling and normalisation), a cross-encoder (cross-encoder: a BERT sequence classifier with one label), "
             "or a LoRA adapter of a model already in the cache (lora, with --base); --family NAME builds a causal "
             "LM of that architecture family instead (mistral, gemma3, gpt-oss, deepseek-v3, qwen3.5, jamba, "
@@ -24,8 +29,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="repo id to write, e.g. local/tiny-llama")
-        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "omni", "whisper", "encoder",
-                                                       "cross-encoder", "lora", "gguf"], default="llama",
+        parser.add_argument("--arch", choices=["llama", "llava", "audio-chat", "omni", *QWEN_VL_ARCHES, "whisper",
+                                                "encoder", "cross-encoder", "lora", "gguf"], default="llama",
                             help="gguf: the tiny Llama written as a GGUF repo (an F32 and an F16 file)")
         parser.add_argument("--size", choices=["tiny", "tiny-long", "small"], default="tiny",
                             help="llama only (tiny-long: tiny with a 32k context, what serve builds on a first run)")
@@ -61,6 +66,8 @@ class Command(BaseCommand):
             path = build_tiny_audio_lm(name, seed=seed)
         elif arch == "omni":
             path = build_tiny_omni(name, seed=seed)
+        elif arch in QWEN_VL_ARCHES:
+            path = build_tiny_qwen_vl(name, QWEN_VL_ARCHES[arch], seed=seed)
         elif arch == "encoder":
             path = build_tiny_encoder(name, seed=seed)
         elif arch == "cross-encoder":

@@ -14,6 +14,7 @@ cached keys/values are those the same tokens at the same positions produce.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,12 +60,16 @@ class PrefixCache:
             parent = key
         return keys
 
-    def lookup(self, prompt_ids: list[int], root: str | None = None) -> tuple[DynamicCache | None, int]:
+    def lookup(self, prompt_ids: list[int], root: str | None = None,
+               may_end: Callable[[int], bool] | None = None) -> tuple[DynamicCache | None, int]:
         """A cache holding the longest cached start of the prompt (leaving at least its last token
         to prefill, whose logits are needed) and how many tokens it holds. `root` keys the entries
-        by the weights that computed them (a LoRA adapter's name; None: the base model)."""
+        by what else made them (a LoRA adapter's name, a prompt's pictures; None: the base model, text).
+        `may_end(tokens)`: whether a start of that many tokens may be taken (none that cuts a picture)."""
         usable = (len(prompt_ids) - 1) // BLOCK_TOKENS
         keys = self._run(prompt_ids, usable, root) if self.budget > 0 else []
+        while keys and may_end is not None and not may_end(len(keys) * BLOCK_TOKENS):
+            keys.pop()
         self.lookup_tokens += len(prompt_ids)
         if not keys:
             return None, 0

@@ -19,12 +19,14 @@ from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
 from workers.engine.execution.kv.rows import cache_from_layers, row_layers
+from workers.engine.execution.mrope import rope_position_ids
 from workers.engine.execution.kv.specs import FULL, NONE, SLIDING, STATE, CacheSpec
 from workers.engine.execution.kv.stores import FullStore, SlidingStore, StateStore
 
 
 class SlabKV:
-    def __init__(self, config, spec: CacheSpec, device: torch.device, row_slots: int = 4) -> None:
+    def __init__(self, config, spec: CacheSpec, device: torch.device, row_slots: int = 4,
+                 rope_offsets: bool = False) -> None:
         self.config = config
         self.spec = spec
         self.device = device
@@ -39,6 +41,9 @@ class SlabKV:
         self.prepared_mask: bool | None = None if plain and attends_with_sdpa(config) else False
         self.lengths: list[int] = []  # real tokens cached per row = the next token's position
         self._positions: torch.Tensor | None = None  # `lengths` as the decode step's position ids, kept by step
+        # M-RoPE models (workers/engine/execution/mrope.py): each row's rotary offset, and positions as (4, rows, …)
+        self.rope_offsets = rope_offsets
+        self.offsets: list[int] = []
         self._shortest = 0  # min(lengths), kept with them (whether a row is padded)
         self.holes = False  # some row has masked columns inside it (drafts rejected in a verifying step)
         self.start = self.end = 0
@@ -110,11 +115,12 @@ class SlabKV:
         self.generation += 1
 
     # --- the batch -----------------------------------------------------------
-    def add(self, prefilled: list[DynamicCache], lengths: list[int]) -> None:
-        """Copy freshly prefilled single-row caches (of `lengths` tokens each) into row slots after the
-        running rows (in this order)."""
+    def add(self, prefilled: list[DynamicCache], lengths: list[int], offsets: list[int] | None = None) -> None:
+        """Copy freshly prefilled single-row caches (of `lengths` tokens each; M-RoPE rows' rotary `offsets`)
+        into row slots after the running rows (in this order)."""
         if not prefilled:
             return
+        self.offsets.extend(offsets or [0] * len(prefilled))
         contents = [row_layers(cache) for cache in prefilled]
         longest = max(lengths)
         if not self.allocated:
@@ -168,8 +174,10 @@ class SlabKV:
                 store.move(hole, mover)
             self.mask[hole, self.start:self.end] = self.mask[mover, self.start:self.end]
             self.lengths[hole] = self.lengths[mover]
+            self.offsets[hole] = self.offsets[mover]
             order[hole] = mover
         self.lengths = self.lengths[:remaining]
+        self.offsets = self.offsets[:remaining]
         self.start = self.end - max(self.lengths) if self.lengths else self.end
         self._rows_changed()
         return order
@@ -185,6 +193,13 @@ class SlabKV:
     def padded(self) -> bool:
         """Whether some row is shorter than the window (its left columns are padding)."""
         return bool(self.lengths) and self._shortest < self.length
+
+    def _position_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """The forward's positions for tokens at `index` (rows, tokens): as they are, or with each row's rotary
+        offset on M-RoPE's three axes."""
+        if not self.rope_offsets:
+            return index
+        return rope_position_ids(index, index + torch.tensor(self.offsets, device=self.device)[:, None])
 
     def _rows_changed(self) -> None:
         self._positions = None
@@ -209,7 +224,7 @@ class SlabKV:
             inputs["attention_mask"] = mask
         if self.spec.takes_positions:
             if self._positions is None:
-                self._positions = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
+                self._positions = self._position_ids(torch.tensor(self.lengths, device=self.device).unsqueeze(1))
             inputs["position_ids"] = self._positions
         return inputs
 
@@ -227,8 +242,8 @@ class SlabKV:
         if self.spec.attends:
             inputs["attention_mask"] = self.mask[:self.rows, self.start:self.end + width]
         if self.spec.takes_positions:
-            inputs["position_ids"] = (torch.tensor(self.lengths, device=self.device)[:, None]
-                                      + torch.arange(width, device=self.device))
+            inputs["position_ids"] = self._position_ids(torch.tensor(self.lengths, device=self.device)[:, None]
+                                                        + torch.arange(width, device=self.device))
         return inputs
 
     def commit(self, kept: list[int], width: int) -> None:
@@ -284,7 +299,11 @@ class SlabKV:
         self.mask[:rows, end] = True
         lengths = torch.tensor(self.lengths + [0] * (bucket - rows), device=self.device)
         inputs.ids[:, 0] = torch.tensor(list(last_tokens) + [0] * (bucket - rows), device=self.device)
-        inputs.positions[:, 0] = lengths
+        if self.rope_offsets:
+            inputs.positions[0, :, 0] = lengths
+            inputs.positions[1:, :, 0] = lengths + torch.tensor(self.offsets + [0] * (bucket - rows), device=self.device)
+        else:
+            inputs.positions[:, 0] = lengths
         self.write_column.fill_(end)
         if inputs.full is not None:
             columns = torch.arange(self.mask.shape[1], device=self.device)
@@ -325,7 +344,7 @@ class SlabKV:
 
     def clear(self) -> None:
         """Forget every row (after a failed step, whose writes may be half done)."""
-        self.lengths = []
+        self.lengths, self.offsets = [], []
         self.holes = False
         self._rows_changed()
         self.start = self.end
@@ -352,7 +371,8 @@ class StaticInputs:
         device, spec = slab.device, slab.spec
         self.generation = slab.generation
         self.ids = torch.zeros((bucket, 1), dtype=torch.long, device=device)
-        self.positions = torch.zeros((bucket, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((4, bucket, 1) if slab.rope_offsets else (bucket, 1), dtype=torch.long,
+                                     device=device)
         # SDPA takes a boolean mask; eager attention adds the mask to its scores: 0, or the dtype's lowest.
         self.additive = slab.config.get_text_config()._attn_implementation == "eager"
         dtype = slab.dtype if self.additive else torch.bool
