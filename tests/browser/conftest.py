@@ -51,21 +51,25 @@ def two_model_cache(hf_cache, tmp_path_factory) -> Path:
     return cache
 
 
-@pytest.fixture(scope="session")
-def web_server(two_model_cache, tmp_path_factory, thinking_template):
+def browser_server(cache: Path, work_dir: Path, thinking_template: Path, **env: str) -> LiveServer:
     """`serve` with a template that thinks when the page asks (`enable_thinking`), else answers.
 
     The worker is warmed up first (its first job imports torch, which on a loaded 2-core machine can
     hold the event loop past the default acknowledgement and heartbeat limits): these tests are about
     the pages, not a cold start.
     """
-    work_dir = tmp_path_factory.mktemp("browser-server")
-    env = base_env(two_model_cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90")
+    env = base_env(cache, work_dir, INFERENCE_WORKER_ACK_TIMEOUT="90", INFERENCE_WORKER_LOST_AFTER="90", **env)
     live = LiveServer(env, work_dir, name="browser", extra_args=("--chat-template", str(thinking_template)))
     live.env = env
     warm_up = httpx.post(f"{live.base_url}/v1/completions", headers=live.headers, timeout=180,
                          json={"model": TINY_MODEL, "prompt": "warm up", "max_tokens": 1})
     assert warm_up.status_code == 200, warm_up.text
+    return live
+
+
+@pytest.fixture(scope="session")
+def web_server(two_model_cache, tmp_path_factory, thinking_template):
+    live = browser_server(two_model_cache, tmp_path_factory.mktemp("browser-server"), thinking_template)
     yield live
     live.stop()
 

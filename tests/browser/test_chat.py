@@ -104,8 +104,9 @@ def test_chat_streams_an_answer_equal_to_the_api_and_keeps_the_conversation(page
 
     # Regenerate replaces the answer (it streams again; still one answer).
     record_streamed_lengths(page)
-    page.click(".message.assistant .meta button:text('Regenerate')")
-    wait_for_answer(page)
+    with slow_network(page):  # the 40 tokens could otherwise arrive in one paint, never seen streaming
+        page.click(".message.assistant .meta button:text('Regenerate')")
+        wait_for_answer(page)
     assert any(n > 0 for n in page.evaluate("() => window.streamedLengths"))
     stored = stored_conversation(page, web_server, conversation).json()
     assert len(stored["messages"]) == 2

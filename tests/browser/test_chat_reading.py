@@ -14,6 +14,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from openai import OpenAI
 
 from ..conftest import TINY_MODEL
+from .conftest import browser_server, make_users
 from .pages import (
     chat_settings,
     conversation_id,
@@ -25,6 +26,22 @@ from .pages import (
 )
 
 STREAMING_BODY = ".message.assistant.streaming .body"
+
+
+@pytest.fixture(scope="module")
+def web_server(two_model_cache, tmp_path_factory, thinking_template):
+    """This module's own server, each forward 15 ms longer (a failpoint's delay): its tests watch an answer grow
+    while the reader scrolls, selects or stops, and the tiny model otherwise writes 330 tokens in a second or
+    two, sometimes before the test has looked (seen under `-n 2` on two cores)."""
+    live = browser_server(two_model_cache, tmp_path_factory.mktemp("reading-server"), thinking_template,
+                          INFERENCE_FAILPOINTS="engine.forward=delay(15)")
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def users(web_server) -> dict[str, str]:
+    return make_users(web_server)
 TALL_TEXT = "\n".join(["- a"] * 24)  # tall on screen, few tokens
 
 
