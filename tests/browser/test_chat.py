@@ -161,8 +161,9 @@ def test_reasoning_is_a_collapsible_block(page_of, web_server):
     page = page_of("alice")
     chat_settings(page, temperature=0, max_tokens=24, thinking="on")
     record_open_reasoning(page)
-    send_message(page, "Think first.")
-    wait_for_answer(page)
+    with slow_network(page):  # 24 tokens could otherwise arrive in one paint, the reasoning never seen open
+        send_message(page, "Think first.")
+        wait_for_answer(page)
     # A MutationObserver, not polling: a fast stream can be over before a poll sees it.
     assert page.evaluate("() => window.sawOpenReasoning")
     reasoning = page.locator(".message.assistant details.reasoning")
