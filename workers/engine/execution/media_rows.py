@@ -10,6 +10,7 @@ them: the others work out positions or masks from the whole prompt's tensors.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import torch
 
@@ -25,7 +26,7 @@ def media_span(media_inputs: dict) -> tuple[int, int] | None:
     return (int(where[0]), int(where[-1])) if len(where) else None
 
 
-def may_end_at(media_inputs: dict):
+def may_end_at(media_inputs: dict) -> Callable[[int], bool]:
     """Whether a cached start of n tokens leaves the prompt's pictures whole (before them all, or after)."""
     span = media_span(media_inputs)
     if span is None:
