@@ -264,3 +264,34 @@ def test_the_admin_shows_a_gguf_repo_s_files_and_chooses_the_one_it_serves(admin
     other = admin_client.post(f"/admin/catalog/cachedmodel/{safetensors.pk}/change/", {**form, "gguf_file": "f32"})
     assert "Only a GGUF model" in other.content.decode()
     hf_cache.forget_scan()
+
+
+def test_a_gguf_load_parses_the_file_once(gguf_cache):
+    """transformers reads the header for the config, the tokenizer and the weights; the loader has it parsed once
+    (workers/engine/models/gguf_loading.py) and leaves the gguf package as it found it."""
+    import contextlib
+
+    import gguf
+
+    from protocol import ModelRef
+    from workers.engine.models.gguf_loading import GgufSource, load_gguf
+
+    _, lone = gguf_cache
+    real = gguf.GGUFReader
+    parsed = []
+
+    class CountingReader(real):  # the real reader, counted
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    gguf.GGUFReader = CountingReader
+    try:
+        config, tokenizer, model = load_gguf(ModelRef.parse("local/lone"), GgufSource(lone.parent, lone.name),
+                                             torch.device("cpu"), torch.float32, lambda *args: None,
+                                             lambda report: contextlib.nullcontext())
+        assert gguf.GGUFReader is CountingReader
+    finally:
+        gguf.GGUFReader = real
+    assert parsed == [str(lone)]
+    assert model.config.num_hidden_layers == config.num_hidden_layers and tokenizer.eos_token

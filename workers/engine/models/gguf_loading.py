@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -120,28 +121,32 @@ def each_file_parsed_once() -> Iterator[None]:
     transformers parses the header anew for the config, the tokenizer and the weights (`gguf.GGUFReader` in
     `load_gguf_checkpoint`: 1.5 s a time for SmolLM2's 49k-token vocabulary), and builds llama.cpp's name table
     for every module of the model (`gguf.get_tensor_name_map`, 397 times for SmolLM2: 6.4 s). Both are read-only
-    once built, so one serves every caller; the loader thread is the only one loading. SmolLM2's load: 17 s -> 8 s."""
+    once built, so one serves every caller; loads that overlap take turns. SmolLM2's load: 17 s -> 8 s."""
     import gguf
 
-    originals = {"GGUFReader": gguf.GGUFReader, "get_tensor_name_map": gguf.get_tensor_name_map}
-    built: dict[tuple, object] = {}
+    with _ONE_PATCH_AT_A_TIME:  # two loads at once would each restore the other's stand-ins
+        originals = {"GGUFReader": gguf.GGUFReader, "get_tensor_name_map": gguf.get_tensor_name_map}
+        built: dict[tuple, object] = {}
 
-    def once(name: str):
-        def build(*args, **kwargs):
-            key = (name, *(os.fspath(arg) if isinstance(arg, os.PathLike) else arg for arg in args),
-                   *sorted(kwargs.items()))
-            if key not in built:
-                built[key] = originals[name](*args, **kwargs)
-            return built[key]
-        return build
+        def once(name: str):
+            def build(*args, **kwargs):
+                key = (name, *(os.fspath(arg) if isinstance(arg, os.PathLike) else arg for arg in args),
+                       *sorted(kwargs.items()))
+                if key not in built:
+                    built[key] = originals[name](*args, **kwargs)
+                return built[key]
+            return build
 
-    for name in originals:
-        setattr(gguf, name, once(name))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(gguf, name, original)
+        for name in originals:
+            setattr(gguf, name, once(name))
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(gguf, name, original)
+
+
+_ONE_PATCH_AT_A_TIME = threading.RLock()
 
 
 def load_gguf(ref: ModelRef, source: GgufSource, device: torch.device, dtype, report, weights_progress,
