@@ -18,6 +18,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -118,35 +119,64 @@ def check_type(model_type: str, cache: str) -> dict:
     return out
 
 
+def check_types(types: list[str], cache: str, timeout_s: float = 120.0) -> list[dict]:
+    """Every type checked in processes of this module's own (6 GB of address space each): one process goes
+    through the types in turn, so torch and transformers are imported once; a type that kills its process or
+    runs over `timeout_s` is an `error`, and a new process goes on with the next."""
+    results: list[dict] = []
+    left = list(types)
+    while left:
+        process = subprocess.Popen([sys.executable, "-m", "bench.types", cache, *left], cwd=ROOT, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   env={**os.environ, "HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1"})
+        started = time.monotonic()
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        try:
+            for line in process.stdout:
+                if line.startswith("RESULT "):
+                    timer.cancel()
+                    result = json.loads(line[len("RESULT "):])
+                    result["seconds"] = round(time.monotonic() - started, 1)
+                    results.append(result)
+                    left.remove(result["type"])
+                    started = time.monotonic()
+                    timer = threading.Timer(timeout_s, process.kill)
+                    timer.start()
+        finally:
+            timer.cancel()
+            code = process.wait()
+        if left:
+            gone = left.pop(0)  # the type the process was checking when it died or ran out of time
+            results.append({"type": gone, "status": "error", "seconds": round(time.monotonic() - started, 1),
+                            "reason": f"its check's process ended ({code}) or ran over {timeout_s:.0f} s"})
+    return results
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     from workers.tiny.type_matrix import causal_lm_types
 
     types = QUICK if args.quick else [t for t in args.types.split(",") if t] or causal_lm_types()
     cache = tempfile.mkdtemp(prefix="bench-types-")
-    results = []
-    for model_type in types:
-        started = time.monotonic()
-        try:
-            done = subprocess.run([sys.executable, "-m", "bench.types", model_type, cache], cwd=ROOT, timeout=120,
-                                  capture_output=True, text=True, env={**os.environ, "HF_HUB_CACHE": cache,
-                                                                       "HF_HUB_OFFLINE": "1"})
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            result = (json.loads(lines[-1][len("RESULT "):]) if lines else
-                      {"type": model_type, "status": "error", "reason": f"the check's process exited {done.returncode}"})
-        except subprocess.TimeoutExpired:
-            result = {"type": model_type, "status": "error", "reason": "over 120 s"}
-        result["seconds"] = round(time.monotonic() - started, 1)
-        results.append(result)
+    results = check_types(types, cache)
+    for result in results:
         if result["status"] != "equal":
-            print(f"{model_type}: {result['status']}: {result.get('reason', result.get('checks'))}", flush=True)
+            print(f"{result['type']}: {result['status']}: {result.get('reason', result.get('checks'))}", flush=True)
     counts = Counter(r["status"] for r in results)
     print(json.dumps({"types": len(results), **counts}))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"types-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(results, indent=1))
 
 
-if __name__ == "__main__":  # one type, in the process main() started for it
+if __name__ == "__main__":  # the types named, one after another, in the process check_types started
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
     os.environ["HF_HUB_OFFLINE"] = "1"
-    print("RESULT " + json.dumps(check_type(sys.argv[1], sys.argv[2])), flush=True)
+    import gc
+
+    import torch
+
+    torch.set_num_threads(1)
+    for model_type in sys.argv[2:]:
+        print("RESULT " + json.dumps(check_type(model_type, sys.argv[1])), flush=True)
+        gc.collect()

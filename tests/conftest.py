@@ -38,7 +38,7 @@ Zygote.in_test_session = True  # this session's servers fork from tests/zygote.p
 # The slowest files, slowest first (quiet cores, `pytest -n 2 --durations=0`, 2026-11-28): under `-n 2 --dist
 # loadfile` each process takes the next file when it is free, so handing these out first lets both end together
 # instead of one waiting on a long file handed out last. Every other file keeps its order after them.
-SLOWEST_FILES = ("test_bench.py", "test_model_families.py", "test_team_accounts.py", "test_speculative.py",
+SLOWEST_FILES = ("test_bench.py", "test_model_families.py", "test_type_matrix.py", "test_team_accounts.py", "test_speculative.py",
                  "test_soak_faults_scale_out.py", "test_teams_scale_out.py", "test_gguf.py", "test_tensor_parallel.py",
                  "browser/test_chat.py",
                  "test_speculative_constrained.py", "test_openapi.py", "test_reliability_web.py", "test_readiness.py",

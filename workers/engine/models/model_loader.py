@@ -66,6 +66,19 @@ def _model_class(kind: Kind):
     return AutoModelForCausalLM
 
 
+def _class_for(kind: Kind, config: Any):
+    """The auto class for `kind`, or the class the config's `architectures` names where the auto class does not
+    map that config (a text-only half saved on its own, e.g. `MllamaForCausalLM`, whose text config transformers'
+    auto classes know only inside the whole model's)."""
+    import transformers
+
+    auto_class = _model_class(kind)
+    named = getattr(transformers, (getattr(config, "architectures", None) or [""])[0] or "_", None)
+    if type(config) in auto_class._model_mapping or not isinstance(named, type) or getattr(config, "auto_map", None):
+        return auto_class
+    return named
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """What a load asks of transformers beyond device and dtype (protocol.load_options names the choices)."""
@@ -107,7 +120,7 @@ class LoadedModel:
 
     @property
     def modalities(self) -> tuple[str, ...]:
-        return input_modalities(self.kind)
+        return input_modalities(self.kind if self.processor is not None or self.kind == "speech" else "causal")
 
     @property
     def vocab_size(self) -> int:
@@ -225,6 +238,23 @@ def _local_first(loader, repo_id: str, **kwargs):
         return loader(repo_id, **kwargs)
 
 
+def _processor_or_text_only(key: str, kind: str, repo_id: str, **kwargs) -> tuple[Any, Any]:
+    """A media model's processor and its tokenizer; a repo that ships no processor (only a tokenizer: a
+    checkpoint saved without its preprocessor files) is served as text only, said once in the log."""
+    from transformers import AutoTokenizer
+
+    try:
+        processor = _local_first(load_processor, repo_id, **kwargs)
+        return processor, processor.tokenizer
+    except OSError:
+        if kind == "speech":
+            raise
+        tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, **kwargs)
+    logger.warning("%s: the repo has no processor for its media (no preprocessor_config.json); it is served "
+                   "as text only, and a request with an image, audio or video gets a 400", key)
+    return None, tokenizer
+
+
 def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progress: Progress | None = None,
                options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Load `repo[@revision]` through the stages processor, config, download (if not cached), weights."""
@@ -270,8 +300,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if kind in ("causal", "embedding", "cross_encoder"):
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision, **remote)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
-            processor = _local_first(load_processor, repo_id, revision=revision, **remote)
-            tokenizer = processor.tokenizer
+            processor, tokenizer = _processor_or_text_only(ref.key, kind, repo_id, revision=revision, **remote)
         report("config", None)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
         if options.tensor_parallel_size > 1:  # the process group is joined already (workers/engine/parallel/group.py)
@@ -293,7 +322,7 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if quantize is not None or saved_quantized is not None:
             # quantized weights are placed as they load: a bitsandbytes model cannot be moved afterwards
             kwargs["device_map"] = {"": torch_device}
-        model_class = _model_class(kind)
+        model_class = _class_for(kind, config)
         try:
             with weights_progress(report):
                 # transformers passes `local_files_only` on to everything but its look for a PEFT
