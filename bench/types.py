@@ -1,7 +1,8 @@
 """`python -m bench.run --scenario types`: every causal-LM `model_type` of the installed transformers through the
 engine, against `generate` (issue 46's matrix; a new transformers release adds its new types by itself).
 
-Each type in a process of its own (6 GB of address space, 120 s): a tiny random-weight model built from the type's
+Types checked one after another in a process of this module's own (6 GB of address space, 120 s a type; a type
+that kills it is an `error` and a new process goes on): a tiny random-weight model built from the type's
 own config defaults (workers/tiny/type_matrix.py), loaded by the server's loader, its runner built (the load-time
 checks: what it caches, padded rows, chunked prefill, whether it keeps a cache at all), then 4 prompts prefilled in
 chunks of 5 joining the batch one after another, and the same 4 prefilled together, 8 greedy tokens each, every

@@ -1,10 +1,11 @@
-"""Start of issue 46's generated matrix: a tiny config for every causal-LM `model_type`
-the installed transformers ships, so a new transformers release adds its new types by itself.
+"""Issue 46's generated matrix: a tiny config for every causal-LM `model_type` the installed
+transformers ships, so a new transformers release adds its new types by itself.
 
 Why generated: the families suite (workers/tiny/families.py) is a hand-picked list; the
 matrix shrinks each config class's own defaults instead (size fields capped, layers cut
-to a few) with a small table of per-type fix-ups. Only the builder is here so far: the
-server-vs-`generate` checks over it and the engine's per-type declines are not done yet.
+to a few, a text/vision/audio section shrunk by the same rules, sizes a config leaves unset
+filled) with a small table of per-type fix-ups. The checks over it: bench/types.py, run by
+tests/test_type_matrix.py.
 """
 from __future__ import annotations
 
