@@ -39,9 +39,7 @@ NOT_BUILT = {
 }
 
 # Types that build and load but fail in the engine: bugs, each checked to still fail (so a fix shows here).
-KNOWN_FAILING = {
-    "mllama": "Mllama's text decoder reads every layer's `keys` tensor, which the batch's stores do not expose",
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 FAMILY_TYPES = {model_type for model_type, _ in FAMILIES.values()}  # checked through the server by the families suite
 MATRIX_TYPES = [model_type for model_type in causal_lm_types() if model_type not in FAMILY_TYPES]

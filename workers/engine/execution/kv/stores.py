@@ -54,6 +54,7 @@ class SlabKV(Protocol):
 def _new(like: torch.Tensor, shape: tuple[int, ...], zeroed: bool) -> torch.Tensor:
     return like.new_zeros(shape) if zeroed else like.new_empty(shape)
 
+_EMPTY = torch.empty(0)  # what a store's `keys`/`values` show: its tensors are its buffers, not these
 SPARE_WINDOW_COLUMNS = 64  # a sliding store's columns past its window: one shift per this many steps
 
 
@@ -66,6 +67,8 @@ class FullStore(DynamicLayer):
         self.key_buffer: torch.Tensor | None = None
         self.value_buffer: torch.Tensor | None = None
         self.is_initialized = True
+        self.keys = self.values = _EMPTY  # as transformers' layers show before their first update: read by
+        # models that look into a layer (Mllama's decoder asks whether each holds cross-attention states)
 
     # --- the slab's side -----------------------------------------------------
     def allocate(self, contents: tuple[torch.Tensor, torch.Tensor], slots: int, columns: int) -> None:
@@ -153,6 +156,7 @@ class SlidingStore(DynamicLayer):
         self.value_buffer: torch.Tensor | None = None
         self.write_index: torch.Tensor | None = None  # [1]: `local_end` on the device, for static steps
         self.is_initialized = True
+        self.keys = self.values = _EMPTY
 
     def visible(self, length: int | None = None) -> int:
         """Columns the window shows for a batch of `length` columns (default: the slab's)."""
