@@ -35,7 +35,10 @@ def teams_cache(hf_cache, tmp_path_factory):
 @pytest.fixture(scope="module")
 def live(teams_cache, tmp_path_factory):
     work = tmp_path_factory.mktemp("teams-server")
-    env = base_env(teams_cache, work, INFERENCE_WORKER_ACK_TIMEOUT="120", INFERENCE_LEDGER_FLUSH_SECONDS="0.2")
+    # Forwards 10 ms slower: a stream whose client leaves after its first token is still generating when the
+    # server hears it leave (the TPM test's cancelled stream could otherwise finish all its tokens first).
+    env = base_env(teams_cache, work, INFERENCE_WORKER_ACK_TIMEOUT="120", INFERENCE_LEDGER_FLUSH_SECONDS="0.2",
+                   INFERENCE_FAILPOINTS="engine.forward=delay(10)")
     server = LiveServer(env, work)
     server.env = env
     server.secrets = make_teams(env, teams={
