@@ -120,38 +120,54 @@ def check_type(model_type: str, cache: str) -> dict:
     return out
 
 
+RECYCLE = 3  # the exit status of a check process that stops to start afresh (its address space has grown)
+
+
 def check_types(types: list[str], cache: str, timeout_s: float = 120.0) -> list[dict]:
     """Every type checked in processes of this module's own (6 GB of address space each): one process goes
-    through the types in turn, so torch and transformers are imported once; a type that kills its process or
-    runs over `timeout_s` is an `error`, and a new process goes on with the next."""
+    through the types in turn, so torch and transformers are imported once, and stops for a new one when its
+    address space has grown past half its limit; a type that kills its process or runs over `timeout_s` is an
+    `error`, and a type that ran out of memory in a process that had checked others is checked again afresh."""
     results: list[dict] = []
     left = list(types)
+    retried: set[str] = set()
     while left:
         process = subprocess.Popen([sys.executable, "-m", "bench.types", cache, *left], cwd=ROOT, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    env={**os.environ, "HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1"})
-        started = time.monotonic()
+        started, checked = time.monotonic(), 0
         timer = threading.Timer(timeout_s, process.kill)
         timer.start()
         try:
             for line in process.stdout:
-                if line.startswith("RESULT "):
-                    timer.cancel()
-                    result = json.loads(line[len("RESULT "):])
-                    result["seconds"] = round(time.monotonic() - started, 1)
-                    results.append(result)
-                    left.remove(result["type"])
-                    started = time.monotonic()
-                    timer = threading.Timer(timeout_s, process.kill)
-                    timer.start()
+                if not line.startswith("RESULT "):
+                    continue
+                timer.cancel()
+                result = json.loads(line[len("RESULT "):])
+                checked += 1
+                if checked > 1 and "allocate memory" in result.get("reason", "") and result["type"] not in retried:
+                    retried.add(result["type"])  # the process's own growth, not the type's: again, afresh
+                    process.kill()
+                    break
+                result["seconds"] = round(time.monotonic() - started, 1)
+                results.append(result)
+                left.remove(result["type"])
+                started = time.monotonic()
+                timer = threading.Timer(timeout_s, process.kill)
+                timer.start()
         finally:
             timer.cancel()
             code = process.wait()
-        if left:
+        if left and code != RECYCLE and left[0] not in retried:
             gone = left.pop(0)  # the type the process was checking when it died or ran out of time
             results.append({"type": gone, "status": "error", "seconds": round(time.monotonic() - started, 1),
                             "reason": f"its check's process ended ({code}) or ran over {timeout_s:.0f} s"})
     return results
+
+
+def _address_space() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
 
 
 def main(argv: list[str]) -> None:
@@ -181,3 +197,5 @@ if __name__ == "__main__":  # the types named, one after another, in the process
     for model_type in sys.argv[2:]:
         print("RESULT " + json.dumps(check_type(model_type, sys.argv[1])), flush=True)
         gc.collect()
+        if _address_space() > 3 << 30:
+            sys.exit(RECYCLE)

@@ -18,24 +18,19 @@ DECLINED = {
     "minimax": "continued one token at a time",  # a cache class of its own
     "recurrent_gemma": "returns no cache",  # its recurrent blocks keep their state inside the model
     "reformer": "returns no cache",
+    "xlstm": "continued one token at a time",  # a cache class of its own
 }
 
 # The types of which no working tiny model is built here, and why (each checked to still fail to build, so the
 # list only shrinks: a transformers release that fixes one makes the test say so).
 NOT_BUILT = {
     "blt": "a byte-level model of four sub-models (patcher, local encoder and decoder, global transformer)",
-    "dots3_note": "its per-layer-type attention configs are not shrunk consistently yet",
-    "dots3_note_text": "its per-layer-type attention configs are not shrunk consistently yet",
     "gemma3n": "its vision tower needs timm, not installed",
     "gemma4_assistant": "a draft model: every layer reads the KV cache of the Gemma 4 model it drafts for",
     "gemma4_unified_assistant": "a draft model: every layer reads the KV cache of the model it drafts for",
     "musicgen": "a decoder of audio codebooks (several ids per step), not text",
     "musicgen_melody": "a decoder of audio codebooks (several ids per step), not text",
     "prophetnet": "transformers' own generate fails on the tiny build (its n-gram decoder's position ids)",
-    "qwen4_exp": "its indexer's sizes have no defaults (an experimental type)",
-    "qwen4_exp_text": "its indexer's sizes have no defaults (an experimental type)",
-    "xlstm": "transformers' own generate fails on the tiny build (its state's shapes)",
-    "xmod": "transformers' own generate fails without a language set (X-MOD's adapters)",
 }
 
 # Types that build and load but fail in the engine: bugs, each checked to still fail (so a fix shows here).

@@ -21,7 +21,8 @@ _CAPS: dict[str, int] = {
     "num_key_value_heads": 2, "head_dim": 16, "decoder_ffn_dim": 128,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "num_experts_per_token": 2, "n_group": 1, "num_expert_group": 1, "topk_group": 1,
-    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "moe_topk": 2, "shared_intermediate_size": 32, "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
+    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "moe_topk": 2, "shared_intermediate_size": 32, "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "index_n_heads": 4, "index_head_dim": 16,
+    "adapter_in_dim": 64, "adapter_out_dim": 64, "adapter_input_size": 64,
 }
 
 # fields a config leaves unset (None) that its model reads as numbers: set as the caps above set the others
@@ -39,9 +40,13 @@ FIXUPS: dict[str, dict[str, Any]] = {
     "granitemoehybrid": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2),  # all Mamba by default
     "falcon_h1": dict(mamba_d_ssm=64),  # its Mamba width: heads × head dim
     "reformer": dict(axial_pos_embds_dim=[32, 32], attention_head_size=16, feed_forward_size=128),
+    "qwen4_exp_text": dict(  # its indexer's sizes have no defaults; its n-gram embeddings' vocabulary is 20M
+        indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=64, indexer_compress_ratio=4,
+        ngram_vocab_size_base=512, ple_embed_dim=64, hc_lowrank=16, split_ngram_parts=4),
     "recurrent_gemma": dict(num_hidden_layers=3),  # its block types cycle recurrent, recurrent, attention
-    "dots3_note": dict(head_dim=24),  # its sliding layers: qk_nope_head_dim + qk_rope_head_dim
-    "xlstm": dict(num_heads=4),
+    "dots3_note_text": dict(head_dim=24),  # its sliding layers: qk_nope_head_dim + qk_rope_head_dim
+    "xlstm": dict(num_heads=4, qk_dim_factor=1.0),  # its step state is sized as if queries were values
+    "xmod": dict(default_language="en_XX"),  # its adapters: one language, as set_default_language would
     "zamba": dict(num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid"] * 2),  # the shared block twice
     "lfm2_moe": dict(num_hidden_layers=4, num_dense_layers=1,
                      layer_types=["conv", "full_attention", "conv", "full_attention"]),
@@ -101,7 +106,8 @@ def _shrunk(defaults: dict[str, Any], vocab_size: int, special_ids: dict[str, in
     if "vocab_size_per_layer_input" in defaults:  # Gemma 3n's per-layer embeddings: over the same tokens
         fields["vocab_size_per_layer_input"] = vocab_size
     if isinstance(per_index := defaults.get("per_layer_config"), dict) and per_index and layers_key:
-        fields["per_layer_config"] = _per_layer_config(per_index, fields[layers_key])
+        fields["per_layer_config"] = {index: {**override, **_shrunk(override, vocab_size, special_ids)}
+                                      for index, override in _per_layer_config(per_index, fields[layers_key]).items()}
     fields.update({key: value for key, value in _WHEN_UNSET.items() if key in defaults and defaults[key] is None})
     if "kv_lora_rank" in defaults:  # MLA: the latent and rotary widths must agree
         fields.update({k: v for k, v in _MLA.items() if k in defaults})
@@ -114,7 +120,7 @@ def _shrunk(defaults: dict[str, Any], vocab_size: int, special_ids: dict[str, in
         fields["is_decoder"] = True
     for key, section in defaults.items():
         if isinstance(section, dict) and "model_type" in section:
-            changed = _shrunk(section, vocab_size, special_ids)
+            changed = {**_shrunk(section, vocab_size, special_ids), **FIXUPS.get(section["model_type"], {})}
             if "vocab_size" in section and key in _TEXT_SECTIONS:
                 changed.update(vocab_size=vocab_size, **special_ids)
             if changed:
