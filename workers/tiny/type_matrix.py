@@ -21,13 +21,16 @@ _CAPS: dict[str, int] = {
     "num_key_value_heads": 2, "head_dim": 16, "decoder_ffn_dim": 128,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "num_experts_per_token": 2, "n_group": 1, "num_expert_group": 1, "topk_group": 1,
-    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "moe_topk": 2, "shared_intermediate_size": 32, "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "linear_num_heads": 4, "linear_head_dim": 16, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "index_n_heads": 4, "index_head_dim": 16,
+    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "moe_topk": 2, "shared_intermediate_size": 32,
+    "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "linear_num_heads": 4, "linear_head_dim": 16,
+    "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "index_n_heads": 4, "index_head_dim": 16,
     "adapter_in_dim": 64, "adapter_out_dim": 64, "adapter_input_size": 64,
 }
 
 # fields a config leaves unset (None) that its model reads as numbers: set as the caps above set the others
-_WHEN_UNSET: dict[str, int] = {"head_dim": 16, "num_key_value_heads": 2, "num_experts_per_tok": 2, "n_routed_experts": 4, "num_local_experts": 4,
-                               "num_experts": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1}
+_WHEN_UNSET: dict[str, int] = {"head_dim": 16, "num_key_value_heads": 2, "num_experts_per_tok": 2,
+                               "n_routed_experts": 4, "num_local_experts": 4, "num_experts": 4,
+                               "n_shared_experts": 1, "n_group": 1, "topk_group": 1}
 
 # per-type fix-ups over the shrunk defaults (fields whose defaults don't shrink consistently)
 FIXUPS: dict[str, dict[str, Any]] = {
@@ -35,9 +38,9 @@ FIXUPS: dict[str, dict[str, Any]] = {
         num_hidden_layers=6, num_kv_shared_layers=2, intermediate_size=[128] * 6,
         activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
         layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"]),
-    "gemma4_assistant": dict(hidden_size_per_layer_input=0),  # its own defaults do not validate
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}),  # as real configs have
-    "granitemoehybrid": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2),  # all Mamba by default
+    "granitemoehybrid": dict(  # all Mamba by default
+        num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2),
     "falcon_h1": dict(mamba_d_ssm=64),  # its Mamba width: heads × head dim
     "reformer": dict(axial_pos_embds_dim=[32, 32], attention_head_size=16, feed_forward_size=128),
     "qwen4_exp_text": dict(  # its indexer's sizes have no defaults; its n-gram embeddings' vocabulary is 20M
@@ -78,10 +81,7 @@ def tiny_config(model_type: str, vocab_size: int, special_ids: dict[str, int] | 
         fields.pop("attn_implementation", None)
         fields.update(special_ids or {})
         return AutoConfig.for_model(model_type, vocab_size=vocab_size, **fields)
-    try:
-        defaults = AutoConfig.for_model(model_type).to_dict()
-    except ValueError:  # defaults that do not validate on their own (gemma4_assistant): read with the fix-ups
-        defaults = AutoConfig.for_model(model_type, **FIXUPS.get(model_type, {})).to_dict()
+    defaults = AutoConfig.for_model(model_type).to_dict()
     fields = _shrunk(defaults, vocab_size, special_ids or {})
     fields.update(FIXUPS.get(model_type, {}))
     fields.update(special_ids or {})

@@ -300,7 +300,8 @@ def load_model(ref: ModelRef, device: str = "auto", dtype: str = "auto", progres
         if kind in ("causal", "embedding", "cross_encoder"):
             tokenizer = _local_first(AutoTokenizer.from_pretrained, repo_id, revision=revision, **remote)
         else:  # PIL-backed image processors: the torchvision ones cannot run with this torch build
-            processor, tokenizer = _processor_or_text_only(ref.key, kind, repo_id, revision=revision, **remote)
+            processor, tokenizer = _processor_or_text_only(ref.key, kind, repo_id, revision=revision,
+                                                           **remote)
         report("config", None)
         kwargs = dict(revision=revision, config=config, dtype=torch_dtype, **remote)
         if options.tensor_parallel_size > 1:  # the process group is joined already (workers/engine/parallel/group.py)
