@@ -126,8 +126,8 @@ RECYCLE = 3  # the exit status of a check process that stops to start afresh (it
 def check_types(types: list[str], cache: str, timeout_s: float = 120.0) -> list[dict]:
     """Every type checked in processes of this module's own (6 GB of address space each): one process goes
     through the types in turn, so torch and transformers are imported once, and stops for a new one when its
-    address space has grown past half its limit; a type that kills its process or runs over `timeout_s` is an
-    `error`, and a type that ran out of memory in a process that had checked others is checked again afresh."""
+    address space has grown past 4 GB; a type that kills its process or runs over `timeout_s` is an `error`,
+    and a type that ran out of memory in a process that had checked others is checked again afresh."""
     results: list[dict] = []
     left = list(types)
     retried: set[str] = set()
@@ -197,5 +197,5 @@ if __name__ == "__main__":  # the types named, one after another, in the process
     for model_type in sys.argv[2:]:
         print("RESULT " + json.dumps(check_type(model_type, sys.argv[1])), flush=True)
         gc.collect()
-        if _address_space() > 3 << 30:
+        if _address_space() > 4 << 30:
             sys.exit(RECYCLE)

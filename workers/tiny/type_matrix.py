@@ -24,7 +24,8 @@ _CAPS: dict[str, int] = {
     "hidden_size_per_layer_input": 16, "laurel_rank": 8, "moe_topk": 2, "shared_intermediate_size": 32,
     "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "linear_num_heads": 4, "linear_head_dim": 16,
     "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "index_n_heads": 4, "index_head_dim": 16,
-    "adapter_in_dim": 64, "adapter_out_dim": 64, "adapter_input_size": 64,
+    "adapter_in_dim": 64, "adapter_out_dim": 64, "adapter_input_size": 64, "hidden_size_global": 64,
+    "encoder_hash_byte_group_vocab": 512,
 }
 
 # fields a config leaves unset (None) that its model reads as numbers: set as the caps above set the others
