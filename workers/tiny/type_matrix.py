@@ -9,6 +9,7 @@ tests/test_type_matrix.py.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # size-like config fields -> the cap each gets in a tiny build (only fields the config has)
@@ -153,6 +154,14 @@ def _per_layer_config(per_index: dict, layers: int) -> dict:
     return kept or {type(key)(layers - 1): value for key, value in list(per_index.items())[:1]}
 
 
+@functools.cache
+def _tokenizer():
+    """The tiny models' tokenizer, trained once per process (the matrix builds ~190 models in one)."""
+    from workers.tiny.builders import SIZES, train_tokenizer
+
+    return train_tokenizer(SIZES["tiny"]["vocab_target"], 512)
+
+
 def build_type_model(model_type: str, repo_id: str, cache_dir=None, seed: int = 0, **overrides: Any):
     """A tiny random-weight model of `model_type` (its config's defaults shrunk) with the project's tokenizer,
     stored in the Hugging Face cache layout as `repo_id` (`overrides`: config fields set over the shrunk ones);
@@ -160,9 +169,9 @@ def build_type_model(model_type: str, repo_id: str, cache_dir=None, seed: int = 
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from workers.tiny.builders import BOS, EOS, PAD, SIZES, _save_and_install, train_tokenizer
+    from workers.tiny.builders import BOS, EOS, PAD, _save_and_install
 
-    tokenizer = train_tokenizer(SIZES["tiny"]["vocab_target"], 512)
+    tokenizer = _tokenizer()
     ids = dict(zip(("bos_token_id", "eos_token_id", "pad_token_id"),
                    (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))))
     config = tiny_config(model_type, len(tokenizer), {**ids, **overrides})
