@@ -73,9 +73,10 @@ def _class_for(kind: Kind, config: Any):
     import transformers
 
     auto_class = _model_class(kind)
-    named = getattr(transformers, (getattr(config, "architectures", None) or [""])[0] or "_", None)
+    architectures = getattr(config, "architectures", None) or []
+    named = getattr(transformers, architectures[0], None) if architectures else None
     if type(config) in auto_class._model_mapping or not isinstance(named, type) or getattr(config, "auto_map", None):
-        return auto_class
+        return auto_class  # the auto class knows the config, or the repo's own code is asked for
     return named
 
 
@@ -120,7 +121,8 @@ class LoadedModel:
 
     @property
     def modalities(self) -> tuple[str, ...]:
-        return input_modalities(self.kind if self.processor is not None or self.kind == "speech" else "causal")
+        # a media model served without its processor (a repo that ships none) takes text only
+        return input_modalities(self.kind if self.processor is not None else "causal")
 
     @property
     def vocab_size(self) -> int:
