@@ -24,6 +24,7 @@ from openai import AsyncOpenAI
 
 from workers.tiny.builders import build_tiny_model
 from workers.tiny.families import FAMILIES, build_tiny_families
+from workers.tiny.type_matrix import build_type_model
 
 from .conftest import Reference
 from .live_server import LiveServer, base_env, clients
@@ -32,6 +33,8 @@ TOKENS = 16
 RANDOM = random.Random(0)
 PROMPTS = [[RANDOM.randrange(10, 1000) for _ in range(n)] for n in (4, 16, 39, 179)]
 BROKEN = "local/tiny-broken"  # its embedding has 8 rows: a prompt with a larger id fails inside the forward
+RECOMPUTED = ["openai-gpt", "xlnet"]  # no cache to continue: the whole text recomputed each token (XLNet: as its
+# generate prepares it, a mask token appended to predict)
 
 
 def model_id(family: str) -> str:
@@ -43,6 +46,8 @@ def families_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("families-cache")
     build_tiny_families(list(FAMILIES), cache_dir=cache)
     build_tiny_model(BROKEN, cache_dir=cache, vocab_rows=8)
+    for model_type in RECOMPUTED:
+        build_type_model(model_type, model_id(model_type), cache)
     return cache
 
 
@@ -100,6 +105,10 @@ def test_every_family_gives_what_generate_gives_alone_batched_and_chunked(famili
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_scores_a_prompt_as_the_model_does(families_cache, families_server, family):
     """echo + logprobs with max_tokens 0: each prompt token's logprob within 1e-4 of the model in-process."""
+    assert_scores_prompt_as_the_model_does(families_cache, families_server, family)
+
+
+def assert_scores_prompt_as_the_model_does(families_cache, families_server, family: str) -> None:
     prompt = PROMPTS[2]
     with torch.no_grad():
         logits = reference_of(families_cache, family).model(torch.tensor([prompt])).logits[0].float()
@@ -109,6 +118,28 @@ def test_every_family_scores_a_prompt_as_the_model_does(families_cache, families
     scored = response.choices[0].logprobs.token_logprobs
     assert scored[0] is None and len(scored) == len(prompt)
     assert scored[1:] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("model_type", RECOMPUTED)
+def test_a_model_without_a_cache_gives_what_generate_gives_alone_and_batched(families_cache, families_server,
+                                                                            model_type):
+    """Served by recomputing the whole text every token, one row at a time: four prompts at once and in one
+    request each equal `generate`, and echo + logprobs of OpenAI GPT (its prompt scored in one forward) within
+    1e-4 of the model in-process."""
+    expected = [greedy(families_cache, model_type, tuple(prompt)) for prompt in PROMPTS]
+    client, async_client = clients(families_server)
+    model = model_id(model_type)
+
+    async def run():
+        return (await asyncio.gather(*[complete(async_client, model, [prompt]) for prompt in PROMPTS]),
+                await complete(async_client, model, PROMPTS))
+
+    at_once, in_one = asyncio.run(run())
+    assert [tokens for [tokens] in at_once] == expected, "sent at once"
+    assert in_one == expected, "four prompts in one request"
+    if model_type == "openai-gpt":
+        assert_scores_prompt_as_the_model_does(families_cache, families_server, model_type)
+    assert f"{model}: cache of 1 other; without decoding in one batch" in families_server.log()
 
 
 def preemptions(server: LiveServer) -> float:

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
 from workers.engine.errors import ModelLoadError
+from workers.engine.execution.kv.recompute import recompute_problem
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class CacheSpec:
     continues_chunks: bool = True  # a multi-token forward continues a cached state exactly
     pads_rows: bool = True  # a left-padded row gives the logits it gives alone (measured at load: `_padding_problem`)
     notes: tuple[str, ...] = field(default=())
+    recomputes: bool = False  # no cache to continue: every token runs the whole text (kv/recompute.py)
 
     def has(self, kind: str) -> bool:
         return any(layer.kind == kind for layer in self.layers)
@@ -139,12 +141,15 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
                            logits_to_keep=1, **{cache_arg: cache})
     except Exception as exc:  # e.g. a model whose forward needs more than token ids: sizes unknown
         if getattr(model, "main_input_name", "input_ids") == "input_ids":  # (not Whisper: audio features first)
-            _check_continues(model, device, cache_arg, takes_positions)  # a forward failing on ids alone: refused
+            why = _continues_problem(model, device, cache_arg, takes_positions)
+            if why:  # a forward failing on ids alone
+                return _recomputed(model, device, cache_arg, takes_positions, why)
         logger.warning("%s: could not read its cache's shapes (%s); sizing it from the config",
                        getattr(config, "name_or_path", ""), exc)
         return _spec_from_config(config, kinds, cache_arg, takes_positions)
-    _check_keeps_a_cache(config, output, cache_arg, cache)
-    _check_continues(model, device, cache_arg, takes_positions)
+    why = (_cache_problem(output, cache_arg, cache) or _continues_problem(model, device, cache_arg, takes_positions))
+    if why:
+        return _recomputed(model, device, cache_arg, takes_positions, why)
     layers = []
     for kind, layer in zip(kinds, cache.layers):
         if kind in (FULL, SLIDING) and layer.keys is None:  # a layer the config counts that the forward never
@@ -169,23 +174,21 @@ def cache_spec(model, device: torch.device) -> CacheSpec:
     return CacheSpec(spec.layers, cache_arg, takes_positions, not chunking, not padding, notes)
 
 
-def _check_keeps_a_cache(config, output, cache_arg: str, cache) -> None:
-    """Refuse (ModelLoadError) a model whose forward keeps nothing to continue from: no cache returned (RWKV's own
-    state, XLM, OpenAI GPT), or one left empty."""
+def _cache_problem(output, cache_arg: str, cache) -> str:
+    """Why the forward keeps nothing to continue from ("" when it does): no cache returned (RWKV's own state,
+    XLM, OpenAI GPT), or one left empty."""
     returned = getattr(output, cache_arg, None) if cache_arg != "past_key_values" else None
     returned = returned if returned is not None else getattr(output, "past_key_values", None)
     filled = any(getattr(layer, "keys", None) is not None or getattr(layer, "conv_states", None)
                  or getattr(layer, "recurrent_states", None) for layer in cache.layers)
-    if returned is None or not filled:
-        name = getattr(config, "name_or_path", "") or config.model_type
-        why = ("its forward returns no cache" if returned is None else "its forward leaves transformers' cache empty")
-        raise ModelLoadError(f"The model `{name}` cannot be served: {why}, so each token would recompute the "
-                             "whole text; the engine serves models that cache their keys and values or a state.")
+    if returned is None:
+        return "its forward returns no cache"
+    return "" if filled else "its forward leaves transformers' cache empty"
 
 
-def _check_continues(model, device: torch.device, cache_arg: str, takes_positions: bool) -> None:
-    """Refuse (ModelLoadError) a model whose forward fails where the engine continues a prompt one token at a time
-    with transformers' own cache (the path every model can take: row by row), rather than fail every request."""
+def _continues_problem(model, device: torch.device, cache_arg: str, takes_positions: bool) -> str:
+    """Why the forward fails where the engine continues a prompt one token at a time with transformers' own
+    cache (the path every model with a cache can take: row by row); "" when it does not."""
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(3, vocab, (1, 11), generator=torch.Generator().manual_seed(2)).to(device)
     cache = DynamicCache(config=model.config)
@@ -198,9 +201,20 @@ def _check_continues(model, device: torch.device, cache_arg: str, takes_position
                 returned = getattr(output, cache_arg, None) if cache_arg != "past_key_values" else None
                 cache = returned if returned is not None else output.past_key_values
     except Exception as exc:
+        return (f"its forward fails when a prompt is continued one token at a time with its cache "
+                f"({type(exc).__name__}: {str(exc)[:160]})")
+    return ""
+
+
+def _recomputed(model, device: torch.device, cache_arg: str, takes_positions: bool, why: str) -> CacheSpec:
+    """A model without a cache the engine can continue: served by recomputing the whole text each token, one
+    row at a time, where that gives its own `generate`'s logits; else refused (ModelLoadError) with both whys."""
+    unlike = recompute_problem(model, device, lambda got, want: _near(got, want, model.dtype))
+    if unlike:
         name = getattr(model.config, "name_or_path", "") or model.config.model_type
-        raise ModelLoadError(f"The model `{name}` cannot be served: its forward fails when a prompt is continued one "
-                             f"token at a time with its cache ({type(exc).__name__}: {str(exc)[:160]}).") from exc
+        raise ModelLoadError(f"The model `{name}` cannot be served: {why}, and {unlike}.")
+    return CacheSpec((LayerSpec(OTHER),), cache_arg, takes_positions, continues_chunks=False, recomputes=True,
+                     notes=(f"{why}: every token recomputes the whole text, one row at a time",))
 
 
 def _probe_token(model) -> int:
