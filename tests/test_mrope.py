@@ -1,9 +1,11 @@
 """M-RoPE vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) through the real server.
 
-Their text after a picture sits at `index + offset` on three rotary axes, an offset of each prompt's own; the
-engine keeps it per row (workers/engine/execution/mrope.py). Greedy output equals the model's own `generate`
-on what its processor makes of the same picture, for prompts with pictures batched beside text-only ones
-(whose offset is 0) and prefilled in 24-token chunks, and for a conversation's second turn.
+Their text after a picture or a video sits at `index + offset` on three rotary axes, an offset of each prompt's
+own; the engine keeps it per row (workers/engine/execution/mrope.py). Greedy output equals the model's own
+`generate` on what its processor makes of the same picture or video (a video's frames paired in time, with
+Qwen2.5-VL's seconds per grid and Qwen3-VL's timestamps: workers/engine/models/video_frames.py), for prompts with
+media batched beside text-only ones (whose offset is 0) and prefilled in 24-token chunks, and for a
+conversation's second turn from the prefix cache.
 """
 from __future__ import annotations
 
@@ -53,11 +55,48 @@ def png_url(seed: int) -> str:
     return media_files.data_url("image/png", media_files.png_bytes(media_files.image(seed)))
 
 
-def user_message(text: str, seed: int | None) -> dict:
+def user_message(text: str, seed: int | None, video: bool = False) -> dict:
     if seed is None:
         return {"role": "user", "content": text}
-    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": png_url(seed)}},
-                                        {"type": "text", "text": text}]}
+    if video:
+        part = {"type": "video_url", "video_url": {"url": media_files.data_url(
+            "video/x-matroska", media_files.lossless_video_bytes(video_frames(seed), fps=VIDEO_FPS))}}
+    else:
+        part = {"type": "image_url", "image_url": {"url": png_url(seed)}}
+    return {"role": "user", "content": [part, {"type": "text", "text": text}]}
+
+
+VIDEO_FPS = 4
+
+
+def video_frames(seed: int) -> list:
+    """A 4-frame video (the server takes every frame of so short a one)."""
+    return [media_files.image(seed * 10 + frame) for frame in range(4)]
+
+
+def video_inputs(ref: ProcessorReference, messages: list[dict], seed: int) -> dict:
+    """What the processor makes of a conversation about `video_frames(seed)`, told which frames they are."""
+    from transformers.video_utils import VideoMetadata
+
+    text = ref.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    frames = video_frames(seed)
+    metadata = VideoMetadata(total_num_frames=len(frames), fps=float(VIDEO_FPS), frames_indices=list(range(len(frames))),
+                             width=frames[0].width, height=frames[0].height)
+    return dict(ref.processor(text=[text], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+                              return_tensors="pt"))
+
+
+def greedy_on(ref: ProcessorReference, inputs: dict) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        output = ref.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
+                                    pad_token_id=ref.processor.tokenizer.pad_token_id)
+    return output[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def video_question(text: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
 
 
 async def replies(server: LiveServer, model: str, conversations: list[list[dict]]) -> list[list[int]]:
@@ -84,6 +123,46 @@ def test_pictures_batched_beside_text_give_what_generate_gives(qwen_server, qwen
     got = asyncio.run(replies(qwen_server, model, [[user_message(text, seed)] for text, seed in requests]))
     assert got == expected
     assert f"{model}: decode steps run as one static program" in qwen_server.log()
+
+
+@pytest.mark.parametrize("kind", QWEN_VL_KINDS)
+def test_videos_batched_beside_pictures_and_text_give_what_generate_gives(qwen_server, qwen_cache, kind):
+    """A video is one video to the model (not frames as pictures): its grid's positions, its seconds."""
+    model = MODELS[kind]
+    ref = reference(qwen_cache, model)
+    question = "What happens in this video, from the start to the end of it?"
+    expected = [greedy_on(ref, video_inputs(ref, video_question(question), 1)),
+                ref.greedy("Hello there", []), ref.greedy("What colour is it?", [media_files.image(5)]),
+                ref.greedy("Tell me a long story about a dragon who lived in the mountains.", [])]
+    assert expected[0] != greedy_on(ref, video_inputs(ref, video_question(question), 2))  # the video matters
+    got = asyncio.run(replies(qwen_server, model, [
+        [user_message(question, 1, video=True)], [user_message("Hello there", None)],
+        [user_message("What colour is it?", 5)],
+        [user_message("Tell me a long story about a dragon who lived in the mountains.", None)]]))
+    assert got == expected
+    assert f"{model}: its processor" in qwen_server.log() and "stand-in for its video processor" in qwen_server.log()
+
+
+@pytest.mark.parametrize("kind", QWEN_VL_KINDS)
+def test_a_second_turn_about_the_same_video_starts_from_the_prefix_cache(qwen_server, qwen_cache, kind):
+    from openai import OpenAI
+
+    model = MODELS[kind]
+    ref = reference(qwen_cache, model)
+    client = OpenAI(base_url=f"{qwen_server.base_url}/v1", api_key=qwen_server.key, max_retries=0, timeout=120)
+    question = "What is in this video? Say what you see in it, the colours, the shapes and where they go."
+    first = [user_message(question, 3, video=True)]
+    answer = client.chat.completions.create(model=model, messages=first, max_tokens=MAX_TOKENS,
+                                            temperature=0).choices[0].message.content
+    second = [*first, {"role": "assistant", "content": answer}, user_message("And then?", None)]
+    again = client.chat.completions.create(model=model, messages=second, max_tokens=MAX_TOKENS, temperature=0,
+                                           extra_body={"return_token_ids": True})
+    expected = greedy_on(ref, video_inputs(ref, [*video_question(question),
+                                                 {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+                                                 {"role": "user", "content": [{"type": "text", "text": "And then?"}]}], 3))
+    assert again.choices[0].model_extra["token_ids"] == expected
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 24 < cached < again.usage.prompt_tokens  # past the video's tokens, short of the new text
 
 
 def greedy_conversation(ref: ProcessorReference, messages: list[dict]) -> list[int]:

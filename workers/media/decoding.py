@@ -18,6 +18,7 @@ import io
 import ipaddress
 import socket
 import time
+from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from workers.media.limits import MediaSettings
@@ -201,8 +202,22 @@ def frame_indices(total: int, count: int) -> list[int]:
     return [int(i * total / count) for i in range(count)]
 
 
+@dataclass(frozen=True)
+class VideoClip:
+    frames: list  # RGB PIL images, in order
+    indices: list[int]  # which of the video's frames they are
+    total_frames: int
+    fps: float | None  # the video's frame rate (None: its container does not say)
+
+
 def decode_video(data: bytes, param: str, frames: int) -> list:
     """Bytes of a video -> `frames` RGB PIL images sampled evenly over the whole video."""
+    return decode_video_clip(data, param, frames).frames
+
+
+def decode_video_clip(data: bytes, param: str, frames: int) -> VideoClip:
+    """Bytes of a video -> `frames` RGB PIL images sampled evenly over the whole video, with which frames they
+    are and the video's frame rate (a model that reads time from them: Qwen2.5-VL, Qwen3-VL)."""
     import av
 
     def decoded(container):
@@ -214,6 +229,8 @@ def decode_video(data: bytes, param: str, frames: int) -> list:
     with _open_container(data, param, "invalid_video") as container:
         if not container.streams.video:
             raise MediaError(f"{param}: the file holds no video.", param, "invalid_video")
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate
         total = 0
         for _ in decoded(container):
             total += 1
@@ -222,6 +239,8 @@ def decode_video(data: bytes, param: str, frames: int) -> list:
                                  "video_too_long", 413)
     if total == 0:
         raise MediaError(f"{param}: the video has no frames.", param, "invalid_video")
-    wanted = set(frame_indices(total, frames))
+    indices = frame_indices(total, frames)
+    wanted = set(indices)
     with _open_container(data, param, "invalid_video") as container:
-        return [frame.to_image().convert("RGB") for index, frame in enumerate(decoded(container)) if index in wanted]
+        images = [frame.to_image().convert("RGB") for index, frame in enumerate(decoded(container)) if index in wanted]
+    return VideoClip(images, indices, total, float(rate) if rate else None)

@@ -4,9 +4,10 @@ Their text model rotates each token by three positions (time, height, width): an
 positions from its grid, and the text after it continues from the largest one, so every later token sits
 at `index + delta` with a per-prompt delta (`get_rope_index`). The shapes are the real architectures',
 small: a vision tower of 4-pixel patches merged 2x2 (a 32x32 picture is 16 image tokens), the
-`<|vision_start|><|image_pad|><|vision_end|>` placeholders Qwen's chat template writes, the PIL image
-processor (transformers' torchvision-backed processors cannot run with this project's torch build), and
-an `mrope_section` cut for the tiny heads. Random weights with a fixed seed, no network.
+`<|vision_start|><|image_pad|><|vision_end|>` and `<|video_pad|>` placeholders Qwen's chat template writes,
+the PIL image processor (transformers' torchvision-backed processors cannot run with this project's torch
+build), each generation's own processor and video processor named in its config (Qwen3-VL's writes each
+frame pair's time), and an `mrope_section` cut for the tiny heads. Random weights with a fixed seed, no network.
 """
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ PATCH, MERGE, IMAGE_SIZE = 4, 2, 32
 
 
 def _qwen_chat_template(template: str) -> str:
-    """The tiny ChatML template with an image part written as Qwen's own template writes it."""
-    return template.replace("{{- '<image>' -}}", f"{{{{- '{VISION_START}{IMAGE_PAD}{VISION_END}' -}}}}")
+    """The tiny ChatML template with image and video parts written as Qwen's own template writes them."""
+    image_branch = "{%- elif part.type == 'image' -%}"
+    assert image_branch in template and "{{- '<image>' -}}" in template
+    return template.replace("{{- '<image>' -}}", f"{{{{- '{VISION_START}{IMAGE_PAD}{VISION_END}' -}}}}").replace(
+        image_branch, f"{{%- elif part.type == 'video' -%}}\n                {{{{- '{VISION_START}{VIDEO_PAD}"
+                      f"{VISION_END}' -}}}}\n            {image_branch}")
 
 
 def _configs(kind: str, text: dict, vision_out: int, token_ids: dict):
@@ -62,7 +67,7 @@ def build_tiny_qwen_vl(repo_id: str, kind: str = "qwen2_vl", cache_dir: str | os
                        seed: int = 0) -> Path:
     """A tiny `kind` (one of QWEN_VL_KINDS) with its processor, into the cache as `repo_id`."""
     import torch
-    from transformers import GenerationConfig, Qwen2VLProcessor
+    from transformers import GenerationConfig, Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from workers.engine.models.processors import NoVideoProcessor, without_video
@@ -76,9 +81,10 @@ def build_tiny_qwen_vl(repo_id: str, kind: str = "qwen2_vl", cache_dir: str | os
     tokenizer.chat_template = _qwen_chat_template(tokenizer.chat_template)
     image_processor = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2,
                                                min_pixels=IMAGE_SIZE * IMAGE_SIZE, max_pixels=IMAGE_SIZE * IMAGE_SIZE)
-    processor = without_video(Qwen2VLProcessor)(image_processor=image_processor, tokenizer=tokenizer,
-                                                video_processor=NoVideoProcessor(),
-                                                chat_template=tokenizer.chat_template)
+    processor_class = Qwen3VLProcessor if kind == "qwen3_vl" else Qwen2VLProcessor
+    processor = without_video(processor_class)(image_processor=image_processor, tokenizer=tokenizer,
+                                               video_processor=NoVideoProcessor(),
+                                               chat_template=tokenizer.chat_template)
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id)
     token_ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
@@ -100,15 +106,20 @@ def build_tiny_qwen_vl(repo_id: str, kind: str = "qwen2_vl", cache_dir: str | os
         out = Path(tmp)
         model.save_pretrained(out, safe_serialization=True)
         processor.save_pretrained(out)
-        _name_qwens_video_processor(out)
+        _name_qwens_video_processor(out, kind, image_processor)
         return _install_into_cache(out, _resolve_cache(cache_dir), repo_id)
 
 
-def _name_qwens_video_processor(folder: Path) -> None:
-    """The saved processor as a hub Qwen-VL's reads: its video processor Qwen2-VL's own (which needs torchvision;
-    the server sends a video as its frames)."""
+def _name_qwens_video_processor(folder: Path, kind: str, image_processor) -> None:
+    """The saved processor as a hub Qwen-VL's reads: its video processor its generation's own (which needs
+    torchvision; without it the server stands in for it: workers/engine/models/video_frames.py), sized as the
+    pictures are (Qwen3-VL's bound counts every frame of a video)."""
     path = folder / "processor_config.json"
     saved = json.loads(path.read_text())
-    saved["video_processor"] = {"video_processor_type": "Qwen2VLVideoProcessor", "patch_size": PATCH,
-                                "merge_size": MERGE, "temporal_patch_size": 2}
+    frames_counted = 4 if kind == "qwen3_vl" else 1
+    saved["video_processor"] = {
+        "video_processor_type": "Qwen3VLVideoProcessor" if kind == "qwen3_vl" else "Qwen2VLVideoProcessor",
+        "patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": 2,
+        "size": {"shortest_edge": IMAGE_SIZE * IMAGE_SIZE, "longest_edge": frames_counted * IMAGE_SIZE * IMAGE_SIZE},
+        "image_mean": list(image_processor.image_mean), "image_std": list(image_processor.image_std)}
     path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

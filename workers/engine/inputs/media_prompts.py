@@ -4,8 +4,8 @@ A media part in a job's conversation (see `protocol.MediaPart`) carries a URL. B
 the job reaches the engine, `read_job_media` turns each URL into bytes (data: URLs decoded,
 http(s) fetched within limits) on a thread of its own, so a slow server never stalls decoding.
 On the engine, `render_media_conversation` checks each part against the model's modalities,
-decodes it (a video into frames, taken as images), renders the chat template with one
-placeholder part per image, and runs the model's `AutoProcessor` exactly as
+decodes it (a video into frames: a video for a processor that takes one, else frames taken as images),
+renders the chat template with one placeholder part per image or video, and runs the model's `AutoProcessor` exactly as
 `processor.apply_chat_template(..., tokenize=True)` would: its input ids (image tokens
 expanded) and the tensors the model's forward takes with them.
 """
@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from workers.engine.inputs.chat_templates import RenderedPrompt, render_conversation
 from workers.engine.config import TemplateSettings
 from workers.media.limits import MediaSettings
 from workers.engine.errors import JobError
-from workers.media.decoding import MediaError, decode_audio, decode_image, decode_video, read_url
+from workers.engine.models.processors import takes_videos
+from workers.media.decoding import MediaError, decode_audio, decode_image, decode_video_clip, read_url
 from protocol.modalities import AUDIO, IMAGE, VIDEO
 
 MEDIA_TYPES = (IMAGE, VIDEO, AUDIO)
@@ -66,7 +69,7 @@ def _check_modalities(loaded, prompt: dict) -> None:
 def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
     """The messages with placeholder parts for the template, and the decoded media in order, by kind."""
     processor = loaded.processor
-    media: dict[str, list] = {IMAGE: [], AUDIO: []}
+    media: dict[str, list] = {IMAGE: [], VIDEO: [], AUDIO: []}
     messages = []
     for m, message in enumerate(prompt["messages"]):
         content = message.get("content")
@@ -79,10 +82,14 @@ def _decoded(loaded, prompt: dict) -> tuple[list[dict], dict[str, list]]:
             if kind == IMAGE:
                 media[IMAGE].append(decode_image(part["data"], path))
                 parts.append({"type": IMAGE})
-            elif kind == VIDEO:  # frames as images, in order (transformers' video processors need torchvision)
-                frames = decode_video(part["data"], path, part.get("frames", MediaSettings.video_frames))
-                media[IMAGE].extend(frames)
-                parts.extend({"type": IMAGE} for _ in frames)
+            elif kind == VIDEO:
+                clip = decode_video_clip(part["data"], path, part.get("frames", MediaSettings.video_frames))
+                if takes_videos(processor):
+                    media[VIDEO].append(clip)
+                    parts.append({"type": VIDEO})
+                else:  # frames as images, in order (a video processor that needs torchvision is not there)
+                    media[IMAGE].extend(clip.frames)
+                    parts.extend({"type": IMAGE} for _ in clip.frames)
                 track = _audio_track(loaded, part["data"], path)
                 if track is not None:  # a model that hears (Gemma 3n/4, Qwen2.5-Omni) gets the video's sound too
                     media[AUDIO].append(track)
@@ -127,6 +134,9 @@ def render_media_conversation(loaded, prompt: dict, templates: TemplateSettings)
     kwargs: dict[str, Any] = {"add_special_tokens": not (bos and rendered.text.startswith(bos))}
     if media[IMAGE]:
         kwargs["images"] = media[IMAGE]
+    if media[VIDEO]:  # the frames the server sampled, taken as they are, and which they are (for timestamps)
+        kwargs.update(videos=[clip.frames for clip in media[VIDEO]], do_sample_frames=False,
+                      video_metadata=[video_metadata(clip) for clip in media[VIDEO]])
     if media[AUDIO]:
         kwargs.update(audio=media[AUDIO], sampling_rate=processor.feature_extractor.sampling_rate)
     try:
@@ -134,5 +144,14 @@ def render_media_conversation(loaded, prompt: dict, templates: TemplateSettings)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise JobError(400, f"The model's processor could not take this input: {exc}", "messages",
                        "invalid_media") from None
-    extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
+    extra = {key: value for key, value in inputs.items()
+             if key not in ("input_ids", "attention_mask") and isinstance(value, torch.Tensor)}
     return RenderedPrompt(inputs["input_ids"][0].tolist(), rendered.text, extra)
+
+
+def video_metadata(clip):
+    """What transformers' video processors are told of frames sampled before them."""
+    from transformers.video_utils import VideoMetadata
+
+    return VideoMetadata(total_num_frames=clip.total_frames, fps=clip.fps, frames_indices=clip.indices,
+                         width=clip.frames[0].width, height=clip.frames[0].height)

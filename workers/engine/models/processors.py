@@ -3,9 +3,11 @@
 transformers' video processors run on torchvision, which does not run with this project's CPU torch
 build, and without it transformers cannot build any processor that has one (Gemma 4, Qwen2-VL,
 Qwen2.5-VL, Qwen2.5-Omni…): `AutoProcessor` raises, and the processor's class check cannot even name
-the video processor's base class. This server never hands a processor a video (a video is sent as its
-frames, taken as images, and its sound track: workers/engine/inputs/media_prompts.py), so such a processor is
-built from its other parts as transformers would load them, with a stand-in that refuses videos.
+the video processor's base class. So such a processor is built from its other parts as transformers would
+load them, with a stand-in for the video processor: for the Qwen-VL family, one that does what theirs does to
+the frames the server samples (workers/engine/models/video_frames.py); for the others, one that refuses
+videos, which then go to the model as frames taken as images, and their sound track
+(workers/engine/inputs/media_prompts.py).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import logging
 from typing import Any
 
 from transformers.video_processing_utils import VideoProcessorMixin
+
+from workers.engine.models.video_frames import QwenVideoFrames, qwen_video_frames
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +36,21 @@ def load_processor(repo_id: str, **kwargs) -> Any:
         if processor_class is None or VIDEO_PROCESSOR not in processor_class.get_attributes():
             raise
     processor = _from_parts(processor_class, repo_id, **kwargs)
-    logger.info("%s: its processor %s loaded without its video processor (that needs torchvision); "
-                "a video goes to the model as frames and sound", repo_id, processor_class.__name__)
+    if isinstance(processor.video_processor, QwenVideoFrames):
+        logger.info("%s: its processor %s loaded with a stand-in for its video processor %s (that needs "
+                    "torchvision), over the frames the server samples", repo_id, processor_class.__name__,
+                    processor.video_processor.processor_type)
+    else:
+        logger.info("%s: its processor %s loaded without its video processor (that needs torchvision); "
+                    "a video goes to the model as frames and sound", repo_id, processor_class.__name__)
     return processor
+
+
+def takes_videos(processor) -> bool:
+    """Whether the processor turns a video's frames into the model's video inputs (its own video processor,
+    or the Qwen-VL stand-in), rather than the frames going in as images."""
+    video_processor = getattr(processor, VIDEO_PROCESSOR, None)
+    return video_processor is not None and not isinstance(video_processor, NoVideoProcessor)
 
 
 def _processor_class(repo_id: str, **kwargs) -> type | None:
@@ -51,25 +67,29 @@ def _from_parts(processor_class: type, repo_id: str, **kwargs) -> Any:
 
     loaders = {"tokenizer": AutoTokenizer.from_pretrained, "feature_extractor": AutoFeatureExtractor.from_pretrained,
                "image_processor": lambda *a, **k: AutoImageProcessor.from_pretrained(*a, backend="pil", **k)}
+    standing_in = without_video(processor_class)
+    processor_dict, rest = standing_in.get_processor_dict(repo_id, **kwargs)
+    saved_video = processor_dict.pop(VIDEO_PROCESSOR, None)
     parts = []
     for attribute in processor_class.get_attributes():
         if attribute == VIDEO_PROCESSOR:
-            parts.append(NoVideoProcessor())
+            parts.append(qwen_video_frames(repo_id, saved_video, **_file_options(kwargs)) or NoVideoProcessor())
         elif attribute in loaders:
             parts.append(loaders[attribute](repo_id, **kwargs))
         else:
             raise ValueError(f"{processor_class.__name__}'s {attribute} cannot be loaded without its video processor")
-    standing_in = without_video(processor_class)
-    processor_dict, rest = standing_in.get_processor_dict(repo_id, **kwargs)
-    processor_dict.pop(VIDEO_PROCESSOR, None)
     return standing_in.from_args_and_dict(parts, processor_dict, **rest)
 
 
+def _file_options(kwargs: dict) -> dict:
+    return {key: kwargs[key] for key in ("cache_dir", "local_files_only", "revision", "token") if key in kwargs}
+
+
 def without_video(processor_class: type) -> type:
-    """The processor class, its video processor allowed to be a NoVideoProcessor (transformers checks each
+    """The processor class, its video processor allowed to be a stand-in (transformers checks each
     part's class by name, and without torchvision it cannot look up the video processors' base class)."""
     def check_argument_for_proper_class(self, argument_name: str, argument: Any):
-        if argument_name == VIDEO_PROCESSOR and isinstance(argument, NoVideoProcessor):
+        if argument_name == VIDEO_PROCESSOR and isinstance(argument, (NoVideoProcessor, QwenVideoFrames)):
             return VideoProcessorMixin
         return processor_class.check_argument_for_proper_class(self, argument_name, argument)
 
