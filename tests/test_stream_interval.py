@@ -33,8 +33,12 @@ def test_a_streamed_chat_comes_in_groups_equal_to_the_whole_answer(grouped_clien
     assert all(size >= INTERVAL and size % INTERVAL == 0 for size in sizes[1:-1]) and 1 <= sizes[-1], sizes
     assert len(with_tokens) <= 1 + -(-(TOKENS - 1) // INTERVAL)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
-    streamed = [(t.token, t.logprob) for c in with_tokens for t in c.choices[0].logprobs.content]
-    assert streamed == [(t.token, t.logprob) for t in whole.choices[0].logprobs.content]
+    streamed = [t for c in with_tokens for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in whole.choices[0].logprobs.content]
+    # the second request starts from the first's cached prompt and may run in a batch buffer of another size:
+    # the same tokens, logprobs equal to float32's last bits
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in whole.choices[0].logprobs.content],
+                                                          abs=1e-5)
 
 
 def test_streamed_completions_token_ids_join_to_the_whole_answers(grouped_client):
