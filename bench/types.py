@@ -44,7 +44,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def check_type(model_type: str, cache: str) -> dict:
     """One type, in this process: built, loaded, its runner, the two batched runs against `generate`."""
     out: dict = {"type": model_type}
-    started = time.perf_counter()
     try:
         import torch
 
@@ -118,7 +117,6 @@ def check_type(model_type: str, cache: str) -> dict:
     except Exception as exc:
         out.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:300]}",
                    where=traceback.format_exc().splitlines()[-3].strip()[:200])
-    out["seconds"] = round(time.perf_counter() - started, 2)
     return out
 
 

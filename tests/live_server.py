@@ -32,7 +32,7 @@ ZYGOTE_SOCKET = "TESTS_ZYGOTE_SOCKET"  # set by a test for a bench run it starts
 # build does not load (sklearn and joblib set them when the test process imports them).
 PER_PROCESS_ENV = ("INFERENCE_", "CHANNEL_LAYER", "DATABASE_URL", "HF_HUB_CACHE", "DJANGO_SETTINGS_MODULE",
                    "DJANGO_SUPERUSER_", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST", "SOAK_", "TOKENIZERS_PARALLELISM",
-                   "KMP_", "PROMETHEUS_MULTIPROC_DIR", "LOG_FORMAT", ZYGOTE_SOCKET)
+                   "KMP_", "PROMETHEUS_MULTIPROC_DIR", "LOG_FORMAT", ZYGOTE_SOCKET, "TESTS_FULL_SHUTDOWN")
 
 
 def _shared_env(env: dict[str, str]) -> dict[str, str]:

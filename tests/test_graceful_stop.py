@@ -13,6 +13,8 @@ from .conftest import TINY_MODEL
 from .live_server import LiveServer, ManagedProcess, base_env
 from .shutdown_drill import signal_with_streams
 
+FULL_SHUTDOWN = {"TESTS_FULL_SHUTDOWN": "1"}  # the whole interpreter shutdown, as a user's process has (tests/zygote.py)
+
 
 def assert_clean_stop(status: int, ends, log: str, expect_error: bool) -> None:
     assert status == 0, log[-3000:]
@@ -30,8 +32,8 @@ def assert_clean_stop(status: int, ends, log: str, expect_error: bool) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("grace", ["30", "0.3"], ids=["drained", "ended"])
 def test_serve_stops_gracefully_with_streams_in_flight(hf_cache, tmp_path, signum, grace):
-    server = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_SHUTDOWN_GRACE_SECONDS=grace), tmp_path,
-                        (TINY_MODEL,))
+    server = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_SHUTDOWN_GRACE_SECONDS=grace, **FULL_SHUTDOWN),
+                        tmp_path, (TINY_MODEL,))
     try:
         status, ends, _ = signal_with_streams(server, server.base_url, server.headers, TINY_MODEL, signum,
                                               max_tokens=200 if grace == "30" else 480)
@@ -43,7 +45,8 @@ def test_serve_stops_gracefully_with_streams_in_flight(hf_cache, tmp_path, signu
 
 
 def test_scale_out_worker_and_web_stop_gracefully(hf_cache, tmp_path, redis_server):
-    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_SHUTDOWN_GRACE_SECONDS="0.3")
+    env = base_env(hf_cache, tmp_path, CHANNEL_LAYER_URL=redis_server.url, INFERENCE_SHUTDOWN_GRACE_SECONDS="0.3",
+                   **FULL_SHUTDOWN)
     web = LiveServer(env, tmp_path, extra_args=("--no-worker",), name="web")
     workers = [ManagedProcess(["manage.py", "run_worker"], env, tmp_path / f"worker{i}.log") for i in range(2)]
     try:

@@ -19,7 +19,7 @@ from protocol import failpoints
 from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.prefix_cache import PrefixCache
-from workers.engine.execution.kv.recompute import RECOMPUTED, prompt_logits, whole_text_inputs
+from workers.engine.execution.kv.recompute import next_logits, prefill_whole_text
 from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
 from workers.engine.execution.kv.slab import SlabKV, static_attention
 from workers.engine.execution.kv.specs import SLIDING, STATE, cache_spec
@@ -167,8 +167,8 @@ class ModelRunner:
 
     def prefill(self, seq: Sequence, budget: int) -> tuple[int, torch.Tensor | None]:
         """Feed up to `budget` more prompt tokens; returns (tokens used, next-token logits once done)."""
-        if self.spec.recomputes:
-            return self._prefill_recomputed(seq)
+        if self.spec.recomputes:  # no cache (kv/recompute.py): the whole prompt, nothing kept but its tokens
+            return prefill_whole_text(self._forward, self.loaded, seq)
         if seq.state is None:
             seq.state = new_row_cache(self.loaded.model.config, self.spec)
             seq.prefilled = 0
@@ -194,19 +194,6 @@ class ModelRunner:
         if seq.wants_prompt_logprobs:
             seq.record_prompt_chunk(output.logits[0], last=done)
         return take, output.logits[0, -1] if done else None
-
-    def _prefill_recomputed(self, seq: Sequence) -> tuple[int, torch.Tensor]:
-        """A model without a cache (kv/recompute.py): the whole prompt's forward, nothing kept but its tokens."""
-        def forward(inputs: dict) -> torch.Tensor:
-            return self._forward([seq], **inputs).logits
-
-        model, device, take = self.loaded.model, self.loaded.device, len(seq.prompt_ids) - seq.prefilled
-        seq.state, seq.prefilled = RECOMPUTED, len(seq.prompt_ids)
-        if seq.wants_prompt_logprobs:
-            scores = prompt_logits(forward, model, seq.prompt_ids, device)
-            seq.record_prompt_chunk(scores, last=True)
-            return take, scores[-1]
-        return take, forward(whole_text_inputs(model, seq.prompt_ids, device))[0, -1]
 
     def _media_tensors(self, seq: Sequence, positions: range) -> dict:
         """The processor's tensors for the model's forward over these prompt positions, floating ones in the
@@ -402,8 +389,7 @@ class ModelRunner:
             self.batch.advance()
         for seq in self.solo_rows:
             if self.spec.recomputes:
-                inputs = whole_text_inputs(self.loaded.model, seq.prompt_ids + seq.completion_ids, self.loaded.device)
-                logits.append(self._forward([seq], **inputs).logits[:, -1, :])
+                logits.append(next_logits(self._forward, self.loaded, seq))
                 continue
             position = cached_tokens(seq)
             output = self._forward(

@@ -53,3 +53,21 @@ def recompute_problem(model, device: torch.device, near: Callable[[torch.Tensor,
     except Exception as exc:
         return f"its generate or whole-text forward failed ({type(exc).__name__}: {str(exc)[:120]})"
     return ""
+
+
+def prefill_whole_text(forward: Callable, loaded, seq) -> tuple[int, torch.Tensor]:
+    """A row's prefill: the whole prompt's forward (`forward(rows, **inputs)`: the runner's), scored at every
+    position where the request asks; returns (prompt tokens fed, the next token's logits)."""
+    model, device, take = loaded.model, loaded.device, len(seq.prompt_ids) - seq.prefilled
+    seq.state, seq.prefilled = RECOMPUTED, len(seq.prompt_ids)
+    if seq.wants_prompt_logprobs:
+        scores = prompt_logits(lambda inputs: forward([seq], **inputs).logits, model, seq.prompt_ids, device)
+        seq.record_prompt_chunk(scores, last=True)
+        return take, scores[-1]
+    return take, forward([seq], **whole_text_inputs(model, seq.prompt_ids, device)).logits[0, -1]
+
+
+def next_logits(forward: Callable, loaded, seq) -> torch.Tensor:
+    """A row's decode step: the whole text so far, its next token's logits [1, vocab]."""
+    inputs = whole_text_inputs(loaded.model, seq.prompt_ids + seq.completion_ids, loaded.device)
+    return forward([seq], **inputs).logits[:, -1, :]
