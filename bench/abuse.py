@@ -55,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sockets, args.attacker_addresses, args.attacker_processes, args.seconds = 300, 3, 2, 4.0
+        args.sockets, args.attacker_addresses, args.attacker_processes, args.seconds = 300, 3, 2, 2.0
         args.streams, args.max_num_seqs, args.max_queue, args.header_timeout = 60, 2, 4, 2.0
     return args
 

@@ -56,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.flood, args.flood_tokens, args.b_alone, args.batch_lines, args.b_every = 8, 32, 2, 12, 0.5
+        args.flood, args.flood_tokens, args.b_alone, args.batch_lines, args.b_every = 6, 16, 2, 6, 0.5
     return args
 
 

@@ -28,15 +28,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench.run --scenario gguf", description=__doc__)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--quick", action="store_true", help="4 streams of 16 tokens")
+    parser.add_argument("--quick", action="store_true", help="2 streams of 8 tokens, each timing once")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.streams, args.max_tokens = 4, 16
+        args.streams, args.max_tokens = 2, 8
     return args
 
 
-def raw_generate(cache: Path, model_id: str, texts: list[str], max_tokens: int) -> dict:
+def raw_generate(cache: Path, model_id: str, texts: list[str], max_tokens: int, rounds: int = 2) -> dict:
     """`model.generate` on the same GGUF file in this process: one prompt, then every prompt as one padded batch."""
     import torch
     from huggingface_hub import snapshot_download
@@ -60,7 +60,8 @@ def raw_generate(cache: Path, model_id: str, texts: list[str], max_tokens: int) 
         return time.perf_counter() - started
 
     timed(texts[:1])  # warm-up
-    single, batch = min(timed(texts[:1]) for _ in range(2)), min(timed(texts) for _ in range(2))  # best of two
+    single, batch = (min(timed(texts[:1]) for _ in range(rounds)),  # best of `rounds`
+                     min(timed(texts) for _ in range(rounds)))
     return {"single_tokens_per_s": round(max_tokens / single, 1),
             "batch_tokens_per_s": round(len(texts) * max_tokens / batch, 1)}
 
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> None:
         many = asyncio.run(run_load(server.base_url, model, texts, len(texts), args.max_tokens, {"ignore_eos": True}))
     finally:
         server.stop()
-    raw = raw_generate(cache, model, texts, args.max_tokens)
+    raw = raw_generate(cache, model, texts, args.max_tokens, rounds=1 if args.quick else 2)
     served = {"single_tokens_per_s": single.summary()["tokens_per_s"],
               "concurrent_tokens_per_s": many.summary()["tokens_per_s"], "errors": many.summary()["errors"]}
     results = {"scenario": "gguf", "model": model, "file": "SmolLM2-135M-Instruct.Q4_1.gguf", "question": QUESTION,

@@ -45,7 +45,8 @@ def make_teams(env: dict[str, str], teams: dict[str, list[str]], keys: dict[str,
 
 
 def fresh_minute(needed: float = 20.0) -> None:
-    """Wait for a new minute window if fewer than `needed` seconds are left in this one."""
+    """Wait for a new minute window if fewer than `needed` seconds are left in this one (on average a wait of
+    needed² / 120 s: ask for what the test takes, with room for a loaded machine, not more)."""
     left = 60 - time.time() % 60
     if left < needed:
         time.sleep(left + 0.2)

@@ -125,7 +125,7 @@ def test_refusals_are_openai_shaped(live, client):
 
 
 def test_embeddings_count_against_the_teams_requests_and_tokens(live):
-    fresh_minute(30)
+    fresh_minute(20)
     team = OpenAI(base_url=f"{live.base_url}/v1", api_key=live.secrets["embedder"], max_retries=0, timeout=120)
     used = [team.embeddings.create(model=ENCODER, input=TEXTS[:2]).usage.prompt_tokens for _ in range(3)]
     with pytest.raises(openai.RateLimitError):

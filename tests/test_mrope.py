@@ -80,8 +80,8 @@ def video_inputs(ref: ProcessorReference, messages: list[dict], seed: int) -> di
 
     text = ref.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     frames = video_frames(seed)
-    metadata = VideoMetadata(total_num_frames=len(frames), fps=float(VIDEO_FPS), frames_indices=list(range(len(frames))),
-                             width=frames[0].width, height=frames[0].height)
+    metadata = VideoMetadata(total_num_frames=len(frames), fps=float(VIDEO_FPS),
+                             frames_indices=list(range(len(frames))), width=frames[0].width, height=frames[0].height)
     return dict(ref.processor(text=[text], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
                               return_tensors="pt"))
 
@@ -157,9 +157,9 @@ def test_a_second_turn_about_the_same_video_starts_from_the_prefix_cache(qwen_se
     second = [*first, {"role": "assistant", "content": answer}, user_message("And then?", None)]
     again = client.chat.completions.create(model=model, messages=second, max_tokens=MAX_TOKENS, temperature=0,
                                            extra_body={"return_token_ids": True})
-    expected = greedy_on(ref, video_inputs(ref, [*video_question(question),
-                                                 {"role": "assistant", "content": [{"type": "text", "text": answer}]},
-                                                 {"role": "user", "content": [{"type": "text", "text": "And then?"}]}], 3))
+    conversation = [*video_question(question), {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+                    {"role": "user", "content": [{"type": "text", "text": "And then?"}]}]
+    expected = greedy_on(ref, video_inputs(ref, conversation, 3))
     assert again.choices[0].model_extra["token_ids"] == expected
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert 24 < cached < again.usage.prompt_tokens  # past the video's tokens, short of the new text

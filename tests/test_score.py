@@ -184,7 +184,7 @@ def test_the_cross_encoder_serves_no_generation_and_no_embeddings(live):
 
 
 def test_scores_count_against_the_teams_requests_and_tokens(live):
-    fresh_minute(30)
+    fresh_minute(20)
     body = {"model": CROSS_ENCODER, "text_1": QUERIES[0], "text_2": DOCUMENTS[:2]}
     used = []
     for path in ("/v1/score", "/v1/rerank"):

@@ -86,7 +86,7 @@ def test_key_status_shows_a_response_as_soon_as_it_ends(live):
 def test_refused_requests_are_counted_apart(live):
     secret = live.secrets["refusals"]
     client = sdk(live, "refusals")
-    fresh_minute(40)
+    fresh_minute(25)
     with pytest.raises(openai.RateLimitError) as too_big:  # prompt + 500 tokens > 200 a minute: refused at reserve
         client.completions.create(model=TINY_MODEL, prompt=PROMPT, max_tokens=500)
     assert too_big.value.body["type"] == "tokens"

@@ -52,7 +52,7 @@ def test_requests_per_minute_hold_across_two_web_processes(cluster):
     warm = httpx.post(f"{webs[0].base_url}/v1/completions", headers=webs[0].headers, timeout=120,
                       json={"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 2})  # the model loads first
     assert warm.status_code == 200
-    fresh_minute(30)
+    fresh_minute(10)
     auth = {"Authorization": f"Bearer {secrets['shared']}"}
     models = [httpx.get(f"{web.base_url}/v1/models", headers=auth) for web in webs]  # read the counters, count nothing
     assert [m.headers["x-ratelimit-remaining-requests"] for m in models] == ["6", "6"]
@@ -88,7 +88,7 @@ def test_key_status_on_another_web_process_counts_a_response_as_it_ends(cluster)
     """Served on one web process, read on the other at once: the row settled but not yet written is
     noted in Redis, and each request is counted once after the ledger writes it; refusals apart."""
     webs, secrets, redis_server, postgres, worker = cluster
-    fresh_minute(30)
+    fresh_minute(20)
     auth = {"Authorization": f"Bearer {secrets['counted']}"}
     body = {"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 3}
     served = httpx.post(f"{webs[0].base_url}/v1/completions", headers=auth, json=body, timeout=120)

@@ -73,7 +73,8 @@ def _from_parts(processor_class: type, repo_id: str, **kwargs) -> Any:
     parts = []
     for attribute in processor_class.get_attributes():
         if attribute == VIDEO_PROCESSOR:
-            parts.append(qwen_video_frames(repo_id, saved_video, **_file_options(kwargs)) or NoVideoProcessor())
+            stand_in = qwen_video_frames(processor_class, repo_id, saved_video, **_file_options(kwargs))
+            parts.append(stand_in or NoVideoProcessor())
         elif attribute in loaders:
             parts.append(loaders[attribute](repo_id, **kwargs))
         else:

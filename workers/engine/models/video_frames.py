@@ -24,6 +24,9 @@ from transformers.video_utils import VideoMetadata
 
 # The video processors this stands in for, and whether their resize weighs the number of frames (Qwen3-VL's).
 STANDS_IN_FOR = {"Qwen2VLVideoProcessor": False, "Qwen3VLVideoProcessor": True}
+# The processors it serves (checked against `generate` in tests/test_mrope.py); Qwen2.5-Omni's, which pairs a
+# video with its sound, is not among them: its videos still go as frames and sound.
+PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
 OPENAI_CLIP = ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
 DEFAULTS = {  # each class's own defaults, for a config that leaves a field out
     "Qwen2VLVideoProcessor": dict(patch_size=14, size={"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
@@ -62,7 +65,8 @@ class QwenVideoFrames(VideoProcessorMixin):
             grids.append(grid)
         data: dict[str, Any] = {"pixel_values_videos": torch.cat(patches), "video_grid_thw": torch.tensor(grids)}
         if return_metadata:
-            data["video_metadata"] = video_metadata or [VideoMetadata(total_num_frames=len(frames)) for frames in videos]
+            data["video_metadata"] = video_metadata or [VideoMetadata(total_num_frames=len(frames))
+                                                        for frames in videos]
         return BatchFeature(data)
 
     def _resized(self, frames) -> torch.Tensor:
@@ -89,8 +93,9 @@ class QwenVideoFrames(VideoProcessorMixin):
                 scale = max(factor / height, factor / width)
                 height, width = int(height * scale), int(width * scale)
             weight = round(frames / self.temporal_patch_size) * self.temporal_patch_size
-        if max(height, width) / min(height, width) > 200:
-            raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+        ratio = max(height, width) / min(height, width)
+        if ratio > 200:
+            raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio}")
         h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
         pixels = frames * height * width if self.weighs_frames else height * width
         if weight * h_bar * w_bar > self.max_pixels:
@@ -120,11 +125,15 @@ class QwenVideoFrames(VideoProcessorMixin):
         return json.dumps({"video_processor_type": self.processor_type})
 
 
-def qwen_video_frames(repo_id: str, saved: dict | None, **kwargs) -> QwenVideoFrames | None:
-    """The stand-in for the repo's video processor, where it is a Qwen-VL one (its own config file, or the
-    processor config's `video_processor` section, or the image processor's config, as older repos have)."""
+def qwen_video_frames(processor_class: type, repo_id: str, saved: dict | None,
+                      **kwargs) -> QwenVideoFrames | None:
+    """The stand-in for the repo's video processor, where the processor is a Qwen-VL one (its video processor's
+    config: its own file, or the processor config's `video_processor` section, or the image processor's, as
+    older repos have)."""
     from transformers.utils import cached_file
 
+    if processor_class.__name__ not in PROCESSORS:
+        return None
     config = dict(saved or {})
     if not config:
         for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
