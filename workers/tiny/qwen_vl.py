@@ -67,7 +67,7 @@ def build_tiny_qwen_vl(repo_id: str, kind: str = "qwen2_vl", cache_dir: str | os
                        seed: int = 0) -> Path:
     """A tiny `kind` (one of QWEN_VL_KINDS) with its processor, into the cache as `repo_id`."""
     import torch
-    from transformers import GenerationConfig, Qwen2VLProcessor, Qwen3VLProcessor
+    from transformers import GenerationConfig, Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from workers.engine.models.processors import NoVideoProcessor, without_video
@@ -81,7 +81,8 @@ def build_tiny_qwen_vl(repo_id: str, kind: str = "qwen2_vl", cache_dir: str | os
     tokenizer.chat_template = _qwen_chat_template(tokenizer.chat_template)
     image_processor = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2,
                                                min_pixels=IMAGE_SIZE * IMAGE_SIZE, max_pixels=IMAGE_SIZE * IMAGE_SIZE)
-    processor_class = Qwen3VLProcessor if kind == "qwen3_vl" else Qwen2VLProcessor
+    processor_class = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor,
+                       "qwen3_vl": Qwen3VLProcessor}[kind]
     processor = without_video(processor_class)(image_processor=image_processor, tokenizer=tokenizer,
                                                video_processor=NoVideoProcessor(),
                                                chat_template=tokenizer.chat_template)
