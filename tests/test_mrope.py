@@ -165,16 +165,25 @@ def test_a_second_turn_about_the_same_video_starts_from_the_prefix_cache(qwen_se
     assert 24 < cached < again.usage.prompt_tokens  # past the video's tokens, short of the new text
 
 
+def test_a_video_qwen3_vl_cannot_take_is_a_400_and_the_server_goes_on(qwen_server, qwen_cache):
+    """One frame is less than Qwen3-VL's temporal patch (its own processor refuses it too): an OpenAI-shaped 400
+    naming why, and the next request is answered."""
+    import openai
+
+    model = MODELS["qwen3_vl"]
+    client = openai.OpenAI(base_url=f"{qwen_server.base_url}/v1", api_key=qwen_server.key, max_retries=0, timeout=60)
+    one_frame = media_files.data_url("video/x-matroska", media_files.lossless_video_bytes(video_frames(4)[:1]))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": one_frame}}, {"type": "text", "text": "What happens?"}]}])
+    assert refused.value.body["code"] == "invalid_media" and "at least 2 frames" in refused.value.body["message"]
+    assert client.chat.completions.create(model=model, max_tokens=4, messages=[user_message("Hi", None)]).choices
+
+
 def greedy_conversation(ref: ProcessorReference, messages: list[dict]) -> list[int]:
     """`generate` on a whole conversation (pictures as PIL images), as its processor renders it."""
-    import torch
-
-    inputs = ref.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")
-    with torch.no_grad():
-        output = ref.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
-                                    pad_token_id=ref.processor.tokenizer.pad_token_id)
-    return output[0, inputs["input_ids"].shape[1]:].tolist()
+    return greedy_on(ref, ref.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True, return_tensors="pt"))
 
 
 def test_a_second_turn_about_the_same_picture_starts_from_the_prefix_cache(qwen_server, qwen_cache):

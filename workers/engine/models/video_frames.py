@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import BatchFeature
+from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.video_processing_utils import VideoProcessorMixin
 from transformers.video_utils import VideoMetadata
 
@@ -27,12 +29,11 @@ STANDS_IN_FOR = {"Qwen2VLVideoProcessor": False, "Qwen3VLVideoProcessor": True}
 # The processors it serves (checked against `generate` in tests/test_mrope.py); Qwen2.5-Omni's, which pairs a
 # video with its sound, is not among them: its videos still go as frames and sound.
 PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
-OPENAI_CLIP = ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
 DEFAULTS = {  # each class's own defaults, for a config that leaves a field out
     "Qwen2VLVideoProcessor": dict(patch_size=14, size={"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
-                                  image_mean=OPENAI_CLIP[0], image_std=OPENAI_CLIP[1]),
+                                  image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD),
     "Qwen3VLVideoProcessor": dict(patch_size=16, size={"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
-                                  image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]),
+                                  image_mean=IMAGENET_STANDARD_MEAN, image_std=IMAGENET_STANDARD_STD),
 }
 
 
@@ -139,7 +140,7 @@ def qwen_video_frames(processor_class: type, repo_id: str, saved: dict | None,
         for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
             path = cached_file(repo_id, name, _raise_exceptions_for_missing_entries=False, **kwargs)
             if path:
-                config = json.loads(open(path).read())
+                config = json.loads(Path(path).read_text())
                 break
     processor_type = config.get("video_processor_type") or _video_type_of_image_processor(config)
     return QwenVideoFrames(processor_type, config) if processor_type in STANDS_IN_FOR else None
