@@ -126,15 +126,17 @@ def tokenizer(hf_cache):
     return AutoTokenizer.from_pretrained(TINY_MODEL, cache_dir=hf_cache, local_files_only=True)
 
 
+@pytest.mark.parametrize("every", [1, 3])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_windowed_text_is_the_whole_decode_at_every_token(tokenizer, seed):
-    """Random ids (byte pieces of split characters among them), and a real sentence's ids."""
+def test_the_windowed_text_is_the_whole_decode_at_every_token(tokenizer, seed, every):
+    """Random ids (byte pieces of split characters among them), and a real sentence's ids; read at every token
+    (a stream) or every third (a non-streamed answer reads several new tokens at once)."""
     rng = random.Random(seed)
     sentence = tokenizer("Héllo wörld — 日本語 and emoji 🙂🙂, then plain words again.", add_special_tokens=False)["input_ids"]
     ids = sentence if seed == 0 else [rng.randrange(len(tokenizer)) for _ in range(80)]
     text = IncrementalText(tokenizer, [])
     emitted = ""
-    for n in range(1, len(ids) + 1):
+    for n in [*range(every, len(ids), every), len(ids)]:
         delta, stopped = text.update(ids[:n])
         emitted += delta
         assert not stopped

@@ -1,6 +1,8 @@
 """The prefill budget per engine step: a share of one decode step's time while streams run, everything otherwise."""
 from __future__ import annotations
 
+import pytest
+
 from workers.engine.core.prefill_pacing import LEAST_TOKENS, PrefillPacer
 
 
@@ -43,3 +45,60 @@ def test_the_share_setting_reaches_the_engines_pacer():
 
     config = InferenceSettings.from_environ({"INFERENCE_PREFILL_SHARE": "0.25"}).engine
     assert Engine(lambda channel, message: None, config).scheduler.pacer.share == 0.25
+
+
+def test_short_prompts_prefill_whole_and_long_ones_in_chunks_within_the_steps_budget(hf_cache):
+    """A step's budget that ends inside a short prompt takes that prompt whole (a piece of it would cost a forward
+    of its own now and another for its rest next step); a prompt longer than a least forward still goes in chunks.
+    Every row's tokens are still the ones `generate` writes."""
+    import uuid
+
+    import protocol
+    from workers.engine.config import EngineConfig, TemplateSettings
+    from workers.engine.core.metrics import EngineMetrics
+    from workers.engine.core.scheduler import Scheduler
+    from workers.engine.execution.runner import ModelRunner, RunnerSettings
+    from workers.engine.inputs.generation_job import GenerationJob
+    from workers.engine.models.model_loader import load_model
+    from workers.engine.sequences import Handover
+
+    from .conftest import TINY_MODEL, Reference
+
+    with pytest.MonkeyPatch.context() as patch:
+        from huggingface_hub import constants
+
+        patch.setattr(constants, "HF_HUB_CACHE", str(hf_cache))
+        loaded = load_model(protocol.ModelRef.parse(TINY_MODEL), device="cpu", dtype="float32")
+    reference = Reference(hf_cache)
+    chunk = 40  # the step's budget; a least forward is min(LEAST_TOKENS, chunk) = 40 tokens
+    config = EngineConfig(max_num_seqs=8, prefill_chunk=chunk, device="cpu")
+    scheduler = Scheduler({TINY_MODEL: ModelRunner(loaded, RunnerSettings(prefill_chunk=chunk, max_rows=8))},
+                          EngineMetrics(), config)
+    handover, tokens = Handover(), 4
+    words = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    prompts = [reference.encode(" ".join(words[n:n + 12])) for n in range(4)]
+    prompts.append(reference.encode(" ".join(words * 4)))  # longer than a least forward: prefilled in chunks
+    assert all(len(ids) < chunk for ids in prompts[:4]) and sum(len(ids) for ids in prompts[:3]) > chunk
+    assert len(prompts[-1]) > chunk
+    sequences = []
+    for ids in prompts:
+        job = protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", "reply", protocol.ModelRef.parse(TINY_MODEL), [ids],
+                                      protocol.JobParams(temperature=0, ignore_eos=True, max_tokens=tokens))
+        request = GenerationJob(job, loaded, TemplateSettings(), handover)
+        request.model_name = request.served_name = TINY_MODEL  # as the engine names a job's model on admitting it
+        sequences.append(request.sequences[0])
+    scheduler.enqueue(sequences)
+    chunks_seen, steps = set(), 0
+    while not all(seq.finished for seq in sequences) and steps < 40:
+        scheduler.admit()
+        scheduler.prefill(scheduler.decoding(), first=True)
+        scheduler.decode()
+        scheduler.prefill(True)
+        for seq in sequences[:4]:
+            assert seq.prefilled in (0, len(seq.prompt_ids)) or seq.completion_ids, "a short prompt was split"
+        if 0 < sequences[-1].prefilled < len(prompts[-1]):
+            chunks_seen.add(sequences[-1].prefilled)
+        steps += 1
+    assert chunks_seen, "the long prompt was prefilled whole in one step"
+    for seq, ids in zip(sequences, prompts):
+        assert seq.completion_ids == reference.greedy(ids, tokens, min_new_tokens=tokens), seq.completion_ids

@@ -266,7 +266,10 @@ class Scheduler:
             if cached is not None:
                 self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
             rest = len(seq.prompt_ids) - seq.prefilled
-            if seq.wants_prompt_logprobs or seq.media_inputs is not None or rest > budget or not runner.prefills_together(seq):
+            # A short prompt goes whole even past the budget's end (by less than a least forward): its piece
+            # would cost about a forward's time alone, and its rest another forward next step.
+            fits = rest <= max(budget, self.pacer.least)
+            if seq.wants_prompt_logprobs or seq.media_inputs is not None or not fits or not runner.prefills_together(seq):
                 take = runner.chunk_for(seq, budget)
                 work.append(PrefillWork((seq,), take))
                 budget -= take

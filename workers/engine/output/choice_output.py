@@ -116,7 +116,7 @@ class ChoiceOutput:
         """A token the engine chose (None: none, as at a grammar's dead end) and why the engine ended the
         choice with it (None: it goes on); True when a stop string ended the choice here, which the
         engine has to hear of. Tokens after the choice ended are dropped."""
-        if self.finished:
+        if self.finish_reason is not None:
             return False
         if self.lazy:
             if token_id is not None:
@@ -188,23 +188,26 @@ class ChoiceOutput:
         """What the client has not seen yet, as a protocol ChoiceDelta (None when nothing new)."""
         if self.sent_final:
             return None
-        self._read_up()
-        has_logprobs = self.pending_logprobs is not None and self.pending_logprobs.tokens
-        if not (self.pending_text or self.pending_ids or has_logprobs or self.finished):
+        if self._unread:
+            self._read_up()
+        logprobs = self.pending_logprobs
+        if not (self.pending_text or self.pending_ids or (logprobs is not None and logprobs.tokens)
+                or self.finish_reason is not None):
             return None
         delta: ChoiceDelta = {
             "index": self.index,
             "text": self.pending_text,
             "token_ids": self.pending_ids,
-            "logprobs": self.pending_logprobs.as_dict() if self.pending_logprobs is not None else None,
+            "logprobs": None,
             "finish_reason": self.finish_reason,
         }
+        if logprobs is not None:
+            delta["logprobs"] = logprobs.as_dict()
+            self.pending_logprobs = PendingLogprobs()
         if self.scored_prompt is not None:
             delta["prompt_logprobs"], self.scored_prompt = self.scored_prompt, None
         if self.parser is not None:
             delta["parts"] = self._parts()
         self.pending_text, self.pending_ids = "", []
-        if self.pending_logprobs is not None:
-            self.pending_logprobs = PendingLogprobs()
-        self.sent_final = self.finished
+        self.sent_final = self.finish_reason is not None
         return delta

@@ -51,12 +51,15 @@ class IncrementalText:
         self.decode = text_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         backend = _plain_backend(tokenizer, spaces_between_special_tokens)
         self._stream = None
-        if backend is not None:
-            stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-            self._stream = lambda token_id: stream.step(backend, token_id)
-        self._fed = 0  # tokens given to the stream
         self.include_stop = include_stop
         self.stop = [s for s in stop if s]
+        if backend is not None:
+            stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+            self._backend, self._stream_step = backend, stream.step
+            self._stream = lambda token_id: stream.step(backend, token_id)
+            if not self.stop:  # the common case (every streamed token of every plain answer) kept short
+                self.update = self._update_streamed
+        self._fed = 0  # tokens given to the stream
         self.emitted = 0  # characters of the decoded completion already handed out
         self.text = ""  # the whole completion decoded (a trailing unfinished character as "\ufffd")
         self._settled = ""  # text of the tokens before `_read`: whole characters only
@@ -121,6 +124,30 @@ class IncrementalText:
         delta = self.text[self.emitted:end] if end > self.emitted else ""
         self.emitted = max(self.emitted, end)
         return delta, False
+
+    def _update_streamed(self, completion_ids: list[int]) -> tuple[str, bool]:
+        """`update` where the Rust stream decodes and no stop string is looked for: the same text, with
+        `_advance_stream` and `_held_back` folded into the few operations a usual token needs."""
+        count = len(completion_ids)
+        step, backend = self._stream_step, self._backend
+        for position in range(self._fed, count):
+            piece = step(backend, completion_ids[position])
+            if piece is not None:
+                self._settled += piece
+                self._read = position + 1
+        self._fed = count
+        if self._read == count:
+            text = self.text = self._settled
+        else:  # the stream holds an unfinished character back: shown as the whole decode shows it
+            start = max(0, self._read - 1)
+            window = self.decode(completion_ids[start:])
+            text = self.text = self._settled + window[len(self.decode(completion_ids[start:self._read])):]
+        end = len(text) - 1 if text.endswith(REPLACEMENT_CHAR) else len(text)
+        emitted = self.emitted
+        if end <= emitted:
+            return "", False
+        self.emitted = end
+        return text[emitted:end], False
 
     def flush(self) -> str:
         """Whatever was held back, once the sequence ended for another reason."""

@@ -129,8 +129,10 @@ class OutputProcessor:
                 self.tokens(took, when)
             except Exception:  # latency metrics are never worth a request's answer
                 logger.exception("the output thread could not count a step's tokens")
+        interval = self.stream_interval
         for request, ended in touched.items():
-            self._publish(request, ended)
+            if ended or not request.answered or request.due(interval):  # else nothing is due: held
+                self._publish(request, ended)
 
     def _publish(self, request, ended: bool) -> None:
         """A message for the request when it has something due: its first token at once, then (streamed) its
