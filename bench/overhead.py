@@ -27,7 +27,7 @@ from openai import AsyncOpenAI
 from .load import bench_prompts, run_load
 from .models import ensure_model, prepare_cache
 from .raw import RawEngine
-from .servers import OurServer
+from .servers import OurServer, ScaleOut
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--server-root", type=Path, help="run the server of another checkout (a git worktree of an "
                         "earlier commit: the figures before a change, against raw in the same run)")
+    parser.add_argument("--scale-out", action="store_true", help="the web process and one `run_worker` over a private "
+                        "redis-server instead of the embedded default: what splitting web and engine into two processes "
+                        "gives on the same cores (the CPU counted is all three processes')")
     parser.add_argument("--quick", action="store_true", help="8 requests x 16 tokens, one round: checks it runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -127,7 +130,14 @@ def main(argv: list[str]) -> None:
     env = dict(item.split("=", 1) for item in args.server_env)
     env.setdefault("INFERENCE_MAX_NUM_SEQS", str(max(args.requests, 64)))
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    server = OurServer(cache, work / "ours", root=args.server_root, device=args.device, dtype=args.dtype, **env)
+    if args.scale_out:
+        env.setdefault("INFERENCE_DEVICE", args.device)
+        env.setdefault("INFERENCE_DTYPE", args.dtype)
+        server = ScaleOut(cache, work / "scale-out", workers=1, **env)
+        server.pids = [server.web.process.pid, server.redis.process.pid, *(w.process.pid for w in server.workers)]
+    else:
+        server = OurServer(cache, work / "ours", root=args.server_root, device=args.device, dtype=args.dtype, **env)
+        server.pids = [server.pid]
     rounds = []
     try:
         asyncio.run(non_streaming(server.base_url, args.model, prompts[:4], 8))  # loads the model
@@ -136,12 +146,12 @@ def main(argv: list[str]) -> None:
             raw_tps = raw.batch_tokens_per_s(args.max_tokens)
             raw_cpu = time.process_time() - raw_cpu
             before = engine_counters(server.base_url)
-            cpu_before = tree_cpu_seconds(server.pid)
+            cpu_before = sum(map(tree_cpu_seconds, server.pids))
             plain = asyncio.run(non_streaming(server.base_url, args.model, prompts, args.max_tokens))
-            cpu_middle = tree_cpu_seconds(server.pid)
+            cpu_middle = sum(map(tree_cpu_seconds, server.pids))
             middle = engine_counters(server.base_url)
             streamed = streaming(server.base_url, args.model, prompts, args.max_tokens)
-            cpu_after = tree_cpu_seconds(server.pid)
+            cpu_after = sum(map(tree_cpu_seconds, server.pids))
             after = engine_counters(server.base_url)
             tokens = args.requests * args.max_tokens
             cpu = {"raw_cpu_ms_per_1k_tokens": round(raw_cpu * 1e6 / tokens, 1),
@@ -167,7 +177,7 @@ def main(argv: list[str]) -> None:
         server.stop()
         raw.close()
     summary = {
-        "scenario": "overhead", "model": args.model, "device": args.device, "requests": args.requests,
+        "scenario": "overhead", "deployment": "scale-out" if args.scale_out else "embedded", "model": args.model, "device": args.device, "requests": args.requests,
         "max_tokens": args.max_tokens, "rounds": rounds,
         "median": {key: statistics.median(r[key] for r in rounds) for key in (
             "non_streaming_vs_raw", "streaming_vs_raw", "cpu_per_token_vs_raw", "streaming_cpu_per_token_vs_raw")},

@@ -85,7 +85,8 @@ class ScaleOut:
         self.redis = RedisServer(work_dir)
         # The workers share this machine's cores: each gets its part, not torch's default of all of them.
         threads = str(max(1, (os.cpu_count() or 1) // workers))
-        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url, INFERENCE_TORCH_THREADS=threads, **env_extra)
+        env = base_env(hf_cache, work_dir, CHANNEL_LAYER_URL=self.redis.url,
+                       **{"INFERENCE_TORCH_THREADS": threads, **env_extra})
         self.web = LiveServer(env, work_dir, extra_args=("--no-worker",) if auth else ("--no-auth", "--no-worker"),
                               name="web")
         self.workers = []
