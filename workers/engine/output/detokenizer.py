@@ -50,13 +50,11 @@ class IncrementalText:
                  skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
         self.decode = text_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         backend = _plain_backend(tokenizer, spaces_between_special_tokens)
-        self._stream = None
+        self._backend = backend
         self.include_stop = include_stop
         self.stop = [s for s in stop if s]
         if backend is not None:
-            stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-            self._backend, self._stream_step = backend, stream.step
-            self._stream = lambda token_id: stream.step(backend, token_id)
+            self._stream_step = DecodeStream(skip_special_tokens=skip_special_tokens).step
             if not self.stop:  # the common case (every streamed token of every plain answer) kept short
                 self.update = self._update_streamed
         self._fed = 0  # tokens given to the stream
@@ -68,7 +66,7 @@ class IncrementalText:
         self._context_text = ""  # decode(ids[_context:_read])
 
     def _advance(self, completion_ids: list[int]) -> None:
-        if self._stream is not None:
+        if self._backend is not None:
             self._advance_stream(completion_ids)
             return
         window = self.decode(completion_ids[self._context:])
@@ -84,8 +82,9 @@ class IncrementalText:
     def _advance_stream(self, completion_ids: list[int]) -> None:
         """The stream's pieces; while it holds an unfinished character back, the text shows it as the whole
         decode does, from a window after the last piece."""
+        step, backend = self._stream_step, self._backend
         for position in range(self._fed, len(completion_ids)):
-            piece = self._stream(completion_ids[position])
+            piece = step(backend, completion_ids[position])
             if piece is not None:
                 self._settled += piece
                 self._read = position + 1
@@ -126,24 +125,11 @@ class IncrementalText:
         return delta, False
 
     def _update_streamed(self, completion_ids: list[int]) -> tuple[str, bool]:
-        """`update` where the Rust stream decodes and no stop string is looked for: the same text, with
-        `_advance_stream` and `_held_back` folded into the few operations a usual token needs."""
-        count = len(completion_ids)
-        step, backend = self._stream_step, self._backend
-        for position in range(self._fed, count):
-            piece = step(backend, completion_ids[position])
-            if piece is not None:
-                self._settled += piece
-                self._read = position + 1
-        self._fed = count
-        if self._read == count:
-            text = self.text = self._settled
-        else:  # the stream holds an unfinished character back: shown as the whole decode shows it
-            start = max(0, self._read - 1)
-            window = self.decode(completion_ids[start:])
-            text = self.text = self._settled + window[len(self.decode(completion_ids[start:self._read])):]
+        """`update` where the Rust stream decodes and no stop string is looked for: `_held_back` is then only
+        an unfinished character's hold, in a line."""
+        self._advance_stream(completion_ids)
+        text, emitted = self.text, self.emitted
         end = len(text) - 1 if text.endswith(REPLACEMENT_CHAR) else len(text)
-        emitted = self.emitted
         if end <= emitted:
             return "", False
         self.emitted = end
