@@ -47,6 +47,7 @@ from teams.client_address import Network, address_bucket, in_networks, parse_net
 from .admission import GENERATION_PATHS, RETRY_AFTER_SECONDS, AdmissionLimit
 from .http_limits import PARSER_LIMIT, UnparsedBodyWebRequest, bad_request, line_too_long, refuse
 from .inference_settings import InferenceSettings
+from .write_through import send_now
 
 logger = logging.getLogger(__name__)
 refusals = BurstLog(logger)
@@ -226,6 +227,16 @@ class GuardedHTTPChannel(HTTPChannel):
     def connectionMade(self) -> None:
         super().connectionMade()
         self.book.wait_for_request(self)
+
+    def write(self, data: bytes) -> None:
+        rest = send_now(self.transport, data)  # inference_site/write_through.py
+        if rest:
+            super().write(rest)
+
+    def writeSequence(self, iovec) -> None:
+        rest = send_now(self.transport, b"".join(iovec))
+        if rest:
+            super().writeSequence([rest])
 
     def connectionLost(self, reason) -> None:
         self._stop_body_clock()
