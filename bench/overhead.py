@@ -177,7 +177,8 @@ def main(argv: list[str]) -> None:
         server.stop()
         raw.close()
     summary = {
-        "scenario": "overhead", "deployment": "scale-out" if args.scale_out else "embedded", "model": args.model, "device": args.device, "requests": args.requests,
+        "scenario": "overhead", "deployment": "scale-out" if args.scale_out else "embedded", "model": args.model,
+        "device": args.device, "requests": args.requests,
         "max_tokens": args.max_tokens, "rounds": rounds,
         "median": {key: statistics.median(r[key] for r in rounds) for key in (
             "non_streaming_vs_raw", "streaming_vs_raw", "cpu_per_token_vs_raw", "streaming_cpu_per_token_vs_raw")},
