@@ -41,6 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--families", action="store_true", help="a row per kind of cache at 16 streams")
+    parser.add_argument("--non-streaming", action="store_true", help="jobs answered whole (the output thread only "
+                        "gathers tokens) instead of streamed (each row's text and a message every step)")
     parser.add_argument("--quick", action="store_true", help="8 requests x 8 tokens, one round: checks it runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -113,7 +115,7 @@ def engine_counters() -> dict[str, float]:
             for name in ("inference_step_seconds_sum", "inference_step_seconds_count", "inference_batch_size_sum")}
 
 
-def _serve_engine(requests: int, connection) -> None:
+def _serve_engine(requests: int, stream: bool, connection) -> None:
     """The child process: an Engine answering into a dict, running what the pipe asks, until None."""
     import protocol
     from workers.engine.config import EngineConfig
@@ -141,7 +143,7 @@ def _serve_engine(requests: int, connection) -> None:
             for reply, prompt in zip(replies, prompts):
                 engine.submit(protocol.submit_message(
                     f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(model_id), [prompt],
-                    protocol.JobParams(temperature=0, max_tokens=tokens, ignore_eos=True)))
+                    protocol.JobParams(temperature=0, max_tokens=tokens, ignore_eos=True, stream=stream)))
             with done:
                 answered = done.wait_for(lambda: finished.issuperset(replies), 900)
             seconds = time.perf_counter() - started
@@ -157,12 +159,12 @@ class EngineProcess:
     """Our engine in a process of its own (raw `generate` in the same process after an engine thread ran
     torch would pay for a second OpenMP team on the same cores); `run` times one batch of jobs there."""
 
-    def __init__(self, requests: int) -> None:
+    def __init__(self, requests: int, stream: bool = True) -> None:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve_engine, args=(requests, child), daemon=True)
+        self.process = context.Process(target=_serve_engine, args=(requests, stream, child), daemon=True)
         self.process.start()
 
     def run(self, model_id: str, prompts: list[list[int]], tokens: int) -> dict:
@@ -224,7 +226,7 @@ def main(argv: list[str]) -> None:
     else:
         ensure_model(args.model, args.size, cache)
         models = {args.model: None}
-    engine = EngineProcess(args.requests)
+    engine = EngineProcess(args.requests, stream=not args.non_streaming)
     rows = []
     try:
         for model_id, kind in models.items():
@@ -233,7 +235,7 @@ def main(argv: list[str]) -> None:
         errors = engine.run(next(iter(models)), [], 1)["errors"]
     finally:
         engine.stop()
-    report = {"scenario": "engine", "rows": rows, "errors": errors}
+    report = {"scenario": "engine", "streamed": not args.non_streaming, "rows": rows, "errors": errors}
     if not args.families:
         report.update({key: rows[0][key] for key in ("engine_over_raw", "engine_over_floor", "host_us_per_row_step")})
     args.out.mkdir(parents=True, exist_ok=True)
