@@ -81,3 +81,23 @@ def test_a_closing_or_lost_connection_is_left_to_twisted():
     client.close()
     transport.connectionLost(Failure(ConnectionDone()))
     assert send_now(transport, b"late") == b"late"
+
+
+def test_the_servers_http_channel_writes_through_and_queues_only_what_is_left():
+    """`serve`'s HTTP channel (inference_site/edge.py) takes this path for every response byte: its chunks reach
+    the client without the socket being registered for writing, and a write the socket cannot take whole is
+    finished by Twisted, in order."""
+    from inference_site.edge import GuardedHTTPChannel
+
+    transport, client, reactor = connection()
+    channel = GuardedHTTPChannel()
+    channel.transport = transport  # what makeConnection sets, without the edge's connection book
+    chunks = [b"1a\r\n", b'data: {"text": "hi"}\n\n', b"\r\n"]
+    channel.writeSequence(chunks)
+    channel.write(b"0\r\n\r\n")
+    assert reactor.getWriters() == [] and not queued(transport)
+    big = bytes(range(256)) * 16384
+    channel.write(big)
+    channel.writeSequence([b"after"])
+    assert transport in reactor.getWriters()
+    assert receive(transport, client, 4 + 22 + 2 + 5 + len(big) + 5) == b"".join(chunks) + b"0\r\n\r\n" + big + b"after"
