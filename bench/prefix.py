@@ -1,9 +1,18 @@
 """`python -m bench.run --scenario prefix`: time to first token with a long shared prefix, a miss vs a hit.
 
 Each round sends a prompt that starts with a new `--prefix-tokens` prefix (a
-miss: the whole prompt is prefilled), then another question after the same
-prefix (a hit: only the question is prefilled). TTFT of both through the OpenAI
-SDK's streaming client; the ratio is the median of per-round miss/hit ratios.
+miss: the whole prompt is prefilled), then two more questions after the same
+prefix. For attention models both are hits (only the question is prefilled). A
+model with recurrent layers keeps its states only at checkpoints
+(workers/engine/execution/kv/prefix_cache.py): the second prompt's prefill plants one
+where its blocks part from the first's, and the third starts there. TTFT of all
+three through the OpenAI SDK's streaming client; the ratio reported is the median
+of per-round miss/third ratios (the second's TTFT is reported beside it).
+
+`--families llama,mistral,gemma3,qwen3.5,jamba,mamba` runs the tiny build of each
+family (workers/tiny/families.py: one per kind of cache: full attention, sliding
+window, sliding + full, linear attention + full, Mamba + full, Mamba) in one server
+instead of `--model`.
 """
 from __future__ import annotations
 
@@ -18,12 +27,15 @@ from .models import ensure_model, prepare_cache, prompt_ids
 from .servers import OurServer
 
 ROOT = Path(__file__).resolve().parent.parent
+QUESTIONS = (" Question one: what happened next?", " Question two: who was there?", " Question three: when was it?")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench.run --scenario prefix", description=__doc__)
     parser.add_argument("--model", default="local/small-llama")
     parser.add_argument("--size", default="small")
+    parser.add_argument("--families", default="", help="comma-separated tiny families (workers/tiny/families.py) "
+                                                        "to run instead of --model")
     parser.add_argument("--prefix-tokens", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny model, 400-token prefix, 2 rounds")
@@ -42,31 +54,52 @@ def ttft(client, model: str, prompt: str) -> float:
     return time.perf_counter() - started
 
 
+def rounds_of(client, model: str, args) -> dict:
+    """`args.rounds` rounds of a new prefix and three questions after it; the model's results."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    stream = prompt_ids(model, args.prefix_tokens + 40 * args.rounds)[1:]
+    ttft(client, model, "warm up")
+    rounds = []
+    for index in range(args.rounds):
+        prefix = f"Round {index}. " + tokenizer.decode(stream[40 * index: 40 * index + args.prefix_tokens])
+        miss, second, third = (ttft(client, model, prefix + question) for question in QUESTIONS)
+        rounds.append({"miss_ms": round(miss * 1000, 1), "second_ms": round(second * 1000, 1),
+                       "hit_ms": round(third * 1000, 1), "ratio": round(miss / third, 2),
+                       "second_ratio": round(miss / second, 2)})
+        print(f"{model} round {index + 1}/{args.rounds}: {rounds[-1]}", flush=True)
+    return {"rounds": rounds, "miss_over_hit_median": statistics.median(r["ratio"] for r in rounds),
+            "miss_over_second_median": statistics.median(r["second_ratio"] for r in rounds)}
+
+
 def main(argv: list[str]) -> None:
     from openai import OpenAI
-    from transformers import AutoTokenizer
 
     args = parse_args(argv)
     cache = prepare_cache()
-    ensure_model(args.model, args.size, cache)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
-    stream = prompt_ids(args.model, args.prefix_tokens + 40 * args.rounds)[1:]
+    families = [family for family in args.families.split(",") if family]
+    if families:
+        from workers.tiny.families import build_tiny_families
+
+        missing = [f for f in families if not (cache / f"models--local--tiny-{f}").is_dir()]
+        if missing:
+            print(f"building {', '.join(missing)} into {cache}")
+            build_tiny_families(missing, cache_dir=cache)
+        models = [f"local/tiny-{family}" for family in families]
+    else:
+        ensure_model(args.model, args.size, cache)
+        models = [args.model]
     server = OurServer(cache, Path(tempfile.mkdtemp(prefix="bench-prefix-")))
-    rounds = []
     try:
         client = OpenAI(base_url=server.base_url, api_key="bench", max_retries=0, timeout=600)
-        ttft(client, args.model, "warm up")
-        for index in range(args.rounds):
-            prefix = f"Round {index}. " + tokenizer.decode(stream[40 * index: 40 * index + args.prefix_tokens])
-            miss = ttft(client, args.model, prefix + " Question one: what happened next?")
-            hit = ttft(client, args.model, prefix + " Question two: who was there?")
-            rounds.append({"miss_ms": round(miss * 1000, 1), "hit_ms": round(hit * 1000, 1), "ratio": round(miss / hit, 2)})
-            print(f"round {index + 1}/{args.rounds}: {rounds[-1]}", flush=True)
+        per_model = {model: rounds_of(client, model, args) for model in models}
     finally:
         server.stop()
-    results = {"scenario": "prefix", "model": args.model, "prefix_tokens": args.prefix_tokens, "rounds": rounds,
-               "miss_over_hit_median": statistics.median(r["ratio"] for r in rounds)}
+    results = {"scenario": "prefix", "prefix_tokens": args.prefix_tokens, "models": per_model}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefix.json").write_text(json.dumps(results, indent=2))
-    print(f"TTFT with a {args.prefix_tokens}-token shared prefix: a hit is {results['miss_over_hit_median']} x "
-          f"faster than a miss (median of {len(rounds)} rounds)")
+    for model, result in per_model.items():
+        print(f"{model}: TTFT with a {args.prefix_tokens}-token shared prefix: a hit is "
+              f"{result['miss_over_hit_median']} x faster than a miss (the second question: "
+              f"{result['miss_over_second_median']} x; median of {len(result['rounds'])} rounds)")

@@ -157,7 +157,8 @@ SCENARIOS = {
     "throughput": "the default: raw vs ours vs the peer at fixed concurrencies (this module)",
     "scoring": "a long prompt scored with echo + logprobs vs one forward (bench/scoring.py)",
     "memory": "KV memory and tok/s at 32 streams of 2k-token prompts, vs another git ref's server (bench/memory.py)",
-    "prefix": "TTFT after a 1,500-token shared prefix: a prefix-cache miss vs a hit (bench/prefix.py)",
+    "prefix": "TTFT after a 1,500-token shared prefix: a prefix-cache miss vs a hit; --families: one model per kind "
+              "of cache, recurrent ones from checkpoints of their states (bench/prefix.py)",
     "mixed": "Poisson arrivals of 32-2048-token prompts / 16-512-token outputs, ours vs the peer (bench/mixed.py)",
     "fairness": "teams sharing one box: B beside A's and C's floods and beside a Batch API batch, shares, batch vs direct (bench/fairness.py)",
     "overhead": "the engine's host cost: the tiny model, 64 x 128 tokens at once, ours vs raw padded generate (bench/overhead.py)",

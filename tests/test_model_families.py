@@ -120,6 +120,36 @@ def assert_scores_prompt_as_the_model_does(families_cache, families_server, fami
     assert scored[1:] == pytest.approx(expected, abs=1e-4)
 
 
+# One model per kind of recurrent cache: linear attention + full, Mamba-2 + full, Mamba + full (its layers restart
+# on a multi-token forward: a hit's rest goes a token at a time), Mamba alone.
+RECURRENT = ["qwen3.5", "bamba", "jamba", "mamba"]
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_a_recurrent_model_reuses_a_shared_prefix_from_its_checkpoint(families_cache, families_server, family):
+    """Two prompts with a 128-token prefix: the second's prefill keeps the states where the two part; a third
+    with that prefix starts there (`cached_tokens` exactly the prefix's blocks), and a next turn of the first
+    starts where the first ended. Every answer equals `generate`."""
+    from workers.engine.execution.kv.prefix_cache import BLOCK_TOKENS
+
+    words = random.Random(family)
+    prefix = [words.randrange(10, 1000) for _ in range(8 * BLOCK_TOKENS)]
+    prompts = [prefix + [words.randrange(10, 1000) for _ in range(9)] for _ in range(3)]
+    client, _ = clients(families_server)
+
+    def send(prompt):
+        response = client.completions.create(model=model_id(family), prompt=[prompt], max_tokens=TOKENS, temperature=0,
+                                             extra_body={"ignore_eos": True, "return_token_ids": True})
+        return token_ids(response.choices[0]), response.usage.prompt_tokens_details.cached_tokens
+
+    answers = [send(prompt) for prompt in prompts]
+    prompts.append(prompts[0] + answers[0][0] + [words.randrange(10, 1000) for _ in range(5)])
+    answers.append(send(prompts[3]))
+    assert [cached for _, cached in answers] == [0, 0, len(prefix), len(prompts[0])]
+    for (tokens, _), prompt in zip(answers, prompts):
+        assert tokens == greedy(families_cache, family, tuple(prompt))
+
+
 @pytest.mark.parametrize("model_type", RECOMPUTED)
 def test_a_model_without_a_cache_gives_what_generate_gives_alone_and_batched(families_cache, families_server,
                                                                             model_type):

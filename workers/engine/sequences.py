@@ -40,7 +40,7 @@ class Sequence:
     __slots__ = ("request", "index", "prompt_index", "prefilled", "prompt_ids", "sampler", "max_tokens",
                  "end_ids", "eos_ids", "completion_ids", "state", "media_inputs", "finish_reason", "constraint",
                  "paused", "wants_prompt_logprobs", "prompt_scorer", "echo_scoring", "output", "handover",
-                 "wants_logprobs", "speculation", "cached_prompt_tokens", "rope_table", "rope_offset", "__weakref__")
+                 "wants_logprobs", "speculation", "cached_prompt_tokens", "checkpoint_at", "rope_table", "rope_offset", "__weakref__")
 
     def __init__(self, request: Any, index: int, prompt_index: int, prompt_ids: list[int], sampler: "Sampler",
                  max_tokens: int, output: "ChoiceOutput", handover: Handover, prompt_scorer=None,
@@ -50,6 +50,7 @@ class Sequence:
         self.prompt_index = prompt_index  # choices of one prompt share its prefill
         self.prefilled = 0
         self.cached_prompt_tokens = 0  # prompt tokens its prefill took from the prefix cache (usage's cached_tokens)
+        self.checkpoint_at = 0  # a recurrent model's prefill keeps its states at this prompt position (0: nowhere)
         self.prompt_ids = prompt_ids
         self.sampler = sampler
         self.max_tokens = max_tokens

@@ -145,7 +145,7 @@ class Engine(JobFlow):
                   "waiting_sequences": len(self.scheduler.waiting),
                   "kv_cache_bytes": sum(runner.batch.used_bytes() for runner in runners),
                   "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
-                  "prefix_cache_blocks": 0, "prefix_cache_bytes": 0}
+                  "prefix_cache_blocks": 0, "prefix_cache_checkpoints": 0, "prefix_cache_bytes": 0}
         for runner in runners:
             if runner.prefix_cache is not None:
                 for key, value in runner.prefix_cache.stats().items():

@@ -4,8 +4,9 @@ A newcomer is prefilled alone, in chunks of at most `prefill_chunk` tokens per
 engine step so running streams never stall for long; its cache then joins the
 left-padded batch, and every running sequence advances by one token per step.
 What the model caches (workers/engine/execution/kv/specs.py) decides the rest: recurrent
-layers that restart on a multi-token chunk prefill whole; a recurrent state is
-never cut out of a padded prefill nor taken from the prefix cache; a cache of a kind the
+layers that restart on a multi-token chunk prefill whole (and continue a cached state
+one token at a time); a recurrent state is never cut out of a padded prefill, and comes
+from the prefix cache only as a checkpoint (kv/prefix_cache.py); a cache of a kind the
 batch has no store for, or a model that misreads a padded row's positions, decodes row by row.
 """
 from __future__ import annotations
@@ -39,6 +40,10 @@ from workers.engine.speculation.verify import verify
 
 logger = logging.getLogger(__name__)
 
+# A model whose recurrent layers restart on a multi-token forward continues a cached state one token (one forward)
+# at a time: it starts from a prefix hit only where that leaves at most this many prompt tokens.
+STEPWISE_REST = 64
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -57,7 +62,7 @@ class ModelRunner:
         self.loaded = loaded
         self.prefill_chunk = max(1, settings.prefill_chunk)
         self.spec = spec = cache_spec(loaded.model, loaded.device)
-        self.prefix_cache = (PrefixCache(loaded.model.config, settings.prefix_cache_bytes)
+        self.prefix_cache = (PrefixCache(loaded.model.config, settings.prefix_cache_bytes, checkpoints=spec.has(STATE))
                              if settings.prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
         # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
         row_slots = settings.max_rows if loaded.device.type == "cpu" else 4
@@ -136,8 +141,15 @@ class ModelRunner:
                 or not self._caches_prefix_of(seq)):
             return None
         may_end = may_end_at(seq.media_inputs) if seq.media_inputs is not None else None
-        seq.state, seq.prefilled = self.prefix_cache.lookup(seq.prompt_ids, prefix_root(seq), may_end)
+        stepwise = self.spec.has(STATE) and not self.spec.continues_chunks
+        hit = self.prefix_cache.lookup(seq.prompt_ids, prefix_root(seq), may_end, STEPWISE_REST if stepwise else 0)
+        seq.state, seq.prefilled = hit.cache, hit.tokens
         seq.cached_prompt_tokens = seq.prefilled
+        rest = len(seq.prompt_ids) - hit.shared
+        # A recurrent model's blocks run past its checkpoints: plant one where this prompt parts from the cached
+        # one (no forward of its own, but the stepwise rest a model that restarts on a multi-token one needs).
+        if hit.tokens < hit.shared and rest > 0 and (not stepwise or hit.tokens or rest <= STEPWISE_REST):
+            seq.checkpoint_at = hit.shared
         return seq.prefilled
 
     def remember_prefix(self, seq: Sequence) -> None:
@@ -146,8 +158,9 @@ class ModelRunner:
             self.prefix_cache.remember(seq.prompt_ids, seq.state, prefix_root(seq))
 
     def _caches_prefix_of(self, seq: Sequence) -> bool:
-        """Text prompts, and media prompts of models whose positions the engine passes (execution/media_rows.py)."""
-        return seq.media_inputs is None or self.rope_offsets
+        """Text prompts, and media prompts of attention models whose positions the engine passes
+        (execution/media_rows.py)."""
+        return seq.media_inputs is None or (self.rope_offsets and not self.spec.has(STATE))
 
     def chunk_for(self, seq: Sequence, budget: int) -> int:
         """How many more prompt tokens a prefill of this sequence takes within `budget`: media features need
@@ -175,25 +188,45 @@ class ModelRunner:
         take = self.chunk_for(seq, budget)
         if take <= 0:
             return 0, None
-        chunk = seq.prompt_ids[seq.prefilled: seq.prefilled + take]
-        positions = range(seq.prefilled, seq.prefilled + take)
+        end = seq.prefilled + take
+        for start, stop in self._pieces(seq, end):
+            output = self._prefill_forward(seq, start, stop, last=stop == len(seq.prompt_ids))
+            if stop == seq.checkpoint_at:  # where this prompt parts from a cached one: later ones start here
+                self.prefix_cache.remember(seq.prompt_ids, seq.state, prefix_root(seq), tokens=stop)
+        done = seq.prefilled == len(seq.prompt_ids)
+        if done and self.rope_offsets:
+            seq.rope_table = None  # the offset is all its later tokens need
+        return take, output.logits[0, -1] if done else None
+
+    def _pieces(self, seq: Sequence, end: int) -> list[tuple[int, int]]:
+        """The forwards that prefill prompt tokens [prefilled, end): one, or two where a checkpoint is to be
+        planted inside; a model whose recurrent layers restart on a multi-token forward takes a fresh prompt's
+        start in one and continues a cached state one token at a time (its prefix hits leave short rests)."""
+        start = seq.prefilled
+        target = seq.checkpoint_at if start < seq.checkpoint_at < end else 0
+        if self.spec.continues_chunks:
+            return [(start, target), (target, end)] if target else [(start, end)]
+        if start > 0:
+            return [(token, token + 1) for token in range(start, end)]
+        return [(0, target or end)] + [(token, token + 1) for token in range(target or end, end)]
+
+    def _prefill_forward(self, seq: Sequence, start: int, stop: int, last: bool):
+        """One forward over prompt tokens [start, stop) on the sequence's own cache."""
+        positions = range(start, stop)
         inputs = self._cache_inputs(seq.state, None if seq.media_inputs is not None else positions)
         if self.rope_offsets and seq.media_inputs is not None:
             inputs["position_ids"] = prompt_position_ids(self.loaded.model, seq, positions)
         output = self._forward(
-            [seq], input_ids=torch.tensor([chunk], device=self.loaded.device),
+            [seq], input_ids=torch.tensor([seq.prompt_ids[start:stop]], device=self.loaded.device),
             use_cache=True,
             logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
             **inputs, **self._media_tensors(seq, positions),
         )
         seq.state = self._cache_of(output)
-        seq.prefilled += take
-        done = seq.prefilled == len(seq.prompt_ids)
-        if done and self.rope_offsets:
-            seq.rope_table = None  # the offset is all its later tokens need
+        seq.prefilled = stop
         if seq.wants_prompt_logprobs:
-            seq.record_prompt_chunk(output.logits[0], last=done)
-        return take, output.logits[0, -1] if done else None
+            seq.record_prompt_chunk(output.logits[0], last=last)
+        return output
 
     def _media_tensors(self, seq: Sequence, positions: range) -> dict:
         """The processor's tensors for the model's forward over these prompt positions, floating ones in the

@@ -53,7 +53,7 @@ class Shadow:
     """A follower's copy of one of rank 0's sequences: what ModelRunner reads and writes of it."""
 
     __slots__ = ("prompt_ids", "wants_prompt_logprobs", "max_tokens", "state", "prefilled", "cached_prompt_tokens",
-                 "completion_ids", "finished", "media_inputs", "request", "output")
+                 "checkpoint_at", "completion_ids", "finished", "media_inputs", "request", "output")
 
     def __init__(self, prompt_ids: list[int], wants_prompt_logprobs: bool, max_tokens: int) -> None:
         self.prompt_ids = prompt_ids
@@ -62,6 +62,7 @@ class Shadow:
         self.state = None
         self.prefilled = 0
         self.cached_prompt_tokens = 0
+        self.checkpoint_at = 0
         self.completion_ids = Tail()
         self.finished = False
         self.media_inputs = None

@@ -1,4 +1,4 @@
-"""Prefix caching: a prompt that starts like an earlier one reuses that start's keys/values.
+"""Prefix caching: a prompt that starts like an earlier one reuses that start's keys/values (and states).
 
 Requests often share a prefix (a system prompt, the earlier turns of a chat,
 few-shot examples, lm-eval's repeated contexts). After a prompt's prefill, its
@@ -6,10 +6,21 @@ keys/values are kept in blocks of `BLOCK_TOKENS` tokens, each block keyed by its
 tokens and its parent block (so a block stands for the whole prefix up to its
 end); a new prompt looks up its blocks in order and prefills only what follows
 the longest run it finds. Entries are checked token for token, never trusted on a
-hash alone. Blocks are evicted least recently used first to stay within the byte
+hash alone. Entries are evicted least recently used first to stay within the byte
 budget; a lookup touches a run from its end back to its start, so a prefix's
 first blocks are the last to go. Output is the same with or without a hit: the
 cached keys/values are those the same tokens at the same positions produce.
+
+Recurrent layers (Mamba, linear attention) keep one state per row, not one entry per
+token, so a block cannot hold a piece of it: their prefixes are reused from
+*checkpoints*, a copy of every recurrent state at one position (vLLM's "align" mode,
+SGLang's MambaRadixCache), hung on the block run it ends (with the keys/values of the
+at most `BLOCK_TOKENS - 1` tokens after that run, for a checkpoint between block
+boundaries). The runner plants them where they cost no forward of their own: at a
+prompt's end (a later turn of the conversation starts there) and where a prompt's
+blocks part from an earlier prompt's (the end of a shared prefix, found by a lookup
+whose blocks run further than any checkpoint: the prompt's prefill stops there once,
+and later prompts with that prefix start from it).
 """
 from __future__ import annotations
 
@@ -20,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from workers.engine.execution.kv.rows import RowLayer, cache_from_layers, row_layers
+from workers.engine.execution.kv.rows import RowLayer, RowState, cache_from_layers, row_layers
 
 BLOCK_TOKENS = 16
 
@@ -29,15 +40,37 @@ BLOCK_TOKENS = 16
 class Block:
     parent: int | str | None  # key of the block before it (the prompt's first block: its root, None for the base model)
     tokens: tuple[int, ...]
-    layers: list[RowLayer]  # per layer (keys, values) of these tokens, batch of 1 (None: a layer without cache)
+    layers: list[RowLayer]  # per layer (keys, values) of these tokens, batch of 1 (None: a layer without them)
     size: int  # bytes
+    used: int = 0  # when a lookup or a prefill last touched it (one clock for blocks and checkpoints)
+
+
+@dataclass
+class Checkpoint:
+    """Every recurrent layer's state after a block run and `tail` tokens more (the tail's keys/values with it)."""
+    parent: int | str | None  # key of the run's last block (or its root: a checkpoint inside the first block)
+    tail: tuple[int, ...]
+    layers: list[RowLayer]  # per layer: the tail's (keys, values), the RowState, or None
+    size: int
+    used: int = 0
+
+
+@dataclass
+class PrefixHit:
+    cache: DynamicCache | None  # the reused start's cache (None: nothing reused)
+    tokens: int  # how many prompt tokens it holds
+    shared: int = 0  # how far the prompt's blocks run in the cache (≥ tokens; a recurrent model's checkpoint may end sooner)
 
 
 class PrefixCache:
-    def __init__(self, config, budget_bytes: int) -> None:
+    def __init__(self, config, budget_bytes: int, checkpoints: bool = False) -> None:
         self.config = config
         self.budget = budget_bytes
+        self.checkpoints_only = checkpoints  # the model keeps recurrent states: a hit must end at a checkpoint
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # least recently used first
+        self.checkpoints: OrderedDict[tuple, Checkpoint] = OrderedDict()  # (parent, tail) -> checkpoint, LRU first
+        self._at: dict[int | str | None, set[tuple[int, ...]]] = {}  # parent -> tails of its checkpoints
+        self._clock = 0
         self.bytes = 0
         self.lookup_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0  # of those, found cached
@@ -45,6 +78,11 @@ class PrefixCache:
     @staticmethod
     def _key(parent: int | str | None, tokens: tuple[int, ...]) -> int:
         return hash((parent, tokens))
+
+    def _touch(self, entries: OrderedDict, key) -> None:
+        entries.move_to_end(key)
+        self._clock += 1
+        entries[key].used = self._clock
 
     def _run(self, prompt_ids: list[int], blocks: int, root: str | None = None) -> list[int]:
         """Keys of the cached blocks that start the prompt, at most `blocks` of them."""
@@ -60,55 +98,137 @@ class PrefixCache:
             parent = key
         return keys
 
-    def lookup(self, prompt_ids: list[int], root: str | None = None,
-               may_end: Callable[[int], bool] | None = None) -> tuple[DynamicCache | None, int]:
+    def _checkpoint_after(self, prompt_ids: list[int], keys: list[int], root: str | None, limit: int,
+                          may_end: Callable[[int], bool]) -> tuple[int, tuple] | None:
+        """The longest checkpoint the prompt starts with, ending before its last token (`limit` tokens at most,
+        and where `may_end` allows): (blocks of its run, its key)."""
+        for blocks in range(len(keys), 0, -1):
+            parent = keys[blocks - 1]
+            base = blocks * BLOCK_TOKENS
+            tails = [tail for tail in self._at.get(parent, ())
+                     if base + len(tail) <= limit and tuple(prompt_ids[base:base + len(tail)]) == tail
+                     and may_end(base + len(tail))]
+            if tails:
+                return blocks, (parent, max(tails, key=len))
+        return None
+
+    def lookup(self, prompt_ids: list[int], root: str | None = None, may_end: Callable[[int], bool] | None = None,
+               least: int = 0) -> PrefixHit:
         """A cache holding the longest cached start of the prompt (leaving at least its last token
         to prefill, whose logits are needed) and how many tokens it holds. `root` keys the entries
         by what else made them (a LoRA adapter's name, a prompt's pictures; None: the base model, text).
-        `may_end(tokens)`: whether a start of that many tokens may be taken (none that cuts a picture)."""
+        `may_end(tokens)`: whether a start of that many tokens may be taken (none that cuts a picture).
+        `least`: a recurrent model's hit is taken only where it leaves at most this many tokens to prefill
+        (0: any; a model that continues its state one token at a time only prefills a short rest)."""
+        may_end = may_end or (lambda tokens: True)
         usable = (len(prompt_ids) - 1) // BLOCK_TOKENS
         keys = self._run(prompt_ids, usable, root) if self.budget > 0 else []
-        while keys and may_end is not None and not may_end(len(keys) * BLOCK_TOKENS):
-            keys.pop()
         self.lookup_tokens += len(prompt_ids)
+        if self.checkpoints_only:
+            shared = len(self._run(prompt_ids, len(prompt_ids) // BLOCK_TOKENS, root)) * BLOCK_TOKENS
+            found = self._checkpoint_after(prompt_ids, keys, root, len(prompt_ids) - 1, may_end)
+            if found is not None and least and len(prompt_ids) - found[0] * BLOCK_TOKENS - len(found[1][1]) > least:
+                found = None
+            if found is None:
+                return PrefixHit(None, 0, shared)
+            blocks, checkpoint_key = found
+            keys = keys[:blocks]
+            checkpoint = self.checkpoints[checkpoint_key]
+            self._touch(self.checkpoints, checkpoint_key)
+        else:
+            while keys and not may_end(len(keys) * BLOCK_TOKENS):
+                keys.pop()
+            shared, checkpoint = len(keys) * BLOCK_TOKENS, None
         if not keys:
-            return None, 0
+            return PrefixHit(None, 0, shared)
         for key in reversed(keys):
-            self.blocks.move_to_end(key)
-        cached = len(keys) * BLOCK_TOKENS
+            self._touch(self.blocks, key)
+        cached = len(keys) * BLOCK_TOKENS + (len(checkpoint.tail) if checkpoint else 0)
         self.hit_tokens += cached
-        per_layer = zip(*(self.blocks[key].layers for key in keys))
-        layers = [None if layer[0] is None else (torch.cat([k for k, _ in layer], dim=-2), torch.cat([v for _, v in layer], dim=-2))
-                  for layer in per_layer]
-        return cache_from_layers(self.config, layers, cached), cached
+        per_layer = zip(*(self.blocks[key].layers for key in keys), *([checkpoint.layers] if checkpoint else []))
+        layers = [_joined(layer) for layer in per_layer]
+        return PrefixHit(cache_from_layers(self.config, layers, cached), cached, shared)
 
-    def remember(self, prompt_ids: list[int], cache: DynamicCache, root: str | None = None) -> None:
-        """Keep the full blocks of a freshly prefilled prompt (its cache holds exactly the prompt)."""
+    def remember(self, prompt_ids: list[int], cache: DynamicCache, root: str | None = None,
+                 tokens: int | None = None) -> None:
+        """Keep the full blocks of a freshly prefilled prompt (its cache holds exactly the prompt, or its first
+        `tokens`), and, for a recurrent model, a checkpoint of its states where it ends."""
         if self.budget <= 0:
             return
+        tokens = len(prompt_ids) if tokens is None else tokens
         tensors = row_layers(cache)
         parent: int | str | None = root
-        for index in range(len(prompt_ids) // BLOCK_TOKENS):
+        for index in range(tokens // BLOCK_TOKENS):
             begin, end = index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS
-            tokens = tuple(prompt_ids[begin:end])
-            key = self._key(parent, tokens)
+            block_tokens = tuple(prompt_ids[begin:end])
+            key = self._key(parent, block_tokens)
             block = self.blocks.get(key)
-            if block is not None and block.parent == parent and block.tokens == tokens:
-                self.blocks.move_to_end(key)
-            else:
-                layers = [None if kv is None else (kv[0][:, :, begin:end].clone(), kv[1][:, :, begin:end].clone())
-                          for kv in tensors]
-                size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in filter(None, layers))
+            if block is None or block.parent != parent or block.tokens != block_tokens:
+                layers = [_columns(layer, begin, end) for layer in tensors]
                 if block is not None:  # a hash collision: the newer prefix takes the key
-                    self.bytes -= block.size
-                    del self.blocks[key]
-                self.blocks[key] = Block(parent, tokens, layers, size)
-                self.bytes += size
+                    self._drop(self.blocks, key)
+                self.blocks[key] = Block(parent, block_tokens, layers, _size(layers, BLOCK_TOKENS))
+                self.bytes += self.blocks[key].size
+            self._touch(self.blocks, key)
             parent = key
-        while self.bytes > self.budget and self.blocks:
-            _, evicted = self.blocks.popitem(last=False)
-            self.bytes -= evicted.size
+        if self.checkpoints_only and tokens >= BLOCK_TOKENS:
+            base = tokens // BLOCK_TOKENS * BLOCK_TOKENS
+            tail = tuple(prompt_ids[base:tokens])
+            if (parent, tail) not in self.checkpoints:
+                layers = [RowState({i: t.clone() for i, t in layer.conv.items()},
+                                   {i: t.clone() for i, t in layer.recurrent.items()})
+                          if isinstance(layer, RowState) else _columns(layer, base, tokens) for layer in tensors]
+                self.checkpoints[(parent, tail)] = Checkpoint(parent, tail, layers, _size(layers, len(tail)))
+                self._at.setdefault(parent, set()).add(tail)
+                self.bytes += self.checkpoints[(parent, tail)].size
+            self._touch(self.checkpoints, (parent, tail))
+        self._evict()
+
+    def _drop(self, entries: OrderedDict, key) -> None:
+        entry = entries.pop(key)
+        self.bytes -= entry.size
+        if isinstance(entry, Checkpoint):
+            self._at[entry.parent].discard(entry.tail)
+            if not self._at[entry.parent]:
+                del self._at[entry.parent]
+
+    def _evict(self) -> None:
+        """Least recently used entries out until the cache fits its budget (blocks and checkpoints alike)."""
+        while self.bytes > self.budget and (self.blocks or self.checkpoints):
+            entries = min((entries for entries in (self.blocks, self.checkpoints) if entries),
+                          key=lambda entries: next(iter(entries.values())).used)
+            self._drop(entries, next(iter(entries)))
 
     def stats(self) -> dict:
         return {"prefix_cache_lookup_tokens": self.lookup_tokens, "prefix_cache_hit_tokens": self.hit_tokens,
-                "prefix_cache_blocks": len(self.blocks), "prefix_cache_bytes": self.bytes}
+                "prefix_cache_blocks": len(self.blocks), "prefix_cache_checkpoints": len(self.checkpoints),
+                "prefix_cache_bytes": self.bytes}
+
+
+def _columns(layer: RowLayer, begin: int, end: int) -> RowLayer:
+    """An attention layer's keys/values of tokens [begin, end), copied (None for other layers)."""
+    if layer is None or isinstance(layer, RowState):
+        return None
+    keys, values = layer
+    return keys[:, :, begin:end].clone(), values[:, :, begin:end].clone()
+
+
+def _joined(pieces: tuple[RowLayer, ...]) -> RowLayer:
+    """One layer's pieces (blocks, then a checkpoint's) as one: keys/values concatenated, a state copied."""
+    state = next((piece for piece in pieces if isinstance(piece, RowState)), None)
+    if state is not None:
+        return RowState({i: t.clone() for i, t in state.conv.items()}, {i: t.clone() for i, t in state.recurrent.items()})
+    kv = [piece for piece in pieces if piece is not None]
+    if not kv:
+        return None
+    return torch.cat([k for k, _ in kv], dim=-2), torch.cat([v for _, v in kv], dim=-2)
+
+
+def _size(layers: list[RowLayer], tokens: int) -> int:
+    """An entry's bytes: its tensors, and its tokens (a block of a model without keys/values still counts)."""
+    size = 8 * tokens
+    for layer in layers:
+        tensors = (() if layer is None else (*layer.conv.values(), *layer.recurrent.values())
+                   if isinstance(layer, RowState) else layer)
+        size += sum(t.numel() * t.element_size() for t in tensors)
+    return size

@@ -8,8 +8,8 @@ state), whatever the length. The spec is read off the model itself: the layer
 classes transformers' own cache builds from its config, and the shapes of one
 token's forward through it. Each kind has its own store in the running batch
 (workers/engine/execution/kv/stores.py) and its own rules: a recurrent state cannot be cut
-out of a padded batch nor reused from another prompt's prefix, so models with one
-prefill every prompt alone and skip the prefix cache; and some recurrent layers only
+out of a padded batch, so models with one prefill every prompt alone, and reuse
+another prompt's prefix only from a checkpoint of their states; and some recurrent layers only
 continue a cached state one token at a time, so their prompts prefill whole (the
 engine measures which at load, `continues_chunks`).
 """
@@ -79,9 +79,10 @@ class CacheSpec:
 
     @property
     def reuses_prefixes(self) -> bool:
-        """A prompt may start from the keys/values another prompt's prefix left (no recurrent state,
-        whose value at a block's end is not kept)."""
-        return self.batchable and not self.has(STATE)
+        """A prompt may start from the keys/values another prompt's prefix left; recurrent states from
+        checkpoints (kv/prefix_cache.py), but not beside sliding layers, which a recurrent model's prefill
+        keeps only the window of."""
+        return self.batchable and not (self.has(STATE) and self.has(SLIDING))
 
     @property
     def prefills_padded(self) -> bool:
