@@ -9,10 +9,10 @@ where its blocks part from the first's, and the third starts there. TTFT of all
 three through the OpenAI SDK's streaming client; the ratio reported is the median
 of per-round miss/third ratios (the second's TTFT is reported beside it).
 
-`--families llama,mistral,gemma3,qwen3.5,jamba,mamba` runs the tiny build of each
-family (workers/tiny/families.py: one per kind of cache: full attention, sliding
-window, sliding + full, linear attention + full, Mamba + full, Mamba) in one server
-instead of `--model`.
+`--families llama,mistral,gemma3,qwen3.5,jamba,mamba` runs each family's build
+(workers/tiny/families.py, widened to hidden 512, as `local/family-<name>`: one per kind
+of cache: full attention, sliding window, sliding + full, linear attention + full,
+Mamba + full, Mamba) in one server instead of `--model`.
 """
 from __future__ import annotations
 
@@ -73,6 +73,35 @@ def rounds_of(client, model: str, args) -> dict:
             "miss_over_second_median": statistics.median(r["second_ratio"] for r in rounds)}
 
 
+# The families' builds widened (hidden 512: a 1,500-token prefill then costs ~10-30x the request's own path on
+# 2 cores, as small-llama's does; the tiny builds' ~50 ms would measure HTTP more than reuse).
+_WIDE = dict(hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=4, head_dim=64)
+_NO_HEAD_DIM = {key: value for key, value in _WIDE.items() if key != "head_dim"}
+WIDE: dict[str, dict] = {
+    "llama": _WIDE, "mistral": _WIDE, "gemma3": {**_WIDE, "query_pre_attn_scalar": 64},
+    "qwen3.5": {**_WIDE, "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 4,
+                "linear_num_value_heads": 8},
+    "bamba": {**_NO_HEAD_DIM, "mamba_n_heads": 8, "mamba_d_head": 128, "mamba_d_state": 32},
+    "jamba": {**_NO_HEAD_DIM, "mamba_d_state": 16},
+    "mamba": {"hidden_size": 512, "state_size": 16},
+}
+
+
+def build_families(families: list[str], cache: Path) -> list[str]:
+    """The families' builds, widened (WIDE), as `local/family-<name>` (the bench's tiny model keeps its name)."""
+    from workers.tiny.builders import SIZES, train_tokenizer
+    from workers.tiny.families import CONTEXT, build_tiny_family
+
+    missing = [family for family in families if not (cache / f"models--local--family-{family}").is_dir()]
+    if missing:
+        print(f"building {', '.join(missing)} into {cache}")
+        tokenizer = train_tokenizer(SIZES["tiny"]["vocab_target"], CONTEXT)
+        for family in missing:
+            build_tiny_family(family, repo_id=f"local/family-{family}", cache_dir=cache, tokenizer=tokenizer,
+                              overrides=WIDE.get(family, _WIDE))
+    return [f"local/family-{family}" for family in families]
+
+
 def main(argv: list[str]) -> None:
     from openai import OpenAI
 
@@ -80,13 +109,7 @@ def main(argv: list[str]) -> None:
     cache = prepare_cache()
     families = [family for family in args.families.split(",") if family]
     if families:
-        from workers.tiny.families import build_tiny_families
-
-        missing = [f for f in families if not (cache / f"models--local--tiny-{f}").is_dir()]
-        if missing:
-            print(f"building {', '.join(missing)} into {cache}")
-            build_tiny_families(missing, cache_dir=cache)
-        models = [f"local/tiny-{family}" for family in families]
+        models = build_families(families, cache)
     else:
         ensure_model(args.model, args.size, cache)
         models = [args.model]

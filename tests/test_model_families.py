@@ -127,14 +127,12 @@ RECURRENT = ["qwen3.5", "bamba", "jamba", "mamba"]
 
 @pytest.mark.parametrize("family", RECURRENT)
 def test_a_recurrent_model_reuses_a_shared_prefix_from_its_checkpoint(families_cache, families_server, family):
-    """Two prompts with a 128-token prefix: the second's prefill keeps the states where the two part; a third
-    with that prefix starts there (`cached_tokens` exactly the prefix's blocks), and a next turn of the first
-    starts where the first ended. Every answer equals `generate`."""
-    from workers.engine.execution.kv.prefix_cache import BLOCK_TOKENS
-
+    """Two prompts with a 123-token prefix: the second's prefill keeps the states where the two part; a third
+    with that prefix starts there (`cached_tokens` exactly the prefix), and a next turn of the first starts
+    where the first ended. Every answer equals `generate`."""
     words = random.Random(family)
-    prefix = [words.randrange(10, 1000) for _ in range(8 * BLOCK_TOKENS)]
-    prompts = [prefix + [words.randrange(10, 1000) for _ in range(9)] for _ in range(3)]
+    prefix = [words.randrange(10, 1000) for _ in range(123)]
+    prompts = [prefix + [first] + [words.randrange(10, 1000) for _ in range(8)] for first in (5, 6, 7)]
     client, _ = clients(families_server)
 
     def send(prompt):

@@ -94,10 +94,14 @@ class Harness:
         return seq
 
 
+def parting(first: list[int], second: list[int]) -> int:
+    """How many tokens two prompts start with alike."""
+    return next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+
+
 def shared_blocks(first: list[int], second: list[int]) -> int:
     """Tokens of the whole blocks two prompts start with alike."""
-    common = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
-    return common // BLOCK_TOKENS * BLOCK_TOKENS
+    return parting(first, second) // BLOCK_TOKENS * BLOCK_TOKENS
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -107,11 +111,11 @@ def test_a_prefix_hit_reuses_exactly_the_cached_tokens_and_gives_the_models_own_
     recurrent = runner.prefix_cache.checkpoints_only
     assert runner.prefix_cache is not None, "the model gets a prefix cache"
     first, second, third = (encode(PREFIX + question) for question in QUESTIONS)
-    parted = shared_blocks(first, second)
-    assert parted == shared_blocks(first, third) and parted >= 10 * BLOCK_TOKENS
+    parted, blocks = parting(first, second), shared_blocks(first, second)
+    assert parted == parting(second, third) and parted % BLOCK_TOKENS and blocks >= 10 * BLOCK_TOKENS
     follow_up = first + encode(" The keeper answered at length. And then?")  # the next turn of the first
     long_rest = encode(PREFIX + LONG_QUESTION)
-    assert len(long_rest) - parted > STEPWISE_REST
+    assert len(long_rest) - parted > STEPWISE_REST and parting(long_rest, second) == parted
     with torch.inference_mode():
         whole = {tuple(ids): harness.loaded.model(input_ids=torch.tensor([ids])).logits[0, -1]
                  for ids in (first, second, third, follow_up, long_rest)}
@@ -122,10 +126,11 @@ def test_a_prefix_hit_reuses_exactly_the_cached_tokens_and_gives_the_models_own_
         assert difference < 1e-4, (family, reused[tuple(ids)], difference)  # a zeroed state: ~1e-2 to 2e-1
     stepwise = recurrent and not runner.spec.continues_chunks
     expected = [0,
-                0 if recurrent else parted,  # a recurrent model's blocks part here: it keeps its states there
-                parted,
+                0 if recurrent else blocks,  # a recurrent model's prompt parts here: it keeps its states there
+                parted if recurrent else blocks,  # (a checkpoint's last tokens' keys/values kept with it)
                 len(first) if recurrent else len(first) // BLOCK_TOKENS * BLOCK_TOKENS,  # where the first prompt ended
-                0 if stepwise else parted]  # a model that continues its state a token at a time: not for a long rest
+                0 if stepwise else parted if recurrent else blocks]  # a model that continues its state a token at
+    # a time takes no long rest
     assert [reused[tuple(ids)] for ids in (first, second, third, follow_up, long_rest)] == expected
 
 
@@ -137,9 +142,10 @@ def test_prompts_after_a_checkpoint_give_what_generate_gives(states_cache, famil
     first = harness.generate(prompts[0])
     prompts.append(prompts[0] + first.completion_ids + encode(" And then?"))
     finished = [first] + [harness.generate(ids) for ids in prompts[1:]]
-    assert finished[2].cached_prompt_tokens == shared_blocks(prompts[0], prompts[2])
+    recurrent = harness.runner.spec.has("state")
+    assert finished[2].cached_prompt_tokens == (parting if recurrent else shared_blocks)(prompts[1], prompts[2])
     ended = len(prompts[0])  # where the first prompt ended: a recurrent model's checkpoint, full attention's last block
-    assert finished[3].cached_prompt_tokens == (ended if harness.runner.spec.has("state") else ended // BLOCK_TOKENS * BLOCK_TOKENS)
+    assert finished[3].cached_prompt_tokens == (ended if recurrent else ended // BLOCK_TOKENS * BLOCK_TOKENS)
     for seq, ids in zip(finished, prompts):
         assert seq.completion_ids == harness.reference.greedy(ids, 6, min_new_tokens=6), family
 

@@ -83,14 +83,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def family_config(family: str, tokenizer) -> Any:
-    """The family's config for a model over `tokenizer` (special tokens set from it)."""
+def family_config(family: str, tokenizer, overrides: dict[str, Any] | None = None) -> Any:
+    """The family's config for a model over `tokenizer` (special tokens set from it); `overrides` over its own
+    fields (a wider build for a benchmark)."""
     from transformers import AutoConfig
 
     from workers.tiny.builders import BOS, EOS, PAD
 
-    model_type, overrides = FAMILIES[family]
-    fields = {**_BASE, **overrides}
+    model_type, own = FAMILIES[family]
+    fields = {**_BASE, **own, **(overrides or {})}
     fields = {key: value for key, value in fields.items() if value is not None}
     attn = fields.pop("attn_implementation", None)
     bos, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))
@@ -110,17 +111,19 @@ def build_tiny_families(families: list[str], cache_dir: str | os.PathLike | None
 
 
 def build_tiny_family(family: str, repo_id: str | None = None, cache_dir: str | os.PathLike | None = None,
-                      seed: int = 0, tokenizer=None, eos_token_ids: list[int] | None = None) -> Path:
+                      seed: int = 0, tokenizer=None, eos_token_ids: list[int] | None = None,
+                      overrides: dict[str, Any] | None = None) -> Path:
     """Build the family's tiny model with the project's tokenizer into the cache as `repo_id`
     (default `local/tiny-<family>`); returns its snapshot directory. Deterministic for a seed.
-    `eos_token_ids`: the generation config's end-of-turn tokens (default: the tokenizer's EOS)."""
+    `eos_token_ids`: the generation config's end-of-turn tokens (default: the tokenizer's EOS);
+    `overrides`: config fields over the family's (family_config)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from workers.tiny.builders import SIZES, _save_and_install, train_tokenizer
 
     tokenizer = tokenizer or train_tokenizer(SIZES["tiny"]["vocab_target"], CONTEXT)
-    config = family_config(family, tokenizer)
+    config = family_config(family, tokenizer, overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation)

@@ -16,11 +16,11 @@ token, so a block cannot hold a piece of it: their prefixes are reused from
 *checkpoints*, a copy of every recurrent state at one position (vLLM's "align" mode,
 SGLang's MambaRadixCache), hung on the block run it ends (with the keys/values of the
 at most `BLOCK_TOKENS - 1` tokens after that run, for a checkpoint between block
-boundaries). The runner plants them where they cost no forward of their own: at a
-prompt's end (a later turn of the conversation starts there) and where a prompt's
-blocks part from an earlier prompt's (the end of a shared prefix, found by a lookup
-whose blocks run further than any checkpoint: the prompt's prefill stops there once,
-and later prompts with that prefix start from it).
+boundaries). The runner plants them at a prompt's end (a later turn of the
+conversation starts there) and where a prompt parts from every cached one (the end of
+a shared prefix, found by a lookup whose blocks run further than any checkpoint: that
+prompt's prefill stops there once, one forward more, and later prompts with that
+prefix start from it).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Checkpoint:
 class PrefixHit:
     cache: DynamicCache | None  # the reused start's cache (None: nothing reused)
     tokens: int  # how many prompt tokens it holds
-    shared: int = 0  # how far the prompt's blocks run in the cache (≥ tokens; a recurrent model's checkpoint may end sooner)
+    shared: int = 0  # a recurrent model's prompt: where it parts from every cached prompt (≥ tokens)
 
 
 class PrefixCache:
@@ -70,6 +70,7 @@ class PrefixCache:
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # least recently used first
         self.checkpoints: OrderedDict[tuple, Checkpoint] = OrderedDict()  # (parent, tail) -> checkpoint, LRU first
         self._at: dict[int | str | None, set[tuple[int, ...]]] = {}  # parent -> tails of its checkpoints
+        self._children: dict[int | str | None, set[int]] = {}  # parent -> keys of the blocks after it
         self._clock = 0
         self.bytes = 0
         self.lookup_tokens = 0  # prompt tokens looked up
@@ -112,6 +113,14 @@ class PrefixCache:
                 return blocks, (parent, max(tails, key=len))
         return None
 
+    def _parting(self, prompt_ids: list[int], keys: list[int], root: str | None) -> int:
+        """Where the prompt parts from every cached prompt: past its run of cached blocks, the most tokens of
+        a block after that run it starts with."""
+        base, parent = len(keys) * BLOCK_TOKENS, keys[-1] if keys else root
+        ahead = prompt_ids[base:base + BLOCK_TOKENS]
+        after = [self.blocks[key].tokens for key in self._children.get(parent, ())] + list(self._at.get(parent, ()))
+        return base + max((_alike(tokens, ahead) for tokens in after), default=0)
+
     def lookup(self, prompt_ids: list[int], root: str | None = None, may_end: Callable[[int], bool] | None = None,
                least: int = 0) -> PrefixHit:
         """A cache holding the longest cached start of the prompt (leaving at least its last token
@@ -125,7 +134,7 @@ class PrefixCache:
         keys = self._run(prompt_ids, usable, root) if self.budget > 0 else []
         self.lookup_tokens += len(prompt_ids)
         if self.checkpoints_only:
-            shared = len(self._run(prompt_ids, len(prompt_ids) // BLOCK_TOKENS, root)) * BLOCK_TOKENS
+            shared = self._parting(prompt_ids, self._run(prompt_ids, len(prompt_ids) // BLOCK_TOKENS, root), root)
             found = self._checkpoint_after(prompt_ids, keys, root, len(prompt_ids) - 1, may_end)
             if found is not None and least and len(prompt_ids) - found[0] * BLOCK_TOKENS - len(found[1][1]) > least:
                 found = None
@@ -168,6 +177,7 @@ class PrefixCache:
                 if block is not None:  # a hash collision: the newer prefix takes the key
                     self._drop(self.blocks, key)
                 self.blocks[key] = Block(parent, block_tokens, layers, _size(layers, BLOCK_TOKENS))
+                self._children.setdefault(parent, set()).add(key)
                 self.bytes += self.blocks[key].size
             self._touch(self.blocks, key)
             parent = key
@@ -187,10 +197,10 @@ class PrefixCache:
     def _drop(self, entries: OrderedDict, key) -> None:
         entry = entries.pop(key)
         self.bytes -= entry.size
-        if isinstance(entry, Checkpoint):
-            self._at[entry.parent].discard(entry.tail)
-            if not self._at[entry.parent]:
-                del self._at[entry.parent]
+        index, member = (self._at, entry.tail) if isinstance(entry, Checkpoint) else (self._children, key)
+        index[entry.parent].discard(member)
+        if not index[entry.parent]:
+            del index[entry.parent]
 
     def _evict(self) -> None:
         """Least recently used entries out until the cache fits its budget (blocks and checkpoints alike)."""
@@ -203,6 +213,11 @@ class PrefixCache:
         return {"prefix_cache_lookup_tokens": self.lookup_tokens, "prefix_cache_hit_tokens": self.hit_tokens,
                 "prefix_cache_blocks": len(self.blocks), "prefix_cache_checkpoints": len(self.checkpoints),
                 "prefix_cache_bytes": self.bytes}
+
+
+def _alike(first, second) -> int:
+    """How many tokens two sequences start with alike."""
+    return next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
 
 
 def _columns(layer: RowLayer, begin: int, end: int) -> RowLayer:
