@@ -129,7 +129,7 @@ RECURRENT = ["qwen3.5", "bamba", "jamba", "mamba"]
 def test_a_recurrent_model_reuses_a_shared_prefix_from_its_checkpoint(families_cache, families_server, family):
     """Two prompts with a 123-token prefix: the second's prefill keeps the states where the two part; a third
     with that prefix starts there (`cached_tokens` exactly the prefix), and a next turn of the first starts
-    where the first ended. Every answer equals `generate`."""
+    where the first's row ended, past its answer. Every answer equals `generate`."""
     words = random.Random(family)
     prefix = [words.randrange(10, 1000) for _ in range(123)]
     prompts = [prefix + [first] + [words.randrange(10, 1000) for _ in range(8)] for first in (5, 6, 7)]
@@ -143,7 +143,8 @@ def test_a_recurrent_model_reuses_a_shared_prefix_from_its_checkpoint(families_c
     answers = [send(prompt) for prompt in prompts]
     prompts.append(prompts[0] + answers[0][0] + [words.randrange(10, 1000) for _ in range(5)])
     answers.append(send(prompts[3]))
-    assert [cached for _, cached in answers] == [0, 0, len(prefix), len(prompts[0])]
+    held = len(prompts[0]) + TOKENS - 1  # the first prompt and its answer, but the last token drawn (never fed)
+    assert [cached for _, cached in answers] == [0, 0, len(prefix), held]
     for (tokens, _), prompt in zip(answers, prompts):
         assert tokens == greedy(families_cache, family, tuple(prompt))
 

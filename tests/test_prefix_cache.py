@@ -151,3 +151,20 @@ def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(client, referen
                for _ in range(2)]
     assert replies[1].usage.input_tokens_details.cached_tokens >= BLOCK_TOKENS
     assert replies[1].usage.input_tokens_details.cached_tokens > replies[0].usage.input_tokens_details.cached_tokens
+
+
+def test_the_next_turn_starts_past_the_previous_answer(client, reference):
+    """A finished row's prompt and answer stay in the prefix cache: a prompt that continues the conversation
+    (the earlier prompt, its answer, a new question) reuses every whole block of both, and its answer is still
+    `generate`'s."""
+    first = reference.encode(f"Notes {uuid.uuid4().hex}: the keeper lit the lamp at dusk and")  # a start no test sent
+    reply = client.completions.create(model=TINY_MODEL, prompt=[first], max_tokens=20, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+    answer = reply.choices[0].model_extra["token_ids"]
+    assert len(answer) == 20
+    follow_up = first + answer + reference.encode(" Then what?")
+    again = client.completions.create(model=TINY_MODEL, prompt=[follow_up], max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+    held = len(first) + len(answer) - 1  # the last token drawn was never fed
+    assert again.usage.prompt_tokens_details.cached_tokens == held // BLOCK_TOKENS * BLOCK_TOKENS > len(first)
+    assert again.choices[0].model_extra["token_ids"] == reference.greedy(follow_up, 8, min_new_tokens=8)

@@ -144,7 +144,8 @@ def test_prompts_after_a_checkpoint_give_what_generate_gives(states_cache, famil
     finished = [first] + [harness.generate(ids) for ids in prompts[1:]]
     recurrent = harness.runner.spec.has("state")
     assert finished[2].cached_prompt_tokens == (parting if recurrent else shared_blocks)(prompts[1], prompts[2])
-    ended = len(prompts[0])  # where the first prompt ended: a recurrent model's checkpoint, full attention's last block
+    ended = len(prompts[0]) + len(first.completion_ids) - 1  # every token the first row's cache held: its prompt,
+    # its answer but the last token drawn (a recurrent model's checkpoint where the row ended, full attention's blocks)
     assert finished[3].cached_prompt_tokens == (ended if recurrent else ended // BLOCK_TOKENS * BLOCK_TOKENS)
     for seq, ids in zip(finished, prompts):
         assert seq.completion_ids == harness.reference.greedy(ids, 6, min_new_tokens=6), family

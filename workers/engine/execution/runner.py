@@ -58,6 +58,8 @@ class RunnerSettings:
 
 
 class ModelRunner:
+    remembers_answers = True  # a finished row's prompt and answer go to the prefix cache (`drop_finished`)
+
     def __init__(self, loaded: LoadedModel, settings: RunnerSettings = RunnerSettings()) -> None:
         self.loaded = loaded
         self.prefill_chunk = max(1, settings.prefill_chunk)
@@ -156,6 +158,15 @@ class ModelRunner:
         """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
         if self.prefix_cache is not None and seq.state is not None and self._caches_prefix_of(seq):
             self.prefix_cache.remember(seq.prompt_ids, seq.state, prefix_root(seq))
+
+    def _remember_answer(self, row: int) -> None:
+        """A finished row's prompt and answer (every token its cache holds) for the prefix cache: the next turn of
+        a conversation starts past the answer (a recurrent model: from a checkpoint where the row ended)."""
+        seq = self.batch_rows[row]
+        if len(seq.completion_ids) < 2 or not self._caches_prefix_of(seq) or seq.media_inputs is not None:
+            return
+        held = seq.prompt_ids + seq.completion_ids[:-1]  # the last token drawn was never fed
+        self.prefix_cache.remember(held, self.batch.row_contents(row), prefix_root(seq))
 
     def _caches_prefix_of(self, seq: Sequence) -> bool:
         """Text prompts, and media prompts of attention models whose positions the engine passes
@@ -351,6 +362,9 @@ class ModelRunner:
 
     def drop_finished(self) -> None:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
+        if dead and self.prefix_cache is not None and self.remembers_answers and not self.spec.has(SLIDING):
+            for row in dead:
+                self._remember_answer(row)
         if dead:
             self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
             self._view = None

@@ -76,6 +76,8 @@ class Shadow:
 class FollowerRunner(ModelRunner):
     """ModelRunner over shadows: decode steps feed the tokens rank 0 sampled, and nothing is sampled here."""
 
+    remembers_answers = False  # a shadow holds only its last token: the prefix caches stay alike on every rank
+
     def view(self):
         return self.rows
 

@@ -32,6 +32,8 @@ class GroupDown(RuntimeError):
 class MirroredRunner(ModelRunner):
     """A ModelRunner whose cache operations are mirrored on the model's follower ranks."""
 
+    remembers_answers = False  # the followers' shadows hold only their last tokens (follower.py)
+
     def __init__(self, loaded: LoadedModel, settings: RunnerSettings) -> None:
         self.group: TensorParallelGroup = loaded.parallel
         self.broken: str | None = None

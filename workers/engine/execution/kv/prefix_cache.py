@@ -158,14 +158,15 @@ class PrefixCache:
         layers = [_joined(layer) for layer in per_layer]
         return PrefixHit(cache_from_layers(self.config, layers, cached), cached, shared)
 
-    def remember(self, prompt_ids: list[int], cache: DynamicCache, root: str | None = None,
+    def remember(self, prompt_ids: list[int], cache: DynamicCache | list[RowLayer], root: str | None = None,
                  tokens: int | None = None) -> None:
-        """Keep the full blocks of a freshly prefilled prompt (its cache holds exactly the prompt, or its first
-        `tokens`), and, for a recurrent model, a checkpoint of its states where it ends."""
+        """Keep the full blocks of a sequence's first `tokens` tokens (default: all of `prompt_ids`), which
+        `cache` holds exactly (a row's cache, or its layers' contents), and, for a recurrent model, a checkpoint
+        of its states where they end. Blocks already kept are not copied again."""
         if self.budget <= 0:
             return
         tokens = len(prompt_ids) if tokens is None else tokens
-        tensors = row_layers(cache)
+        tensors = cache if isinstance(cache, list) else row_layers(cache)
         parent: int | str | None = root
         for index in range(tokens // BLOCK_TOKENS):
             begin, end = index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS

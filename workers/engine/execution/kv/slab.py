@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
-from workers.engine.execution.kv.rows import cache_from_layers, row_layers
+from workers.engine.execution.kv.rows import RowLayer, cache_from_layers, row_layers
 from workers.engine.execution.mrope import rope_position_ids
 from workers.engine.execution.kv.specs import FULL, NONE, SLIDING, STATE, CacheSpec
 from workers.engine.execution.kv.stores import FullStore, SlidingStore, StateStore
@@ -188,6 +188,13 @@ class SlabKV:
         length = self.lengths[row]
         layers = [None if isinstance(store, DummyLayer) else store.take(row, length) for store in self.stores]
         return cache_from_layers(self.config, layers, length)
+
+    def row_contents(self, row: int) -> list[RowLayer]:
+        """One row's keys/values and states as views into the buffers (not copied: read them before the batch
+        changes). Full-attention and recurrent layers only: a sliding store keeps only its window."""
+        self.compact()
+        length = self.lengths[row]
+        return [None if isinstance(store, DummyLayer) else store.take(row, length, copy=False) for store in self.stores]
 
     @property
     def padded(self) -> bool:

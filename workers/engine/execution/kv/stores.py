@@ -106,10 +106,11 @@ class FullStore(DynamicLayer):
         self.key_buffer[row, :, to:to + width] = self.key_buffer[row, :, columns]
         self.value_buffer[row, :, to:to + width] = self.value_buffer[row, :, columns]
 
-    def take(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def take(self, row: int, length: int, copy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.slab.end
-        return (self.key_buffer[row:row + 1, :, end - length:end].clone(),
-                self.value_buffer[row:row + 1, :, end - length:end].clone())
+        keys, values = (self.key_buffer[row:row + 1, :, end - length:end],
+                        self.value_buffer[row:row + 1, :, end - length:end])
+        return (keys.clone(), values.clone()) if copy else (keys, values)
 
     def used_bytes(self) -> int:
         slab = self.slab
@@ -302,9 +303,10 @@ class StateStore(LinearAttentionLayer):
         for pool in (*self.conv_pool.values(), *self.recurrent_pool.values()):
             pool[hole] = pool[mover]
 
-    def take(self, row: int, length: int) -> RowState:
-        return RowState({i: t[row:row + 1].clone() for i, t in self.conv_pool.items()},
-                        {i: t[row:row + 1].clone() for i, t in self.recurrent_pool.items()})
+    def take(self, row: int, length: int, copy: bool = True) -> RowState:
+        def slot(t: torch.Tensor) -> torch.Tensor:
+            return t[row:row + 1].clone() if copy else t[row:row + 1]
+        return RowState({i: slot(t) for i, t in self.conv_pool.items()}, {i: slot(t) for i, t in self.recurrent_pool.items()})
 
     def used_bytes(self) -> int:
         rows = self.slab.rows
