@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,21 @@ TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 REDIS_SCHEMES = ("redis://", "rediss://")
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # the default var dir is PROJECT_DIR/var
+
+
+BYTE_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?$")
+BYTE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes: 4294967296, 4G or 4GiB (1024-based), 4g or 4GB (1000-based), as vLLM's sizes read."""
+    match = BYTE_SIZE.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a size in bytes (e.g. 8589934592, 8G, 8GiB, 512M)")
+    number, unit, suffix = match.groups()
+    binary = (suffix or "").lower() == "ib" or (unit.isupper() and not suffix)
+    scale = 1024 ** "kmgt".index(unit.lower()) * 1024 if unit and binary else BYTE_UNITS[unit.lower()]
+    return int(float(number) * scale)
 
 
 class SettingError(ValueError):
@@ -59,6 +75,16 @@ class Env:
     def optional_integer(self, name: str) -> int | None:
         """A whole number, or None when unset or empty."""
         return self.integer(name, 0) if self._given(name) is not None else None
+
+    def size(self, name: str) -> int | None:
+        """A size in bytes (`parse_bytes`), or None when unset or empty."""
+        value = self._given(name)
+        if value is None:
+            return None
+        try:
+            return parse_bytes(value)
+        except ValueError as exc:
+            raise SettingError(f"{name}={value!r}: {exc}") from None
 
     def number(self, name: str, default: float) -> float:
         value = self._given(name)
@@ -387,7 +413,7 @@ def speculative_config(env: Env) -> SpeculativeConfig | None:
 def engine_config(env: Env) -> EngineConfig:
     """The engine's settings (worker side); 0 or -1 leave a choice to the device (`EngineConfig.fitted`)."""
     memory_budget_mb = env.number("INFERENCE_WORKER_MEMORY_BUDGET_MB", 0.0)  # 0: no budget
-    kv_budget_mb = env.number("INFERENCE_KV_BUDGET_MB", 0.0)  # 0: no limit beyond max_num_seqs
+    kv_cache = env.size("INFERENCE_KV_CACHE_MEMORY") or int(env.number("INFERENCE_KV_BUDGET_MB", 0.0) * MIB)
     return EngineConfig(
         device=env.text("INFERENCE_DEVICE", "auto"),
         dtype=env.text("INFERENCE_DTYPE", "auto"),
@@ -409,7 +435,7 @@ def engine_config(env: Env) -> EngineConfig:
         memory_budget_bytes=int(memory_budget_mb * MIB) or None,
         grammar_timeout=env.number("INFERENCE_GRAMMAR_TIMEOUT", 10.0),
         grammar_cache_size=env.integer("INFERENCE_GRAMMAR_CACHE_SIZE", 64),
-        kv_budget_bytes=int(kv_budget_mb * MIB) or None,
+        kv_cache_bytes=kv_cache or None,  # None: each model's device share of free memory (kv/budget.py)
         prefix_cache_bytes=int(env.number("INFERENCE_PREFIX_CACHE_MB", 512.0) * MIB),
         max_faults=env.integer("INFERENCE_ENGINE_MAX_FAULTS", 5),
         stall_seconds=env.number("INFERENCE_ENGINE_STALL_SECONDS", 60.0),

@@ -26,7 +26,7 @@ def test_the_defaults_run_the_embedded_mode(tmp_path):
     engine = config.engine
     assert isinstance(engine, EngineConfig)
     assert (engine.max_num_seqs, engine.prefill_chunk, engine.batch_rows_beside_interactive) == (0, 0, -1)  # fit the device
-    assert engine.memory_budget_bytes is None and engine.kv_budget_bytes is None and engine.seed is None
+    assert engine.memory_budget_bytes is None and engine.kv_cache_bytes is None and engine.seed is None
     assert engine.prefix_cache_bytes == 512 * MIB and engine.templates.reasoning == "auto"
 
 

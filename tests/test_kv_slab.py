@@ -166,35 +166,3 @@ def test_the_engine_hands_over_the_mask_only_where_it_gives_the_same_logits(tmp_
     for (model, prompt), reply in replies.items():
         ground = reference if model == TINY_MODEL else falcon
         assert tokens[reply] == ground.greedy(ground.encode(prompt), 8, min_new_tokens=8), (model, prompt)
-
-
-def test_admission_waits_for_kv_budget(hf_cache, reference):
-    """With room for one sequence's prompt + max_tokens, the second starts only once the first is done;
-    a sequence larger than the whole budget still runs when it is alone."""
-    config = reference.model.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
-    prompt, max_tokens = "Once upon a time", 12
-    reservation = (len(reference.encode(prompt)) + max_tokens) * per_token
-    emitted: list[tuple[str, dict]] = []
-    changed = threading.Condition()
-
-    def emit(channel: str, message: dict) -> None:
-        with changed:
-            emitted.append((channel, message))
-            changed.notify_all()
-
-    def first_token_index(reply: str) -> int:
-        return next(i for i, (c, m) in enumerate(emitted) if c == reply and m["type"] in (protocol.DELTA, protocol.DONE))
-
-    for budget, replies_count in ((int(reservation * 1.5), 2), (reservation // 2, 1)):
-        emitted.clear()
-        with engine_running(hf_cache, emit, EngineConfig(max_num_seqs=8, kv_budget_bytes=budget)) as engine:
-            replies = [f"reply.{uuid.uuid4().hex}" for _ in range(replies_count)]
-            for reply in replies:
-                engine.submit(protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", reply, protocol.ModelRef.parse(TINY_MODEL), [prompt],
-                                                      protocol.JobParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)))
-            with changed:
-                assert changed.wait_for(lambda: sum(m["type"] == protocol.DONE for _, m in emitted) == replies_count, 60)
-        if replies_count == 2:
-            first_done = next(i for i, (c, m) in enumerate(emitted) if c == replies[0] and m["type"] == protocol.DONE)
-            assert first_token_index(replies[1]) > first_done

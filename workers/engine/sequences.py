@@ -40,7 +40,7 @@ class Sequence:
     __slots__ = ("request", "index", "prompt_index", "prefilled", "prompt_ids", "sampler", "max_tokens",
                  "end_ids", "eos_ids", "completion_ids", "state", "media_inputs", "finish_reason", "constraint",
                  "paused", "wants_prompt_logprobs", "prompt_scorer", "echo_scoring", "output", "handover",
-                 "wants_logprobs", "speculation", "cached_prompt_tokens", "checkpoint_at", "rope_table", "rope_offset", "__weakref__")
+                 "wants_logprobs", "speculation", "cached_prompt_tokens", "checkpoint_at", "recomputes", "rope_table", "rope_offset", "__weakref__")
 
     def __init__(self, request: Any, index: int, prompt_index: int, prompt_ids: list[int], sampler: "Sampler",
                  max_tokens: int, output: "ChoiceOutput", handover: Handover, prompt_scorer=None,
@@ -51,6 +51,7 @@ class Sequence:
         self.prefilled = 0
         self.cached_prompt_tokens = 0  # prompt tokens its prefill took from the prefix cache (usage's cached_tokens)
         self.checkpoint_at = 0  # a recurrent model's prefill keeps its states at this prompt position (0: nowhere)
+        self.recomputes = False  # preempted, its cache dropped: it prefills its prompt and what it drew again
         self.prompt_ids = prompt_ids
         self.sampler = sampler
         self.max_tokens = max_tokens
@@ -74,6 +75,12 @@ class Sequence:
         self.output = output  # the output thread's (after the first hand-over)
         self.handover = handover  # where this choice's tokens go for the output thread
         self.speculation = None  # its proposer state (workers/engine/speculation/rows.py); False: it never proposes
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """What its prefill feeds: the prompt, or after a preemption that dropped its cache (`recomputes`) the
+        prompt and every token drawn but the last (which the next decode step feeds)."""
+        return self.prompt_ids + self.completion_ids[:-1] if self.recomputes else self.prompt_ids
 
     # Who the scheduler serves it for (workers/engine/core/fair_share.py).
     @property

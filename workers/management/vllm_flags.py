@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 # (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
                         ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"),
-                        ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"))
+                        ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"), ("kv_cache_memory", "KV_CACHE_MEMORY"))
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 SIZE_UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
 
@@ -28,6 +28,16 @@ def context_size(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a length (e.g. 4096, 32k, 32K)")
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
+
+
+def memory_size(text: str) -> int:
+    """A size in bytes: 8589934592, 8G / 8GiB (1024-based), 8g / 8GB (1000-based)."""
+    from inference_site.inference_settings import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def generation_config(text: str) -> str:
@@ -78,6 +88,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt lookup), or "
                             "'{\"method\": \"draft_model\", \"model\": \"NAME\", \"num_speculative_tokens\": 5}' (a "
                             "catalog model with the same tokenizer); full-attention models; default: off")
+    group.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=memory_size, metavar="BYTES",
+                       help="each model's KV cache budget (vLLM's --kv-cache-memory-bytes): 8G, 8GiB, 8589934592; "
+                            "requests wait for room, rows are preempted and recomputed when decode outgrows it, and a "
+                            "model's context is capped to what it holds. Default: 80%% of the GPU's free memory after "
+                            "the model loads, 50%% of the machine's available memory on the CPU")
     group.add_argument("--tensor-parallel-size", "-tp", type=positive, metavar="N",
                        help="split each model over N devices (vLLM's): N GPUs over NCCL, or N CPU processes over "
                             "gloo; the model needs transformers' tensor-parallel plan and heads that divide by N. "

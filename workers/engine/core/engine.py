@@ -71,7 +71,7 @@ class Engine(JobFlow):
                                     _both_callbacks(EngineMetrics.model_loaded, on_model_event),
                                     RunnerSettings(config.prefill_chunk, config.prefix_cache_bytes, config.max_num_seqs,
                                                    config.static_decode == "on", config.cuda_graphs,
-                                                   config.speculative),
+                                                   config.speculative, config.kv_cache_bytes),
                                     load_defaults=LoadOptions(config.quantization, False, config.attn_implementation,
                                                               max_model_len=config.max_model_len,
                                                               tensor_parallel_size=config.tensor_parallel_size,
@@ -144,6 +144,7 @@ class Engine(JobFlow):
                   "running_sequences": sum(runner.running for runner in runners),
                   "waiting_sequences": len(self.scheduler.waiting),
                   "kv_cache_bytes": sum(runner.batch.used_bytes() for runner in runners),
+                  "kv_cache_budget_bytes": sum(runner.kv_budget.bytes for runner in runners),
                   "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
                   "prefix_cache_blocks": 0, "prefix_cache_checkpoints": 0, "prefix_cache_bytes": 0}
         for runner in runners:
@@ -236,6 +237,7 @@ class Engine(JobFlow):
             self.metrics.queues(self.requests.values(), self.scheduler.waiting)
             self.metrics.step_phases(self.scheduler.clock)
             self.metrics.teams(self.scheduler.in_flight(), self.scheduler.waiting)
+            self.metrics.kv_usage(self.runners)
         return busy
 
     def _reload_broken(self) -> None:

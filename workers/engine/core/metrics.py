@@ -41,6 +41,10 @@ SUCCESS = Counter("vllm:request_success", "Requests that finished (not cancelled
 PREFIX_CACHE_QUERIES = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", MODEL)
 PREFIX_CACHE_HITS = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (hit rate: hits / queries).",
                             MODEL)
+KV_USAGE = Gauge("vllm:kv_cache_usage_perc", "Fraction of the model's KV cache budget in use, its prefix cache's "
+                 "entries too (1 = full).", MODEL, multiprocess_mode="livemax")
+PREEMPTIONS = Counter("vllm:num_preemptions", "Rows preempted to keep within the KV cache budget (their keys/values "
+                      "dropped, prefilled again later).", MODEL)
 SPEC_DRAFTS = Counter("vllm:spec_decode_num_drafts", "Verifications of drafted tokens (one per proposing row and step).",
                       MODEL)
 SPEC_DRAFT_TOKENS = Counter("vllm:spec_decode_num_draft_tokens", "Tokens proposed by speculative decoding.", MODEL)
@@ -201,6 +205,16 @@ class EngineMetrics:
                 RUNNING.labels(model).set(now_running)
                 WAITING.labels(model).set(now_waiting)
         self._gauges = counts
+
+    @staticmethod
+    def kv_usage(runners) -> None:
+        """Each model's share of its KV cache budget in use (`vllm:kv_cache_usage_perc`)."""
+        for name, runner in runners.items():
+            KV_USAGE.labels(label(name)).set(min(1.0, runner.kv_used() / max(1, runner.kv_budget.bytes)))
+
+    @staticmethod
+    def kv_preempted(model: str) -> None:
+        PREEMPTIONS.labels(label(model)).inc()
 
     @staticmethod
     def prefix_lookup(model: str, queried: int, hit: int) -> None:

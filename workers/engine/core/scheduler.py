@@ -1,10 +1,14 @@
 """Where each sequence is and what one engine step computes for it: waiting, prefilling, decoding.
 
 Sequences wait in their team's line until the fair queue (workers/engine/core/fair_share.py) lets them
-in, a slot is free and their KV reservation fits; rows a waiting sequence is owed are paused first
-(keys/values kept, nothing recomputed). The step decodes one token for every running row of every
-model's batch, then prefills newcomers within the pacer's token budget (workers/engine/core/prefill_pacing.py).
-A paused row's keys/values are outside the KV budget's count while it waits.
+in, a slot is free and their keys/values fit their model's KV budget (workers/engine/execution/kv/budget.py)
+beside what the model's rows hold now; rows a waiting sequence is owed are paused first (keys/values
+kept, nothing recomputed). When the running rows' next steps would outgrow the budget, the prefix
+cache gives way, then the lowest-priority, newest rows are preempted as vLLM does: their keys/values
+dropped, each prefilled again later (its prompt and what it drew) and decoding on from there. The
+step decodes one token for every running row of every model's batch, then prefills newcomers within
+the pacer's token budget (workers/engine/core/prefill_pacing.py). A paused row's keys/values are
+outside the KV budget's count while it waits.
 Plain Python + torch: the engine owns requests and publishing, this owns the batch.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from workers.engine.config import EngineConfig
 from workers.engine.execution.input_batch import InputBatch
+from workers.engine.execution.kv.budget import HEADROOM_TOKENS
 from workers.engine.execution.runner import sample_batch
 from workers.engine.plan import DecodePlan, PrefillWork, StepOutput
 from workers.engine.core.fair_share import FairQueue
@@ -45,7 +50,6 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         limit = config.batch_rows_beside_interactive  # < 0: not fitted to a device (EngineConfig.fitted): no limit
         self.batch_rows_beside_interactive = config.max_num_seqs if limit < 0 else min(limit, config.max_num_seqs)
-        self.kv_budget_bytes = config.kv_budget_bytes
         self.waiting = FairQueue()  # by team and class: who starts next (workers/engine/core/fair_share.py)
         self.prefilling: list[Sequence] = []
         self.pacer = PrefillPacer(config.prefill_chunk, config.prefill_share)
@@ -85,6 +89,7 @@ class Scheduler:
         sequences in."""
         for runner in self.runners.values():
             runner.drop_finished()
+        self._fit_budgets()
         self._budget_left = None
         if not self.waiting:  # nobody to let in, so no row to pause (a paused row waits in the queue too)
             self.prefilling = [seq for seq in self.prefilling if not seq.finished]
@@ -141,14 +146,40 @@ class Scheduler:
                 self.metrics.preempted(seq)
         return {(seq.priority_class, seq.team) for seq in victims}
 
+    def _fit_budgets(self) -> None:
+        """Room in each model's KV budget for its running rows' next HEADROOM_TOKENS steps: the prefix cache
+        gives way first, then rows are preempted by recompute, the lowest-priority and newest first, while
+        more than one row runs."""
+        for runner in self.runners.values():
+            prefilling = self._prefilling_bytes(runner)
+            if not runner.running or runner.make_room(runner.kv_projected(steps=HEADROOM_TOKENS) + prefilling):
+                continue
+            rows = sorted((seq for seq in runner.rows if not seq.finished and runner.preemptible(seq)),
+                          key=lambda seq: (seq.priority_class == "interactive", seq.request.arrived), reverse=True)
+            victims: list[Sequence] = []
+            while rows and runner.running - len(victims) > 1 and not runner.make_room(
+                    runner.kv_projected(steps=HEADROOM_TOKENS, leaving=victims) + prefilling):
+                victims.append(rows.pop())
+            if victims:
+                runner.preempt(victims)
+                for seq in victims:
+                    self.waiting.put_back(seq)
+                    self.metrics.kv_preempted(seq.request.model_name)
+                logger.info("%s: %d row(s) preempted to keep within the KV cache budget; they prefill again "
+                            "when there is room", victims[0].request.model_name, len(victims))
+
+    def _prefilling_bytes(self, runner: ModelRunner) -> int:
+        """Bytes of the caches the model's prompts under way hold outside its batch."""
+        return sum(runner.kv_bytes(seq.prefilled) for seq in self.prefilling
+                   if seq.state is not None and self.runners.get(seq.request.model_name) is runner)
+
     def _let_waiting_in(self, passed_over: set[tuple[str, str]]) -> None:
         """Whoever the fair queue says goes next (not the lines in `passed_over`), while a sequence slot is
-        free and its KV reservation fits the budget; a paused sequence rejoins the batch at once (its
-        keys/values kept)."""
+        free and its keys/values fit its model's KV budget beside what the model holds (alone, it always
+        runs: its context fits the budget); a paused sequence rejoins the batch at once (its keys/values kept)."""
         self.prefilling = [seq for seq in self.prefilling if not seq.finished]
         running = sum(runner.running for runner in self.runners.values()) + len(self.prefilling)
-        budget = self.kv_budget_bytes
-        reserved = 0 if budget is None else sum(self._kv_reservation(seq) for seq in self.in_flight())
+        joining: dict[str, list[int]] = {}  # the lengths of the prompts let in this pass, by model
         limited = self._batch_limited()
         batch_held = sum(1 for seq in self.in_flight() if seq.priority_class == "batch") if limited else 0
         held = Counter(seq.team for seq in self.in_flight())
@@ -157,9 +188,14 @@ class Scheduler:
                 if batch_held >= self.batch_rows_beside_interactive:
                     break  # batch work waits for interactive work to leave (interactive ones come first)
                 batch_held += 1
-            needed = 0 if budget is None else self._kv_reservation(seq)
-            if budget is not None and running and reserved + needed > budget:
-                break  # it waits for running sequences to finish (alone, it always runs)
+            runner = self.runners.get(seq.request.model_name)
+            if runner is not None and not seq.paused:
+                lengths = [*joining.get(seq.request.model_name, ()), len(seq.prefill_ids)]
+                alone = not runner.running and len(lengths) == 1 and not self._prefilling_bytes(runner)
+                if not alone and not runner.make_room(runner.kv_projected(lengths, HEADROOM_TOKENS)
+                                                      + self._prefilling_bytes(runner)):
+                    break  # it waits for rows of its model to finish
+                joining[seq.request.model_name] = lengths
             self.waiting.pop(held, passed_over)
             held[seq.team] += 1
             if seq.paused:
@@ -167,10 +203,10 @@ class Scheduler:
                 self.runners[seq.request.model_name].join([seq])
             else:
                 self.prefilling.append(seq)
-                self.waiting.charge(seq, prompt_tokens=len(seq.prompt_ids))
-                self.metrics.scheduled(seq.request)
+                if not seq.recomputes:  # a preempted row was charged and counted when it first came in
+                    self.waiting.charge(seq, prompt_tokens=len(seq.prompt_ids))
+                    self.metrics.scheduled(seq.request)
             running += 1
-            reserved += needed
 
     def in_flight(self) -> list[Sequence]:
         return [*self.prefilling, *(seq for runner in self.runners.values() for seq in runner.rows)]
@@ -196,11 +232,6 @@ class Scheduler:
         held_off = batch_decoding or self.batch_rows_beside_interactive == 0  # 0: no batch work beside interactive
         return not (limited and interactive_decoding and held_off)
 
-    def _kv_reservation(self, seq: Sequence) -> int:
-        """Bytes of KV cache the sequence holds at its longest: prompt + max_tokens."""
-        runner = self.runners.get(seq.request.model_name)
-        return 0 if runner is None else runner.kv_bytes(len(seq.prompt_ids) + seq.max_tokens)
-
     def prefill(self, decoding: bool, first: bool = False) -> bool:
         """Spend this step's prompt-token budget (`decoding`: streams wait on this step's tokens);
         whether any prompt finished its prefill.
@@ -224,8 +255,9 @@ class Scheduler:
         started = [s for s in allowed if s.state is not None and not s.finished]
         fresh: list[Sequence] = []
         for seq in allowed:
-            if seq.state is None and not seq.finished and not any(
-                    f.request is seq.request and f.prompt_index == seq.prompt_index for f in fresh):
+            if seq.state is None and not seq.finished and (seq.recomputes or not any(
+                    f.request is seq.request and f.prompt_index == seq.prompt_index and not f.recomputes
+                    for f in fresh)):
                 fresh.append(seq)
         if not started and not fresh:
             if first:
@@ -264,8 +296,8 @@ class Scheduler:
             if cached is FAILED:
                 continue
             if cached is not None:
-                self.metrics.prefix_lookup(seq.request.model_name, len(seq.prompt_ids), cached)
-            rest = len(seq.prompt_ids) - seq.prefilled
+                self.metrics.prefix_lookup(seq.request.model_name, len(seq.prefill_ids), cached)
+            rest = len(seq.prefill_ids) - seq.prefilled
             # A short prompt goes whole even past the budget's end (by less than a least forward): its piece
             # would cost about a forward's time alone, and its rest another forward next step.
             fits = rest <= max(budget, self.pacer.least)
@@ -286,8 +318,14 @@ class Scheduler:
         """Prefilled prompts: siblings copy the cache, each samples its first token, the rest join the batch."""
         first: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
         for seq, logits in done:
+            if seq.recomputes:  # preempted and prefilled again: it decodes on from the token it last drew
+                self.prefilling = [s for s in self.prefilling if s is not seq]
+                runner = self.runners[seq.request.model_name]
+                self._attempt([seq], lambda seq=seq, runner=runner: runner.rejoin(seq), runner)
+                continue
             group = [seq] + [s for s in self.prefilling if s is not seq and s.request is seq.request
-                             and s.prompt_index == seq.prompt_index and s.state is None and not s.finished]
+                             and s.prompt_index == seq.prompt_index and s.state is None and not s.finished
+                             and not s.recomputes]
             self.prefilling = [s for s in self.prefilling if s not in group]
             if self._attempt(group, lambda seq=seq, group=group: self._share_prefill(seq, group)) is FAILED:
                 continue

@@ -19,6 +19,8 @@ import torch
 from protocol import failpoints
 from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
+from workers.engine.errors import ModelLoadError
+from workers.engine.execution.kv.budget import DEFAULT_SHARE, HEADROOM_TOKENS, KVBudget, kv_budget
 from workers.engine.execution.kv.prefix_cache import PrefixCache
 from workers.engine.execution.kv.recompute import next_logits, prefill_whole_text
 from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 # A model whose recurrent layers restart on a multi-token forward continues a cached state one token (one forward)
 # at a time: it starts from a prefix hit only where that leaves at most this many prompt tokens.
 STEPWISE_REST = 64
+MIN_CONTEXT = 64  # a KV budget that holds fewer tokens of one sequence fails the model's load
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class RunnerSettings:
     static_decode: bool = False  # decode steps as one static program (workers/engine/execution/static_decode.py)
     cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
     speculative: SpeculativeConfig | None = None  # drafts verified in the decode step (workers/engine/speculation/)
+    kv_cache_bytes: int | None = None  # each model's KV cache budget (kv/budget.py); None: a share of free memory
 
 
 class ModelRunner:
@@ -64,7 +69,9 @@ class ModelRunner:
         self.loaded = loaded
         self.prefill_chunk = max(1, settings.prefill_chunk)
         self.spec = spec = cache_spec(loaded.model, loaded.device)
-        self.prefix_cache = (PrefixCache(loaded.model.config, settings.prefix_cache_bytes, checkpoints=spec.has(STATE))
+        self.kv_budget = self._size_budget(settings.kv_cache_bytes)
+        self.prefix_cache = (PrefixCache(loaded.model.config, min(settings.prefix_cache_bytes, self.kv_budget.bytes),
+                                         checkpoints=spec.has(STATE))
                              if settings.prefix_cache_bytes > 0 and spec.reuses_prefixes else None)
         # CPU pages of row slots are only taken when written: reserve every row now and never regrow.
         row_slots = settings.max_rows if loaded.device.type == "cpu" else 4
@@ -87,6 +94,79 @@ class ModelRunner:
         logger.info("%s: cache of %s%s%s", loaded.model_id, spec.describe(),
                     f"; without {', '.join(declined)}" if declined else "",
                     f" ({'; '.join(spec.notes)})" if spec.notes else "")
+
+    def _size_budget(self, configured: int | None) -> KVBudget:
+        """The model's KV budget; its context capped to the longest sequence the budget holds (a longer request
+        is then a 400 that says so); the budget, what fits in it, and how many sequences at full context, logged."""
+        budget = kv_budget(self.spec, self.loaded.device, configured)
+        loaded, longest = self.loaded, budget.longest(self.spec)
+        if longest < MIN_CONTEXT:
+            raise ModelLoadError(f"The model `{loaded.model_id}` cannot be served: its KV cache budget of "
+                                 f"{budget.bytes / MIB:.1f} MiB holds {longest} tokens of a sequence (at least "
+                                 f"{MIN_CONTEXT} needed); raise --kv-cache-memory (INFERENCE_KV_CACHE_MEMORY).")
+        if longest < loaded.max_model_len:
+            logger.warning("%s: its context of %d tokens is capped to %d, what its KV cache budget holds",
+                           loaded.model_id, loaded.max_model_len, longest)
+            loaded.max_model_len = longest
+            loaded.context_capped_by_kv = True
+        logger.info("%s: KV cache budget %.1f MiB (%s): %s tokens at %.1f KiB each; %.1f sequences at its full "
+                    "context of %d tokens", loaded.model_id, budget.bytes / MIB,
+                    "set" if configured else f"{DEFAULT_SHARE.get(loaded.device.type, 0.5):.0%} of free memory",
+                    f"{budget.tokens:,}" if budget.token_bytes else "any number of", budget.token_bytes / 1024,
+                    budget.concurrency(self.spec, loaded.max_model_len), loaded.max_model_len)
+        return budget
+
+    # --- the KV budget (kv/budget.py) -------------------------------------------
+    def kv_used(self) -> int:
+        """Bytes the model's cache holds now: the batch (every row as long as its longest), rows decoded alone,
+        the prefix cache (which gives way first: `make_room`)."""
+        solo = sum(self.spec.bytes_for(cached_tokens(seq)) for seq in self.solo_rows if seq.state is not None)
+        return self.batch.used_bytes() + solo + self._prefix_bytes()
+
+    def kv_projected(self, joining: list[int] = (), steps: int = 0, leaving: list[Sequence] = ()) -> int:
+        """Bytes the model's rows would hold with newcomers of `joining` tokens in, the `leaving` rows out, and
+        `steps` more decode steps: in the batch every row as long as its longest, rows decoded alone their own."""
+        budget = self.kv_budget
+        if self.spec.batchable and not leaving:  # every step's check: the batch's own lengths, no loop over rows
+            rows, longest = self.batch.rows + len(joining), max(self.batch.length, *joining, 0)
+            return rows * (budget.row_bytes + (longest + steps) * budget.token_bytes) if rows else 0
+        gone = {id(seq) for seq in leaving}
+        lengths = [cached_tokens(seq) for seq in self.rows if id(seq) not in gone] + list(joining)
+        if not lengths:
+            return 0
+        if self.spec.batchable:
+            return len(lengths) * (budget.row_bytes + (max(lengths) + steps) * budget.token_bytes)
+        return sum(budget.row_bytes + (length + steps) * budget.token_bytes for length in lengths)
+
+    def make_room(self, rows_bytes: int | None = None) -> bool:
+        """Whether rows holding `rows_bytes` (default: the running rows, HEADROOM_TOKENS steps on) fit the budget
+        beside the prefix cache, whose least recently used entries give way for them where that helps."""
+        rows_bytes = self.kv_projected(steps=HEADROOM_TOKENS) if rows_bytes is None else rows_bytes
+        over = rows_bytes + self._prefix_bytes() - self.kv_budget.bytes
+        if over > 0 and self.prefix_cache is not None:
+            self.prefix_cache.evict_to(max(0, self.prefix_cache.bytes - over))
+        return rows_bytes + self._prefix_bytes() <= self.kv_budget.bytes
+
+    def _prefix_bytes(self) -> int:
+        return self.prefix_cache.bytes if self.prefix_cache is not None else 0
+
+    def preemptible(self, seq: Sequence) -> bool:
+        """Whether the row may be preempted by recompute: its tokens alone rebuild its cache (not a media
+        prompt's, nor with drafts or M-RoPE offsets kept beside it, nor on ranks that mirror this one)."""
+        return (self.remembers_answers and self.proposer is None and not self.rope_offsets
+                and not self.spec.recomputes and seq.media_inputs is None)
+
+    def preempt(self, sequences: list[Sequence]) -> None:
+        """Drop these rows and their keys/values to free the budget (vLLM's recompute preemption): each
+        prefills again later, its prompt and every token it drew (`Sequence.prefill_ids`), and decodes on."""
+        leaving = {id(seq) for seq in sequences}
+        rows = [i for i, seq in enumerate(self.batch_rows) if id(seq) in leaving]
+        if rows:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(rows)]
+        self.solo_rows = [seq for seq in self.solo_rows if id(seq) not in leaving]
+        self._view = None
+        for seq in sequences:
+            seq.state, seq.prefilled, seq.checkpoint_at, seq.recomputes = None, 0, 0, True
 
     def _forward(self, rows: list[Sequence], **inputs):
         """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
@@ -144,10 +224,12 @@ class ModelRunner:
             return None
         may_end = may_end_at(seq.media_inputs) if seq.media_inputs is not None else None
         stepwise = self.spec.has(STATE) and not self.spec.continues_chunks
-        hit = self.prefix_cache.lookup(seq.prompt_ids, prefix_root(seq), may_end, STEPWISE_REST if stepwise else 0)
+        ids = seq.prefill_ids
+        hit = self.prefix_cache.lookup(ids, prefix_root(seq), may_end, STEPWISE_REST if stepwise else 0)
         seq.state, seq.prefilled = hit.cache, hit.tokens
-        seq.cached_prompt_tokens = seq.prefilled
-        rest = len(seq.prompt_ids) - hit.shared
+        if not seq.recomputes:
+            seq.cached_prompt_tokens = seq.prefilled
+        rest = len(ids) - hit.shared
         # A recurrent model's blocks run past its checkpoints: plant one where this prompt parts from the cached
         # one (no forward of its own, but the stepwise rest a model that restarts on a multi-token one needs).
         if hit.tokens < hit.shared and rest > 0 and (not stepwise or hit.tokens or rest <= STEPWISE_REST):
@@ -157,7 +239,12 @@ class ModelRunner:
     def remember_prefix(self, seq: Sequence) -> None:
         """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
         if self.prefix_cache is not None and seq.state is not None and self._caches_prefix_of(seq):
-            self.prefix_cache.remember(seq.prompt_ids, seq.state, prefix_root(seq))
+            self._remember(seq.prefill_ids, seq.state, seq)
+
+    def _remember(self, ids: list[int], cache, seq: Sequence, tokens: int | None = None) -> None:
+        """Into the prefix cache, within what the running rows leave of the KV budget."""
+        self.prefix_cache.remember(ids, cache, prefix_root(seq), tokens)
+        self.make_room()
 
     def _remember_answer(self, row: int) -> None:
         """A finished row's prompt and answer (every token its cache holds) for the prefix cache: the next turn of
@@ -166,7 +253,7 @@ class ModelRunner:
         if len(seq.completion_ids) < 2 or not self._caches_prefix_of(seq) or seq.media_inputs is not None:
             return
         held = seq.prompt_ids + seq.completion_ids[:-1]  # the last token drawn was never fed
-        self.prefix_cache.remember(held, self.batch.row_contents(row), prefix_root(seq))
+        self._remember(held, self.batch.row_contents(row), seq)
 
     def _caches_prefix_of(self, seq: Sequence) -> bool:
         """Text prompts, and media prompts of attention models whose positions the engine passes
@@ -177,7 +264,7 @@ class ModelRunner:
         """How many more prompt tokens a prefill of this sequence takes within `budget`: media features need
         their placeholder tokens in the same forward, and recurrent layers that restart on a multi-token
         chunk need the whole prompt in one (one chunk, whatever the budget); else at most `prefill_chunk`."""
-        remaining = len(seq.prompt_ids) - seq.prefilled
+        remaining = len(seq.prefill_ids) - seq.prefilled
         whole = seq.media_inputs is not None or not self.spec.continues_chunks
         return remaining if whole else max(0, min(remaining, budget, self.prefill_chunk))
 
@@ -199,12 +286,12 @@ class ModelRunner:
         take = self.chunk_for(seq, budget)
         if take <= 0:
             return 0, None
-        end = seq.prefilled + take
+        end, ids = seq.prefilled + take, seq.prefill_ids
         for start, stop in self._pieces(seq, end):
-            output = self._prefill_forward(seq, start, stop, last=stop == len(seq.prompt_ids))
+            output = self._prefill_forward(seq, ids, start, stop, last=stop == len(ids))
             if stop == seq.checkpoint_at:  # where this prompt parts from a cached one: later ones start here
-                self.prefix_cache.remember(seq.prompt_ids, seq.state, prefix_root(seq), tokens=stop)
-        done = seq.prefilled == len(seq.prompt_ids)
+                self._remember(ids, seq.state, seq, tokens=stop)
+        done = seq.prefilled == len(ids)
         if done and self.rope_offsets:
             seq.rope_table = None  # the offset is all its later tokens need
         return take, output.logits[0, -1] if done else None
@@ -221,21 +308,22 @@ class ModelRunner:
             return [(token, token + 1) for token in range(start, end)]
         return [(0, target or end)] + [(token, token + 1) for token in range(target or end, end)]
 
-    def _prefill_forward(self, seq: Sequence, start: int, stop: int, last: bool):
-        """One forward over prompt tokens [start, stop) on the sequence's own cache."""
+    def _prefill_forward(self, seq: Sequence, ids: list[int], start: int, stop: int, last: bool):
+        """One forward over tokens [start, stop) of what the sequence prefills (`ids`) on its own cache."""
         positions = range(start, stop)
+        scoring = seq.wants_prompt_logprobs and not seq.recomputes
         inputs = self._cache_inputs(seq.state, None if seq.media_inputs is not None else positions)
         if self.rope_offsets and seq.media_inputs is not None:
             inputs["position_ids"] = prompt_position_ids(self.loaded.model, seq, positions)
         output = self._forward(
-            [seq], input_ids=torch.tensor([seq.prompt_ids[start:stop]], device=self.loaded.device),
+            [seq], input_ids=torch.tensor([ids[start:stop]], device=self.loaded.device),
             use_cache=True,
-            logits_to_keep=0 if seq.wants_prompt_logprobs else 1,  # echo + logprobs scores every position
+            logits_to_keep=0 if scoring else 1,  # echo + logprobs scores every position (once)
             **inputs, **self._media_tensors(seq, positions),
         )
         seq.state = self._cache_of(output)
         seq.prefilled = stop
-        if seq.wants_prompt_logprobs:
+        if scoring:
             seq.record_prompt_chunk(output.logits[0], last=last)
         return output
 
@@ -252,7 +340,7 @@ class ModelRunner:
         """Whether this prompt may prefill in one padded forward with others: not when the model keeps a
         recurrent state (it cannot be cut apart after), nor, with sliding windows, after a cached start
         (its padding would sit inside the row, and a window of columns would no longer be one of tokens)."""
-        return self.spec.prefills_padded and not (self.spec.has(SLIDING) and seq.prefilled)
+        return self.spec.prefills_padded and not (self.spec.has(SLIDING) and seq.prefilled) and not seq.recomputes
 
     def prefill_together(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """The rest of several newcomers' prompts in one forward; each keeps its own cache rows.
@@ -309,6 +397,13 @@ class ModelRunner:
         for seq in sequences:
             seq.state = None  # its keys/values now live in the batch
         self.batch_rows.extend(sequences)
+        self.make_room()  # the prefix cache gives way to the rows that joined
+
+    def rejoin(self, seq: Sequence) -> None:
+        """A preempted row, prefilled again (its prompt and what it drew): it decodes on from its last token."""
+        self.remember_prefix(seq)
+        seq.recomputes = False
+        self.join([seq])
 
     def pause(self, sequences: list[Sequence]) -> None:
         """Take running sequences out of the batch, each keeping its keys/values (`seq.state`) to rejoin

@@ -203,9 +203,14 @@ class PrefixCache:
         if not index[entry.parent]:
             del index[entry.parent]
 
-    def _evict(self) -> None:
+    def evict_to(self, limit: int) -> None:
+        """Least recently used entries out until the cache holds at most `limit` bytes (rows need the room)."""
+        self._evict(limit)
+
+    def _evict(self, limit: int | None = None) -> None:
         """Least recently used entries out until the cache fits its budget (blocks and checkpoints alike)."""
-        while self.bytes > self.budget and (self.blocks or self.checkpoints):
+        limit = self.budget if limit is None else limit
+        while self.bytes > limit and (self.blocks or self.checkpoints):
             entries = min((entries for entries in (self.blocks, self.checkpoints) if entries),
                           key=lambda entries: next(iter(entries.values())).used)
             self._drop(entries, next(iter(entries)))
