@@ -11,6 +11,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from protocol.sizes import parse_bytes
+
 # (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
                         ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"),
@@ -32,8 +34,6 @@ def context_size(text: str) -> int:
 
 def memory_size(text: str) -> int:
     """A size in bytes: 8589934592, 8G / 8GiB (1024-based), 8g / 8GB (1000-based)."""
-    from inference_site.inference_settings import parse_bytes
-
     try:
         return parse_bytes(text)
     except ValueError as exc:

@@ -53,7 +53,7 @@ class Shadow:
     """A follower's copy of one of rank 0's sequences: what ModelRunner reads and writes of it."""
 
     __slots__ = ("prompt_ids", "wants_prompt_logprobs", "max_tokens", "state", "prefilled", "cached_prompt_tokens",
-                 "checkpoint_at", "completion_ids", "finished", "media_inputs", "request", "output")
+                 "checkpoint_at", "recomputes", "completion_ids", "finished", "media_inputs", "request", "output")
 
     def __init__(self, prompt_ids: list[int], wants_prompt_logprobs: bool, max_tokens: int) -> None:
         self.prompt_ids = prompt_ids
@@ -63,11 +63,16 @@ class Shadow:
         self.prefilled = 0
         self.cached_prompt_tokens = 0
         self.checkpoint_at = 0
+        self.recomputes = False  # rank 0 preempts no row of a split model (ModelRunner.preemptible)
         self.completion_ids = Tail()
         self.finished = False
         self.media_inputs = None
         self.request = NO_ADAPTER
         self.output = _NoOutput()
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        return self.prompt_ids
 
     def record_prompt_chunk(self, chunk_logits, last: bool) -> None:  # scored on rank 0
         pass
