@@ -134,8 +134,9 @@ def test_checkpoints_and_blocks_share_the_budget_and_their_accounting_never_leak
                 assert float(layer.recurrent_states[0].flatten()[0]) == hit.tokens  # the state of that many tokens
                 layer.recurrent_states[0].zero_()  # the cached checkpoint is not the caller's to change
             cache.remember(ids, prompt_cache(ids))
-            counted = sum(entry.size for entry in (*cache.blocks.values(), *cache.checkpoints.values()))
+            counted = sum(entry.size for entry in (*cache.spans.values(), *cache.checkpoints.values()))
             assert cache.bytes == counted <= budget
+            assert sorted(cache.blocks) == sorted(key for span in cache.spans.values() for key in span.keys)
             assert sorted((parent, tail) for parent, tails in cache._at.items() for tail in tails) == sorted(cache.checkpoints)
         assert cache.hit_tokens > 0 and cache.checkpoints
         assert all(float(c.layers[1].recurrent[0].flatten()[0]) > 0 for c in cache.checkpoints.values())

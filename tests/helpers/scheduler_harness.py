@@ -30,7 +30,7 @@ class Harness:
         self.runner = ModelRunner(self.loaded, RunnerSettings(**{"prefill_chunk": 256, "max_rows": 8,
                                                                  "prefix_cache_bytes": 64 * 1024 * 1024, **settings}))
         self.scheduler = Scheduler({self.model: self.runner}, EngineMetrics(),
-                                   EngineConfig(max_num_seqs=8, prefill_chunk=256, device="cpu"))
+                                   EngineConfig(max_num_seqs=self.runner.batch.first_row_slots, prefill_chunk=256, device="cpu"))
 
     def sequence(self, ids: list[int], tokens: int):
         import protocol

@@ -146,7 +146,8 @@ class Engine(JobFlow):
                   "kv_cache_bytes": sum(runner.batch.used_bytes() for runner in runners),
                   "kv_cache_budget_bytes": sum(runner.kv_budget.bytes for runner in runners),
                   "prefix_cache_lookup_tokens": 0, "prefix_cache_hit_tokens": 0,
-                  "prefix_cache_blocks": 0, "prefix_cache_checkpoints": 0, "prefix_cache_bytes": 0}
+                  "prefix_cache_blocks": 0, "prefix_cache_spans": 0, "prefix_cache_checkpoints": 0,
+                  "prefix_cache_bytes": 0}
         for runner in runners:
             if runner.prefix_cache is not None:
                 for key, value in runner.prefix_cache.stats().items():

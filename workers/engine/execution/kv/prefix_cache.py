@@ -37,12 +37,22 @@ BLOCK_TOKENS = 16
 
 
 @dataclass
-class Block:
-    parent: int | str | None  # key of the block before it (the prompt's first block: its root, None for the base model)
-    tokens: tuple[int, ...]
-    layers: list[RowLayer]  # per layer (keys, values) of these tokens, batch of 1 (None: a layer without them)
+class Span:
+    """The blocks one prefill (or one finished row) added, in one copy: a run of BLOCK_TOKENS-token blocks, each
+    keyed by its tokens and the block before it, and every layer's keys/values of all of them (one copy per
+    layer, not one per block: a row's answer is kept in a few copies, not thousands)."""
+    parent: int | str | None  # key of the block before its first (the prompt's first block: its root)
+    tokens: tuple[int, ...]  # BLOCK_TOKENS for each of `keys`
+    keys: list[int]
+    layers: list[RowLayer]  # per layer (keys, values) of its tokens, batch of 1 (None: a layer without them)
     size: int  # bytes
-    used: int = 0  # when a lookup or a prefill last touched it (one clock for blocks and checkpoints)
+    used: int = 0  # when a lookup or a prefill last touched it (one clock for spans and checkpoints)
+
+    def block_parent(self, index: int) -> int | str | None:
+        return self.parent if index == 0 else self.keys[index - 1]
+
+    def block_tokens(self, index: int) -> tuple[int, ...]:
+        return self.tokens[index * BLOCK_TOKENS:(index + 1) * BLOCK_TOKENS]
 
 
 @dataclass
@@ -67,7 +77,8 @@ class PrefixCache:
         self.config = config
         self.budget = budget_bytes
         self.checkpoints_only = checkpoints  # the model keeps recurrent states: a hit must end at a checkpoint
-        self.blocks: OrderedDict[int, Block] = OrderedDict()  # least recently used first
+        self.blocks: dict[int, tuple[Span, int]] = {}  # a block's key -> its span and its place in it
+        self.spans: OrderedDict[int, Span] = OrderedDict()  # by their first block's key, least recently used first
         self.checkpoints: OrderedDict[tuple, Checkpoint] = OrderedDict()  # (parent, tail) -> checkpoint, LRU first
         self._at: dict[int | str | None, set[tuple[int, ...]]] = {}  # parent -> tails of its checkpoints
         self._children: dict[int | str | None, set[int]] = {}  # parent -> keys of the blocks after it
@@ -92,12 +103,16 @@ class PrefixCache:
         for index in range(blocks):
             tokens = tuple(prompt_ids[index * BLOCK_TOKENS:(index + 1) * BLOCK_TOKENS])
             key = self._key(parent, tokens)
-            block = self.blocks.get(key)
-            if block is None or block.parent != parent or block.tokens != tokens:
+            if not self._holds(key, parent, tokens):
                 break
             keys.append(key)
             parent = key
         return keys
+
+    def _holds(self, key: int, parent: int | str | None, tokens: tuple[int, ...]) -> bool:
+        """Whether the cache holds this block (checked token for token, never on the hash alone)."""
+        found = self.blocks.get(key)
+        return found is not None and found[0].block_parent(found[1]) == parent and found[0].block_tokens(found[1]) == tokens
 
     def _checkpoint_after(self, prompt_ids: list[int], keys: list[int], root: str | None, limit: int,
                           may_end: Callable[[int], bool]) -> tuple[int, tuple] | None:
@@ -118,7 +133,8 @@ class PrefixCache:
         a block after that run it starts with."""
         base, parent = len(keys) * BLOCK_TOKENS, keys[-1] if keys else root
         ahead = prompt_ids[base:base + BLOCK_TOKENS]
-        after = [self.blocks[key].tokens for key in self._children.get(parent, ())] + list(self._at.get(parent, ()))
+        after = [span.block_tokens(index) for span, index in map(self.blocks.__getitem__, self._children.get(parent, ()))]
+        after += list(self._at.get(parent, ()))
         return base + max((_alike(tokens, ahead) for tokens in after), default=0)
 
     def lookup(self, prompt_ids: list[int], root: str | None = None, may_end: Callable[[int], bool] | None = None,
@@ -150,11 +166,20 @@ class PrefixCache:
             shared, checkpoint = len(keys) * BLOCK_TOKENS, None
         if not keys:
             return PrefixHit(None, 0, shared)
-        for key in reversed(keys):
-            self._touch(self.blocks, key)
+        pieces: list[tuple[Span, int, int]] = []  # runs of blocks in one span: (span, first block, end block)
+        for key in keys:
+            span, index = self.blocks[key]
+            if pieces and pieces[-1][0] is span and pieces[-1][2] == index:
+                pieces[-1] = (span, pieces[-1][1], index + 1)
+            else:
+                pieces.append((span, index, index + 1))
+        for span, _, _ in reversed(pieces):
+            self._touch(self.spans, span.keys[0])
         cached = len(keys) * BLOCK_TOKENS + (len(checkpoint.tail) if checkpoint else 0)
         self.hit_tokens += cached
-        per_layer = zip(*(self.blocks[key].layers for key in keys), *([checkpoint.layers] if checkpoint else []))
+        per_layer = zip(*([_columns(layer, first * BLOCK_TOKENS, end * BLOCK_TOKENS, copy=False)
+                           for layer in span.layers] for span, first, end in pieces),
+                        *([checkpoint.layers] if checkpoint else []))
         layers = [_joined(layer) for layer in per_layer]
         return PrefixHit(cache_from_layers(self.config, layers, cached), cached, shared)
 
@@ -168,21 +193,36 @@ class PrefixCache:
         tokens = len(prompt_ids) if tokens is None else tokens
         tensors = cache if isinstance(cache, list) else row_layers(cache)
         parent: int | str | None = root
+        new: list[int] = []  # keys of the blocks not held yet: they go in one new span
+        first = span_parent = None  # the first new block's index, and the key before it
         for index in range(tokens // BLOCK_TOKENS):
-            begin, end = index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS
-            block_tokens = tuple(prompt_ids[begin:end])
+            block_tokens = tuple(prompt_ids[index * BLOCK_TOKENS:(index + 1) * BLOCK_TOKENS])
             key = self._key(parent, block_tokens)
-            block = self.blocks.get(key)
-            if block is None or block.parent != parent or block.tokens != block_tokens:
-                layers = [_columns(layer, begin, end) for layer in tensors]
-                if block is not None:  # a hash collision: the newer prefix takes the key
-                    self._drop(self.blocks, key)
-                self.blocks[key] = Block(parent, block_tokens, layers, _size(layers, BLOCK_TOKENS))
-                self._children.setdefault(parent, set()).add(key)
-                self.bytes += self.blocks[key].size
-            self._touch(self.blocks, key)
+            if not new and self._holds(key, parent, block_tokens):
+                self._touch(self.spans, self.blocks[key][0].keys[0])
+            else:
+                if key in self.blocks:  # a block left past a dropped one, or a hash collision: the newer wins
+                    self._drop(self.spans, self.blocks[key][0].keys[0])
+                if not new:
+                    first, span_parent = index, parent
+                new.append(key)
             parent = key
-        if self.checkpoints_only and tokens >= BLOCK_TOKENS:
+        complete = True  # every block of the tokens is held (a checkpoint may hang on the last)
+        if new:
+            block_bytes = _size([_columns(layer, 0, BLOCK_TOKENS, copy=False) for layer in tensors], BLOCK_TOKENS)
+            kept = new[:self.budget // block_bytes]  # never more than the whole budget holds
+            complete, new = len(kept) == len(new), kept
+        if new:
+            begin, end = first * BLOCK_TOKENS, (first + len(new)) * BLOCK_TOKENS
+            layers = [_columns(layer, begin, end) for layer in tensors]
+            span = Span(span_parent, tuple(prompt_ids[begin:end]), new, layers, _size(layers, end - begin))
+            for index, key in enumerate(new):
+                self.blocks[key] = (span, index)
+                self._children.setdefault(span.block_parent(index), set()).add(key)
+            self.spans[new[0]] = span
+            self.bytes += span.size
+            self._touch(self.spans, new[0])
+        if self.checkpoints_only and tokens >= BLOCK_TOKENS and complete:
             base = tokens // BLOCK_TOKENS * BLOCK_TOKENS
             tail = tuple(prompt_ids[base:tokens])
             if (parent, tail) not in self.checkpoints:
@@ -196,12 +236,31 @@ class PrefixCache:
         self._evict()
 
     def _drop(self, entries: OrderedDict, key) -> None:
-        entry = entries.pop(key)
+        """One span or checkpoint out; a span takes with it what hangs on its blocks (spans after them and
+        checkpoints: no lookup could reach them any more)."""
+        entry = entries.pop(key, None)
+        if entry is None:
+            return
         self.bytes -= entry.size
-        index, member = (self._at, entry.tail) if isinstance(entry, Checkpoint) else (self._children, key)
-        index[entry.parent].discard(member)
-        if not index[entry.parent]:
-            del index[entry.parent]
+        if isinstance(entry, Checkpoint):
+            self._at[entry.parent].discard(entry.tail)
+            if not self._at[entry.parent]:
+                del self._at[entry.parent]
+            return
+        for index, block in enumerate(entry.keys):
+            if self.blocks.get(block, (None,))[0] is entry:
+                del self.blocks[block]
+            siblings = self._children.get(entry.block_parent(index))
+            if siblings is not None:
+                siblings.discard(block)
+                if not siblings:
+                    del self._children[entry.block_parent(index)]
+        for block in entry.keys:
+            for child in list(self._children.get(block, ())):
+                if child in self.blocks:
+                    self._drop(self.spans, self.blocks[child][0].keys[0])
+            for tail in list(self._at.get(block, ())):
+                self._drop(self.checkpoints, (block, tail))
 
     def evict_to(self, limit: int) -> None:
         """Least recently used entries out until the cache holds at most `limit` bytes (rows need the room)."""
@@ -210,14 +269,15 @@ class PrefixCache:
     def _evict(self, limit: int | None = None) -> None:
         """Least recently used entries out until the cache fits its budget (blocks and checkpoints alike)."""
         limit = self.budget if limit is None else limit
-        while self.bytes > limit and (self.blocks or self.checkpoints):
-            entries = min((entries for entries in (self.blocks, self.checkpoints) if entries),
+        while self.bytes > limit and (self.spans or self.checkpoints):
+            entries = min((entries for entries in (self.spans, self.checkpoints) if entries),
                           key=lambda entries: next(iter(entries.values())).used)
             self._drop(entries, next(iter(entries)))
 
     def stats(self) -> dict:
         return {"prefix_cache_lookup_tokens": self.lookup_tokens, "prefix_cache_hit_tokens": self.hit_tokens,
-                "prefix_cache_blocks": len(self.blocks), "prefix_cache_checkpoints": len(self.checkpoints),
+                "prefix_cache_blocks": len(self.blocks), "prefix_cache_spans": len(self.spans),
+                "prefix_cache_checkpoints": len(self.checkpoints),
                 "prefix_cache_bytes": self.bytes}
 
 
@@ -226,12 +286,12 @@ def _alike(first, second) -> int:
     return next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
 
 
-def _columns(layer: RowLayer, begin: int, end: int) -> RowLayer:
-    """An attention layer's keys/values of tokens [begin, end), copied (None for other layers)."""
+def _columns(layer: RowLayer, begin: int, end: int, copy: bool = True) -> RowLayer:
+    """An attention layer's keys/values of tokens [begin, end), copied (or views); None for other layers."""
     if layer is None or isinstance(layer, RowState):
         return None
-    keys, values = layer
-    return keys[:, :, begin:end].clone(), values[:, :, begin:end].clone()
+    keys, values = layer[0][:, :, begin:end], layer[1][:, :, begin:end]
+    return (keys.clone(), values.clone()) if copy else (keys, values)
 
 
 def _joined(pieces: tuple[RowLayer, ...]) -> RowLayer:
