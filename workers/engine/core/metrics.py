@@ -211,6 +211,7 @@ class EngineMetrics:
         """Each model's share of its KV cache budget in use (`vllm:kv_cache_usage_perc`)."""
         for name, runner in runners.items():
             KV_USAGE.labels(label(name)).set(min(1.0, runner.kv_used() / max(1, runner.kv_budget.bytes)))
+            PREEMPTIONS.labels(label(name))  # shown from 0
 
     @staticmethod
     def kv_preempted(model: str) -> None:
