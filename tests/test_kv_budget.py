@@ -94,3 +94,34 @@ def test_the_setting_takes_bytes_with_vllms_suffixes():
     assert engine({}).kv_cache_bytes is None
     with pytest.raises(ValueError, match="INFERENCE_KV_CACHE_MEMORY"):
         engine({"INFERENCE_KV_CACHE_MEMORY": "lots"})
+
+
+def test_through_the_server_a_request_larger_than_the_budget_is_a_400_saying_what_fits(hf_cache, reference, tmp_path):
+    """`serve --kv-cache-memory` (vLLM's flag) holding 100 tokens of the tiny model: a request for more is an
+    OpenAI-shaped 400 context_length_exceeded naming the 100 tokens and the budget; a request that fits is
+    answered as `generate` answers it; /metrics shows the budget's use and the preemptions counter."""
+    import httpx
+    import openai
+
+    from .conftest import TINY_MODEL
+    from .live_server import LiveServer, base_env, clients
+
+    config = reference.model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, extra_args=("--kv-cache-memory", str(100 * per_token)))
+    try:
+        client, _ = clients(server)
+        ids = reference.encode("The lighthouse keeper wrote in his log")
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.completions.create(model=TINY_MODEL, prompt=[ids], max_tokens=100, temperature=0)
+        error = raised.value.body
+        assert raised.value.status_code == 400 and error["code"] == "context_length_exceeded", error
+        assert "maximum context length is 100 tokens" in error["message"] and "KV cache budget" in error["message"]
+        fits = client.completions.create(model=TINY_MODEL, prompt=[ids], max_tokens=20, temperature=0,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True})
+        assert fits.choices[0].model_extra["token_ids"] == reference.greedy(ids, 20, min_new_tokens=20)
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+        assert f'vllm:kv_cache_usage_perc{{model_name="{TINY_MODEL}"}}' in metrics
+        assert f'vllm:num_preemptions_total{{model_name="{TINY_MODEL}"}} 0.0' in metrics
+    finally:
+        server.stop()
