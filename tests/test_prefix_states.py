@@ -17,7 +17,7 @@ import torch
 
 from workers.engine.execution.kv.prefix_cache import BLOCK_TOKENS, PrefixCache
 from workers.engine.execution.kv.rows import RowState, cache_from_layers
-from workers.engine.execution.runner import STEPWISE_REST
+from workers.engine.execution.prefix_reuse import STEPWISE_REST
 
 from .helpers.scheduler_harness import Harness
 

@@ -19,9 +19,9 @@ import torch
 from protocol import failpoints
 from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
-from workers.engine.errors import ModelLoadError
-from workers.engine.execution.kv.budget import DEFAULT_SHARE, HEADROOM_TOKENS, KVBudget, kv_budget
 from workers.engine.execution.kv.prefix_cache import PrefixCache
+from workers.engine.execution.kv_room import KVRoom, cached_tokens
+from workers.engine.execution.prefix_reuse import PrefixReuse
 from workers.engine.execution.kv.recompute import next_logits, prefill_whole_text
 from workers.engine.execution.kv.rows import clone_cache, new_row_cache, row_columns, stack_right_aligned
 from workers.engine.execution.kv.slab import SlabKV, static_attention
@@ -32,7 +32,7 @@ from workers.engine.step_clock import StepClock
 from workers.engine.execution.input_batch import InputBatch
 from workers.engine.plan import DecodePlan, PrefillOutput, PrefillWork, StepOutput
 from workers.engine.sample.constraints import masks_for
-from workers.engine.execution.media_rows import chunk_media, may_end_at, prefix_root
+from workers.engine.execution.media_rows import chunk_media
 from workers.engine.execution.mrope import prompt_position_ids, takes_rope_offsets
 from workers.engine.execution.static_decode import StaticDecode
 from protocol.speculative import SpeculativeConfig
@@ -41,12 +41,6 @@ from workers.engine.execution.attention_kernels import grouped_query_attention
 from workers.engine.speculation.verify import verify
 
 logger = logging.getLogger(__name__)
-
-# A model whose recurrent layers restart on a multi-token forward continues a cached state one token (one forward)
-# at a time: it starts from a prefix hit only where that leaves at most this many prompt tokens.
-STEPWISE_REST = 64
-MIN_CONTEXT = 64  # a KV budget that holds fewer tokens of one sequence fails the model's load
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,9 @@ class RunnerSettings:
     kv_cache_bytes: int | None = None  # each model's KV cache budget (kv/budget.py); None: a share of free memory
 
 
-class ModelRunner:
+class ModelRunner(KVRoom, PrefixReuse):
+    """One model's forwards (KV budget: kv_room.py; prefix reuse: prefix_reuse.py)."""
+
     remembers_answers = True  # a finished row's prompt and answer go to the prefix cache (`drop_finished`)
 
     def __init__(self, loaded: LoadedModel, settings: RunnerSettings = RunnerSettings()) -> None:
@@ -94,79 +90,6 @@ class ModelRunner:
         logger.info("%s: cache of %s%s%s", loaded.model_id, spec.describe(),
                     f"; without {', '.join(declined)}" if declined else "",
                     f" ({'; '.join(spec.notes)})" if spec.notes else "")
-
-    def _size_budget(self, configured: int | None) -> KVBudget:
-        """The model's KV budget; its context capped to the longest sequence the budget holds (a longer request
-        is then a 400 that says so); the budget, what fits in it, and how many sequences at full context, logged."""
-        budget = kv_budget(self.spec, self.loaded.device, configured)
-        loaded, longest = self.loaded, budget.longest(self.spec)
-        if longest < MIN_CONTEXT:
-            raise ModelLoadError(f"The model `{loaded.model_id}` cannot be served: its KV cache budget of "
-                                 f"{budget.bytes / MIB:.1f} MiB holds {longest} tokens of a sequence (at least "
-                                 f"{MIN_CONTEXT} needed); raise --kv-cache-memory (INFERENCE_KV_CACHE_MEMORY).")
-        if longest < loaded.max_model_len:
-            logger.warning("%s: its context of %d tokens is capped to %d, what its KV cache budget holds",
-                           loaded.model_id, loaded.max_model_len, longest)
-            loaded.max_model_len = longest
-            loaded.context_capped_by_kv = True
-        logger.info("%s: KV cache budget %.1f MiB (%s): %s tokens at %.1f KiB each; %.1f sequences at its full "
-                    "context of %d tokens", loaded.model_id, budget.bytes / MIB,
-                    "set" if configured else f"{DEFAULT_SHARE.get(loaded.device.type, 0.5):.0%} of free memory",
-                    f"{budget.tokens:,}" if budget.token_bytes else "any number of", budget.token_bytes / 1024,
-                    budget.concurrency(self.spec, loaded.max_model_len), loaded.max_model_len)
-        return budget
-
-    # --- the KV budget (kv/budget.py) -------------------------------------------
-    def kv_used(self) -> int:
-        """Bytes the model's cache holds now: the batch (every row as long as its longest), rows decoded alone,
-        the prefix cache (which gives way first: `make_room`)."""
-        solo = sum(self.spec.bytes_for(cached_tokens(seq)) for seq in self.solo_rows if seq.state is not None)
-        return self.batch.used_bytes() + solo + self._prefix_bytes()
-
-    def kv_projected(self, joining: list[int] = (), steps: int = 0, leaving: list[Sequence] = ()) -> int:
-        """Bytes the model's rows would hold with newcomers of `joining` tokens in, the `leaving` rows out, and
-        `steps` more decode steps: in the batch every row as long as its longest, rows decoded alone their own."""
-        budget = self.kv_budget
-        if self.spec.batchable and not leaving:  # every step's check: the batch's own lengths, no loop over rows
-            rows, longest = self.batch.rows + len(joining), max(self.batch.length, *joining, 0)
-            return rows * (budget.row_bytes + (longest + steps) * budget.token_bytes) if rows else 0
-        gone = {id(seq) for seq in leaving}
-        lengths = [cached_tokens(seq) for seq in self.rows if id(seq) not in gone] + list(joining)
-        if not lengths:
-            return 0
-        if self.spec.batchable:
-            return len(lengths) * (budget.row_bytes + (max(lengths) + steps) * budget.token_bytes)
-        return sum(budget.row_bytes + (length + steps) * budget.token_bytes for length in lengths)
-
-    def make_room(self, rows_bytes: int | None = None) -> bool:
-        """Whether rows holding `rows_bytes` (default: the running rows, HEADROOM_TOKENS steps on) fit the budget
-        beside the prefix cache, whose least recently used entries give way for them where that helps."""
-        rows_bytes = self.kv_projected(steps=HEADROOM_TOKENS) if rows_bytes is None else rows_bytes
-        over = rows_bytes + self._prefix_bytes() - self.kv_budget.bytes
-        if over > 0 and self.prefix_cache is not None:
-            self.prefix_cache.evict_to(max(0, self.prefix_cache.bytes - over))
-        return rows_bytes + self._prefix_bytes() <= self.kv_budget.bytes
-
-    def _prefix_bytes(self) -> int:
-        return self.prefix_cache.bytes if self.prefix_cache is not None else 0
-
-    def preemptible(self, seq: Sequence) -> bool:
-        """Whether the row may be preempted by recompute: its tokens alone rebuild its cache (not a media
-        prompt's, nor with drafts or M-RoPE offsets kept beside it, nor on ranks that mirror this one)."""
-        return (self.remembers_answers and self.proposer is None and not self.rope_offsets
-                and not self.spec.recomputes and seq.media_inputs is None)
-
-    def preempt(self, sequences: list[Sequence]) -> None:
-        """Drop these rows and their keys/values to free the budget (vLLM's recompute preemption): each
-        prefills again later, its prompt and every token it drew (`Sequence.prefill_ids`), and decodes on."""
-        leaving = {id(seq) for seq in sequences}
-        rows = [i for i, seq in enumerate(self.batch_rows) if id(seq) in leaving]
-        if rows:
-            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(rows)]
-        self.solo_rows = [seq for seq in self.solo_rows if id(seq) not in leaving]
-        self._view = None
-        for seq in sequences:
-            seq.state, seq.prefilled, seq.checkpoint_at, seq.recomputes = None, 0, 0, True
 
     def _forward(self, rows: list[Sequence], **inputs):
         """The model's forward over `rows`, adding each row's LoRA adapter's term where a row has one
@@ -216,50 +139,6 @@ class ModelRunner:
         return self._view
 
     # --- prefill -----------------------------------------------------------
-    def attach_prefix(self, seq: Sequence) -> int | None:
-        """Before its prefill: start the sequence from the cached keys/values of its prompt's longest
-        cached start; returns how many tokens that saves (None: not looked up, as when every position must be scored)."""
-        if (self.prefix_cache is None or seq.state is not None or seq.wants_prompt_logprobs
-                or not self._caches_prefix_of(seq)):
-            return None
-        may_end = may_end_at(seq.media_inputs) if seq.media_inputs is not None else None
-        stepwise = self.spec.has(STATE) and not self.spec.continues_chunks
-        ids = seq.prefill_ids
-        hit = self.prefix_cache.lookup(ids, prefix_root(seq), may_end, STEPWISE_REST if stepwise else 0)
-        seq.state, seq.prefilled = hit.cache, hit.tokens
-        if not seq.recomputes:
-            seq.cached_prompt_tokens = seq.prefilled
-        rest = len(ids) - hit.shared
-        # A recurrent model's blocks run past its checkpoints: plant one where this prompt parts from the cached
-        # one (no forward of its own, but the stepwise rest a model that restarts on a multi-token one needs).
-        if hit.tokens < hit.shared and rest > 0 and (not stepwise or hit.tokens or rest <= STEPWISE_REST):
-            seq.checkpoint_at = hit.shared
-        return seq.prefilled
-
-    def remember_prefix(self, seq: Sequence) -> None:
-        """Right after its prefill (the cache holds exactly the prompt): keep it for later prompts."""
-        if self.prefix_cache is not None and seq.state is not None and self._caches_prefix_of(seq):
-            self._remember(seq.prefill_ids, seq.state, seq)
-
-    def _remember(self, ids: list[int], cache, seq: Sequence, tokens: int | None = None) -> None:
-        """Into the prefix cache, within what the running rows leave of the KV budget."""
-        self.prefix_cache.remember(ids, cache, prefix_root(seq), tokens)
-        self.make_room()
-
-    def _remember_answer(self, row: int) -> None:
-        """A finished row's prompt and answer (every token its cache holds) for the prefix cache: the next turn of
-        a conversation starts past the answer (a recurrent model: from a checkpoint where the row ended)."""
-        seq = self.batch_rows[row]
-        if len(seq.completion_ids) < 2 or not self._caches_prefix_of(seq) or seq.media_inputs is not None:
-            return
-        held = seq.prompt_ids + seq.completion_ids[:-1]  # the last token drawn was never fed
-        self._remember(held, self.batch.row_contents(row), seq)
-
-    def _caches_prefix_of(self, seq: Sequence) -> bool:
-        """Text prompts, and media prompts of attention models whose positions the engine passes
-        (execution/media_rows.py)."""
-        return seq.media_inputs is None or (self.rope_offsets and not self.spec.has(STATE))
-
     def chunk_for(self, seq: Sequence, budget: int) -> int:
         """How many more prompt tokens a prefill of this sequence takes within `budget`: media features need
         their placeholder tokens in the same forward, and recurrent layers that restart on a multi-token
@@ -295,18 +174,6 @@ class ModelRunner:
         if done and self.rope_offsets:
             seq.rope_table = None  # the offset is all its later tokens need
         return take, output.logits[0, -1] if done else None
-
-    def _pieces(self, seq: Sequence, end: int) -> list[tuple[int, int]]:
-        """The forwards that prefill prompt tokens [prefilled, end): one, or two where a checkpoint is to be
-        planted inside; a model whose recurrent layers restart on a multi-token forward takes a fresh prompt's
-        start in one and continues a cached state one token at a time (its prefix hits leave short rests)."""
-        start = seq.prefilled
-        target = seq.checkpoint_at if start < seq.checkpoint_at < end else 0
-        if self.spec.continues_chunks:
-            return [(start, target), (target, end)] if target else [(start, end)]
-        if start > 0:
-            return [(token, token + 1) for token in range(start, end)]
-        return [(0, target or end)] + [(token, token + 1) for token in range(target or end, end)]
 
     def _prefill_forward(self, seq: Sequence, ids: list[int], start: int, stop: int, last: bool):
         """One forward over tokens [start, stop) of what the sequence prefills (`ids`) on its own cache."""
@@ -457,10 +324,8 @@ class ModelRunner:
 
     def drop_finished(self) -> None:
         dead = [i for i, seq in enumerate(self.batch_rows) if seq.finished]
-        if dead and self.prefix_cache is not None and self.remembers_answers and not self.spec.has(SLIDING):
-            for row in dead:
-                self._remember_answer(row)
         if dead:
+            self._remember_answers(dead)
             self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(dead)]
             self._view = None
         if self.solo_rows and any(seq.finished for seq in self.solo_rows):
@@ -545,12 +410,6 @@ class ModelRunner:
         if not logits:
             return rows, None
         return rows, logits[0] if len(logits) == 1 else torch.cat(logits)
-
-
-def cached_tokens(seq: Sequence) -> int:
-    """Tokens a prefilled sequence's cache holds: its prompt and every sampled token but the last (the
-    next decode step feeds that one)."""
-    return len(seq.prompt_ids) + max(0, len(seq.completion_ids) - 1)
 
 
 def sample_batch(batch: InputBatch, logits: torch.Tensor) -> StepOutput:
