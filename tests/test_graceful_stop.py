@@ -21,10 +21,11 @@ def assert_clean_stop(status: int, ends, log: str, expect_error: bool) -> None:
     assert "terminate called" not in log
     assert all(end.ended_well for end in ends), [end.broken for end in ends]
     assert all(end.chunks > 0 for end in ends)
-    if expect_error:  # past the grace: ended by the server, in OpenAI's shape (all but streams done before it)
-        assert any(not end.before_signal for end in ends)
+    if expect_error:  # past the grace: ended by the server, in OpenAI's shape (but streams done before it ended:
+        # under -n 2 load the first streams run far ahead of the last one's first token, and finish in the grace)
+        assert any(end.errors for end in ends), "the grace cut no stream short"
         assert all(end.before_signal or (end.errors and end.errors[-1]["code"] == "server_shutting_down")
-                   for end in ends), [end.errors for end in ends]
+                   or (end.done and not end.errors) for end in ends), [end.errors for end in ends]
     else:  # within the grace: every stream ran to its end
         assert not any(end.errors for end in ends), [end.errors for end in ends]
 

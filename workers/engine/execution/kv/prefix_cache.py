@@ -6,18 +6,21 @@ keys/values are kept in blocks of `BLOCK_TOKENS` tokens, each block keyed by its
 tokens and its parent block (so a block stands for the whole prefix up to its
 end); a new prompt looks up its blocks in order and prefills only what follows
 the longest run it finds. Entries are checked token for token, never trusted on a
-hash alone. Entries are evicted least recently used first to stay within the byte
-budget; a lookup touches a run from its end back to its start, so a prefix's
-first blocks are the last to go. Output is the same with or without a hit: the
-cached keys/values are those the same tokens at the same positions produce.
+hash alone. The blocks one prefill (or one finished row: its prompt and answer) adds
+are kept as one *span*, one copy per layer, and evicted together, least recently used
+first, to stay within the byte budget (a span's removal takes the spans and
+checkpoints after it: no lookup could reach them). A lookup touches a run's spans from
+its end back to its start, so a prefix's first blocks are the last to go. Output is
+the same with or without a hit: the cached keys/values are those the same tokens at
+the same positions produce.
 
 Recurrent layers (Mamba, linear attention) keep one state per row, not one entry per
 token, so a block cannot hold a piece of it: their prefixes are reused from
 *checkpoints*, a copy of every recurrent state at one position (vLLM's "align" mode,
 SGLang's MambaRadixCache), hung on the block run it ends (with the keys/values of the
 at most `BLOCK_TOKENS - 1` tokens after that run, for a checkpoint between block
-boundaries). The runner plants them at a prompt's end (a later turn of the
-conversation starts there) and where a prompt parts from every cached one (the end of
+boundaries). The runner plants them at a prompt's end and a finished row's (a later
+turn of the conversation starts there) and where a prompt parts from every cached one (the end of
 a shared prefix, found by a lookup whose blocks run further than any checkpoint: that
 prompt's prefill stops there once, one forward more, and later prompts with that
 prefix start from it).
@@ -58,7 +61,7 @@ class Span:
 @dataclass
 class Checkpoint:
     """Every recurrent layer's state after a block run and `tail` tokens more (the tail's keys/values with it)."""
-    parent: int | str | None  # key of the run's last block (or its root: a checkpoint inside the first block)
+    parent: int | str | None  # key of the run's last block (a checkpoint follows one block at least)
     tail: tuple[int, ...]
     layers: list[RowLayer]  # per layer: the tail's (keys, values), the RowState, or None
     size: int
@@ -114,7 +117,7 @@ class PrefixCache:
         found = self.blocks.get(key)
         return found is not None and found[0].block_parent(found[1]) == parent and found[0].block_tokens(found[1]) == tokens
 
-    def _checkpoint_after(self, prompt_ids: list[int], keys: list[int], root: str | None, limit: int,
+    def _checkpoint_after(self, prompt_ids: list[int], keys: list[int], limit: int,
                           may_end: Callable[[int], bool]) -> tuple[int, tuple] | None:
         """The longest checkpoint the prompt starts with, ending before its last token (`limit` tokens at most,
         and where `may_end` allows): (blocks of its run, its key)."""
@@ -151,7 +154,7 @@ class PrefixCache:
         self.lookup_tokens += len(prompt_ids)
         if self.checkpoints_only:
             shared = self._parting(prompt_ids, self._run(prompt_ids, len(prompt_ids) // BLOCK_TOKENS, root), root)
-            found = self._checkpoint_after(prompt_ids, keys, root, len(prompt_ids) - 1, may_end)
+            found = self._checkpoint_after(prompt_ids, keys, len(prompt_ids) - 1, may_end)
             if found is not None and least and len(prompt_ids) - found[0] * BLOCK_TOKENS - len(found[1][1]) > least:
                 found = None
             if found is None:
