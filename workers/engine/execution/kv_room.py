@@ -25,8 +25,9 @@ class KVRoom:
         budget = kv_budget(self.spec, self.loaded.device, configured)
         loaded, longest = self.loaded, budget.longest(self.spec)
         if longest < MIN_CONTEXT:
+            size = f"{budget.bytes / MIB:.1f} MiB" if budget.bytes >= MIB else f"{budget.bytes:,} bytes"
             raise ModelLoadError(f"The model `{loaded.model_id}` cannot be served: its KV cache budget of "
-                                 f"{budget.bytes / MIB:.1f} MiB holds {longest} tokens of a sequence (at least "
+                                 f"{size} holds {longest} tokens of a sequence (at least "
                                  f"{MIN_CONTEXT} needed); raise --kv-cache-memory (INFERENCE_KV_CACHE_MEMORY).")
         if longest < loaded.max_model_len:
             logger.warning("%s: its context of %d tokens is capped to %d, what its KV cache budget holds",
