@@ -12,6 +12,7 @@ from django.db import models
 from protocol import MODEL_SAMPLING_KEYS
 from protocol.output_formats import canonical
 from protocol.gguf import choose_gguf_file
+from protocol.sizes import parse_bytes
 from protocol.load_options import ATTN_IMPLEMENTATIONS, QUANTIZATIONS, check_attn_implementation
 from protocol.speculative import OFF, parse_speculative_config
 
@@ -87,6 +88,11 @@ class CachedModel(models.Model):
     tensor_parallel_size = models.PositiveSmallIntegerField(
         default=0, help_text="split the model over N devices (N GPUs over NCCL, or N CPU processes over gloo; vLLM's "
                              "--tensor-parallel-size); 0: the server default (--tensor-parallel-size, else 1)")
+    kv_cache_memory = models.CharField(
+        max_length=32, blank=True,
+        help_text="this model's KV cache budget: 8G, 8GiB, 512MB or bytes (vLLM's --kv-cache-memory-bytes, for this "
+                  "model alone; from its next load); its context is capped to what it holds; empty: the server's "
+                  "(--kv-cache-memory, --gpu-memory-utilization, else a share of free memory)")
 
     class Meta:
         ordering = ["repo_id"]
@@ -119,6 +125,13 @@ class CachedModel(models.Model):
                 parse_speculative_config(self.speculative_config)
             except ValueError as exc:
                 raise ValidationError({"speculative_config": str(exc)}) from None
+        if self.kv_cache_memory.strip():
+            try:
+                self.kv_cache_memory = str(self.kv_cache_memory).strip()
+                if parse_bytes(self.kv_cache_memory) <= 0:
+                    raise ValueError("must be more than 0 bytes")
+            except ValueError as exc:
+                raise ValidationError({"kv_cache_memory": f"{exc} (e.g. 8G, 8GiB, 512MB, 1073741824)."}) from None
         defaults = self.generation_defaults
         if not isinstance(defaults, dict):
             raise ValidationError({"generation_defaults": 'A JSON object, e.g. {"temperature": 0.7}.'})
@@ -171,6 +184,8 @@ class ModelLoad(models.Model):
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="loads")
     status = models.CharField(max_length=16, choices=Status.choices)
     memory_mb = models.FloatField(default=0.0)
+    max_model_len = models.IntegerField(null=True, blank=True,
+                                        help_text="the context it serves here (its KV cache budget may cap the model's)")
     error = models.TextField(blank=True)
     loaded_at = models.DateTimeField(null=True, blank=True)
     last_used = models.DateTimeField(null=True, blank=True)

@@ -71,7 +71,7 @@ def model_settings_map() -> dict[str, dict]:
     never unloaded (and whether its code may run), whatever its row says."""
     fields = ("repo_id", "enabled", "idle_timeout", "preload", "dtype", "device", "chat_template", "generation_defaults",
               "quantization", "trust_remote_code", "attn_implementation", "tool_parser", "reasoning_parser", "gguf_file",
-              "speculative_config", "tensor_parallel_size")
+              "speculative_config", "tensor_parallel_size", "kv_cache_memory")
     by_model = {row["repo_id"]: {k: v for k, v in row.items() if k != "repo_id"}
                 for row in CachedModel.objects.filter(gone=False).values(*fields)}
     config = settings.INFERENCE.models
@@ -108,8 +108,8 @@ STATUS_ORDER = {ModelLoad.Status.LOADED: 3, ModelLoad.Status.LOADING: 2, ModelLo
 
 def load_states(loads=None) -> dict[str, dict]:
     """{repo_id: {"status": loaded|degraded|loading|error, "loaded_on": [worker], "last_used", "memory_mb",
-    "health"}} on live workers (`memory_mb`: what one loaded copy holds, quantized weights as packed; None while
-    loaded nowhere). A loaded model failing most of its recent requests on some worker is *degraded*, its
+    "max_model_len", "health"}} on live workers (`memory_mb`: what one loaded copy holds, quantized weights as
+    packed; `max_model_len`: the shortest context a loaded copy serves; both None while loaded nowhere). A loaded model failing most of its recent requests on some worker is *degraded*, its
     `health` {"degraded_on": [worker], "failed", "of", "last_error"} (else None)."""
     states: dict[str, dict] = {}
     alive = [w.pk for w in live_workers()]
@@ -117,12 +117,15 @@ def load_states(loads=None) -> dict[str, dict]:
             .select_related("model", "worker"))
     for row in rows:
         state = states.setdefault(row.model.repo_id, {"status": row.status, "loaded_on": [], "last_used": None,
-                                                      "error": "", "memory_mb": None, "health": None})
+                                                      "error": "", "memory_mb": None, "max_model_len": None,
+                                                      "health": None})
         if STATUS_ORDER.get(row.status, 0) > STATUS_ORDER.get(state["status"], 0):
             state["status"] = row.status
         if row.status == ModelLoad.Status.LOADED:
             state["loaded_on"].append(row.worker.name)
             state["memory_mb"] = max(state["memory_mb"] or 0.0, row.memory_mb)
+            if row.max_model_len:
+                state["max_model_len"] = min(state["max_model_len"] or row.max_model_len, row.max_model_len)
         if row.status == ModelLoad.Status.ERROR:
             state["error"] = row.error
         if row.status == ModelLoad.Status.LOADED and row.degraded:

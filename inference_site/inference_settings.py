@@ -395,6 +395,15 @@ def speculative_config(env: Env) -> SpeculativeConfig | None:
         raise SettingError(f"INFERENCE_SPECULATIVE_CONFIG={text!r}: {exc}") from None
 
 
+def gpu_memory_utilization(env: Env) -> float | None:
+    """INFERENCE_GPU_MEMORY_UTILIZATION: vLLM's share of the device's memory, over (0, 1]; unset: none."""
+    value = env.number("INFERENCE_GPU_MEMORY_UTILIZATION", 0.0)
+    if not 0.0 <= value <= 1.0:
+        raise SettingError(f"INFERENCE_GPU_MEMORY_UTILIZATION={value:g}: a share of the device's memory, over 0 to 1 "
+                           "(e.g. 0.9)")
+    return value or None
+
+
 def engine_config(env: Env) -> EngineConfig:
     """The engine's settings (worker side); 0 or -1 leave a choice to the device (`EngineConfig.fitted`)."""
     memory_budget_mb = env.number("INFERENCE_WORKER_MEMORY_BUDGET_MB", 0.0)  # 0: no budget
@@ -421,6 +430,7 @@ def engine_config(env: Env) -> EngineConfig:
         grammar_timeout=env.number("INFERENCE_GRAMMAR_TIMEOUT", 10.0),
         grammar_cache_size=env.integer("INFERENCE_GRAMMAR_CACHE_SIZE", 64),
         kv_cache_bytes=kv_cache or None,  # None: each model's device share of free memory (kv/budget.py)
+        gpu_memory_utilization=gpu_memory_utilization(env),
         prefix_cache_bytes=int(env.number("INFERENCE_PREFIX_CACHE_MB", 512.0) * MIB),
         max_faults=env.integer("INFERENCE_ENGINE_MAX_FAULTS", 5),
         stall_seconds=env.number("INFERENCE_ENGINE_STALL_SECONDS", 60.0),

@@ -42,7 +42,9 @@ def model_object(model: CacheEntry, state: dict, snapshots: dict[str, Path]) -> 
         "parsers": state.get("parsers") or None,  # how chat answers are split (protocol.output_formats)
         "root": model.repo_id,  # vLLM's: the model a name serves (aliases and adapters point to theirs)
         "parent": model.parent,  # a LoRA adapter's base model
-        "max_model_len": served_context_length(model.context_length or config_max_model_len(context_from)),  # an adapter's is its base's
+        # what a loaded copy serves (its KV cache budget may cap it), else what its files say; an adapter's is its base's
+        "max_model_len": state.get("max_model_len")
+                         or served_context_length(model.context_length or config_max_model_len(context_from)),
         **({"gguf_files": [{"file": name, "quantization": quantization} for name, quantization in model.gguf_files]}
            if model.gguf_files else {}),  # a GGUF model's files (protocol/gguf.py)
     }

@@ -39,6 +39,7 @@ class ModelSettings(TypedDict):
     gguf_file: NotRequired[str]  # a GGUF model's file (protocol/gguf.py); "": its default one
     speculative_config: NotRequired[str]  # protocol/speculative.py: vLLM's JSON, "off", or "": the server's
     tensor_parallel_size: NotRequired[int]  # ranks the model is split over; 0: the worker's default
+    kv_cache_memory: NotRequired[str]  # its KV cache budget (protocol/sizes.py: 8G, bytes); "": the worker's
 
 
 class ControlMessage(TypedDict):
@@ -89,6 +90,7 @@ class ModelChange(TypedDict):
     duration_s: NotRequired[float]
     error: NotRequired[str]
     memory_bytes: NotRequired[int]
+    max_model_len: NotRequired[int]  # the context it serves there (its KV cache budget may cap the model's own)
 
 
 class ModelHealthChange(TypedDict):

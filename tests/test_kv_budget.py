@@ -10,6 +10,7 @@ dropped, prefilled again later: the prompt and every token drawn), every answer 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from .helpers.scheduler_harness import Harness
 
@@ -66,12 +67,13 @@ def test_a_context_longer_than_the_budget_holds_is_capped_and_a_longer_request_i
 
     per_token = token_bytes(budget_cache, "llama")
     harness = Harness(budget_cache, "llama", kv_cache_bytes=per_token * 100)
-    assert harness.loaded.max_model_len == 100 and harness.loaded.context_capped_by_kv
+    assert harness.loaded.max_model_len == 100
+    assert harness.loaded.context_capped_by == "the server's --kv-cache-memory"
     ids = harness.reference.encode("one two three four five six seven eight")
     with pytest.raises(JobError) as raised:
         harness.sequence(ids, 100)
     assert raised.value.status == 400 and "maximum context length is 100 tokens" in str(raised.value)
-    assert "KV cache budget" in str(raised.value)
+    assert "all its KV cache budget holds: the server's --kv-cache-memory" in str(raised.value)
 
 
 def test_a_budget_too_small_for_any_context_fails_the_load_saying_so(budget_cache):
@@ -79,6 +81,31 @@ def test_a_budget_too_small_for_any_context_fails_the_load_saying_so(budget_cach
 
     with pytest.raises(ModelLoadError, match="KV cache budget of .* holds 10 tokens"):
         Harness(budget_cache, "llama", kv_cache_bytes=token_bytes(budget_cache, "llama") * 10)
+
+
+def test_the_models_own_budget_wins_then_the_servers_then_gpu_memory_utilization(budget_cache):
+    """vLLM's --gpu-memory-utilization: the share of the device's whole memory the server may use, what is in
+    use already counted against it (on a CPU the machine's memory); --kv-cache-memory wins over it, and a
+    model's own kv_cache_memory over both."""
+    from workers.engine.errors import ModelLoadError
+    from workers.engine.execution.kv.budget import KVBudgetSetting, budget_bytes, device_memory
+
+    cpu = torch.device("cpu")
+    free, total = device_memory(cpu)
+    assert 0 < free <= total
+    assert budget_bytes(KVBudgetSetting(model_bytes=5, server_bytes=7, utilization=0.9), cpu) == (
+        5, "this model's kv_cache_memory")
+    assert budget_bytes(KVBudgetSetting(server_bytes=7, utilization=0.9), cpu) == (7, "the server's --kv-cache-memory")
+    whole, source = budget_bytes(KVBudgetSetting(utilization=1.0), cpu)
+    assert source == "the server's --gpu-memory-utilization 1"
+    assert abs(whole - device_memory(cpu)[0]) < total // 20  # all of it: what is free now
+    half, _ = budget_bytes(KVBudgetSetting(utilization=0.5), cpu)
+    assert abs((whole - half) - total // 2) < total // 20
+    per_token = token_bytes(budget_cache, "llama")
+    capped = Harness(budget_cache, "llama", kv_budget=KVBudgetSetting(model_bytes=per_token * 90, server_bytes=10**9))
+    assert capped.loaded.max_model_len == 90 and capped.loaded.context_capped_by == "this model's kv_cache_memory"
+    with pytest.raises(ModelLoadError, match="KV cache budget of 0 bytes .*--gpu-memory-utilization 1e-09"):
+        Harness(budget_cache, "llama", kv_budget=KVBudgetSetting(utilization=1e-9))
 
 
 def test_the_setting_takes_bytes_with_vllms_suffixes():
@@ -94,12 +121,32 @@ def test_the_setting_takes_bytes_with_vllms_suffixes():
     assert engine({}).kv_cache_bytes is None
     with pytest.raises(ValueError, match="INFERENCE_KV_CACHE_MEMORY"):
         engine({"INFERENCE_KV_CACHE_MEMORY": "lots"})
+    assert engine({"INFERENCE_GPU_MEMORY_UTILIZATION": "0.9"}).gpu_memory_utilization == 0.9
+    assert engine({}).gpu_memory_utilization is None
+    with pytest.raises(ValueError, match="INFERENCE_GPU_MEMORY_UTILIZATION=1.5: a share"):
+        engine({"INFERENCE_GPU_MEMORY_UTILIZATION": "1.5"})
+
+
+def test_a_models_kv_cache_memory_is_checked_when_saved(db):
+    from django.core.exceptions import ValidationError
+
+    from catalog.models import CachedModel
+
+    row = CachedModel(repo_id="local/sized", kv_cache_memory=" 512MiB ")
+    row.full_clean()
+    assert row.kv_cache_memory == "512MiB"
+    for bad in ("lots", "0", "-5G"):
+        row.kv_cache_memory = bad
+        with pytest.raises(ValidationError, match="kv_cache_memory"):
+            row.full_clean()
 
 
 def test_through_the_server_a_request_larger_than_the_budget_is_a_400_saying_what_fits(hf_cache, reference, tmp_path):
-    """`serve --kv-cache-memory` (vLLM's flag) holding 100 tokens of the tiny model: a request for more is an
-    OpenAI-shaped 400 context_length_exceeded naming the 100 tokens and the budget; a request that fits is
-    answered as `generate` answers it; /metrics shows the budget's use and the preemptions counter."""
+    """`serve --kv-cache-memory` (vLLM's flag) holding 100 tokens of the tiny model, and the config file's
+    `kv_cache_memory` for the model itself holding 120, which wins: a request for more is an OpenAI-shaped 400
+    context_length_exceeded naming the 120 tokens and the model's setting; /v1/models says the 120 once the
+    model is loaded; a request that fits is answered as `generate` answers it; /metrics shows the budget's use
+    and the preemptions counter."""
     import httpx
     import openai
 
@@ -108,15 +155,19 @@ def test_through_the_server_a_request_larger_than_the_budget_is_a_400_saying_wha
 
     config = reference.model.config
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
-    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, extra_args=("--kv-cache-memory", str(100 * per_token)))
+    (tmp_path / "server.yaml").write_text(f"models:\n  - name: {TINY_MODEL}\n    kv-cache-memory: {120 * per_token}\n")
+    server = LiveServer(base_env(hf_cache, tmp_path), tmp_path, extra_args=(
+        "--kv-cache-memory", str(100 * per_token), "--config", str(tmp_path / "server.yaml")))
     try:
         client, _ = clients(server)
         ids = reference.encode("The lighthouse keeper wrote in his log")
         with pytest.raises(openai.BadRequestError) as raised:
-            client.completions.create(model=TINY_MODEL, prompt=[ids], max_tokens=100, temperature=0)
+            client.completions.create(model=TINY_MODEL, prompt=[ids], max_tokens=120, temperature=0)
         error = raised.value.body
         assert raised.value.status_code == 400 and error["code"] == "context_length_exceeded", error
-        assert "maximum context length is 100 tokens" in error["message"] and "KV cache budget" in error["message"]
+        assert "maximum context length is 120 tokens (all its KV cache budget holds: this model's kv_cache_memory)" \
+            in error["message"], error
+        assert client.models.retrieve(TINY_MODEL).model_extra["max_model_len"] == 120  # loaded: what it serves
         fits = client.completions.create(model=TINY_MODEL, prompt=[ids], max_tokens=20, temperature=0,
                                          extra_body={"ignore_eos": True, "return_token_ids": True})
         assert fits.choices[0].model_extra["token_ids"] == reference.greedy(ids, 20, min_new_tokens=20)

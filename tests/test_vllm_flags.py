@@ -72,19 +72,23 @@ def test_the_flags_are_in_help_and_a_wrong_one_is_refused_before_start():
                             text=True, timeout=120).stdout
     for flag in ("--api-key", "--served-model-name", "--max-model-len", "--seed", "--allowed-origins",
                  "--max-num-seqs", "--revision", "--tokenizer", "--generation-config", "--tool-call-parser",
-                 "--reasoning-parser", "--tensor-parallel-size"):
+                 "--reasoning-parser", "--tensor-parallel-size", "--kv-cache-memory-bytes", "--gpu-memory-utilization"):
         assert flag in helped, flag
     refused = subprocess.run([sys.executable, "manage.py", "serve", "--tool-call-parser", "hermes"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "pinned model" in refused.stderr
     worker_help = subprocess.run([sys.executable, "manage.py", "run_worker", "--help"], cwd=ROOT,
                                  capture_output=True, text=True, timeout=120).stdout
-    for flag in ("--max-model-len", "--seed", "--max-num-seqs", "--generation-config", "--tensor-parallel-size"):
+    for flag in ("--max-model-len", "--seed", "--max-num-seqs", "--generation-config", "--tensor-parallel-size",
+                 "--kv-cache-memory", "--gpu-memory-utilization"):
         assert flag in worker_help, flag
-    for wrong in ("0", "two"):
-        refused = subprocess.run([sys.executable, "manage.py", "run_worker", "--tensor-parallel-size", wrong], cwd=ROOT,
+    for flag, wrong, said in (("--tensor-parallel-size", "0", "is not a whole number of at least 1"),
+                              ("--tensor-parallel-size", "two", "is not a whole number of at least 1"),
+                              ("--gpu-memory-utilization", "1.5", "is not a share of the device's memory"),
+                              ("--gpu-memory-utilization", "most", "is not a share of the device's memory")):
+        refused = subprocess.run([sys.executable, "manage.py", "run_worker", flag, wrong], cwd=ROOT,
                                  capture_output=True, text=True, timeout=120)
-        assert refused.returncode != 0 and "is not a whole number of at least 1" in refused.stderr
+        assert refused.returncode != 0 and said in refused.stderr, (flag, wrong)
 
 
 def test_version_is_this_projects():

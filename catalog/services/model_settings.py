@@ -30,7 +30,8 @@ def configure_models(entries: list[dict]) -> list[str]:
     Each entry: {"name", "preload"?, "dtype"?, "device"?, "chat_template"? (template text),
     "stop"?, "generation_defaults"?, "idle_timeout"?, "aliases"?, "tool_parser"?, "reasoning_parser"?,
     "quantization"?, "trust_remote_code"?, "attn_implementation"?, "gguf_file"?, "speculative_config"? (vLLM's JSON,
-    as text or an object), "tensor_parallel_size"?}; a model not in the cache is ModelNotFound.
+    as text or an object), "tensor_parallel_size"?, "kv_cache_memory"? (8G or bytes)}; a model not in the cache
+    is ModelNotFound.
     """
     configured = []
     for entry in entries:
@@ -40,10 +41,12 @@ def configure_models(entries: list[dict]) -> list[str]:
             raise ModelNotFound(entry["name"])
         for key in ("preload", "dtype", "device", "chat_template", "idle_timeout", "aliases", "tool_parser",
                     "reasoning_parser", "quantization", "trust_remote_code", "attn_implementation", "gguf_file",
-                    "speculative_config", "tensor_parallel_size"):
+                    "speculative_config", "tensor_parallel_size", "kv_cache_memory"):
             if key in entry:
                 value = entry[key]
-                setattr(row, key, json.dumps(value) if key == "speculative_config" and isinstance(value, dict) else value)
+                if key == "speculative_config" and isinstance(value, dict):
+                    value = json.dumps(value)
+                setattr(row, key, str(value) if key == "kv_cache_memory" else value)
         if "generation_defaults" in entry or "stop" in entry:
             stop = {"stop": entry["stop"]} if entry.get("stop") else {}
             row.generation_defaults = {**(entry.get("generation_defaults") or {}), **stop}

@@ -49,7 +49,8 @@ def _catalog_row(model_name: str) -> CachedModel:
 
 def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: int | None = None,
               health: dict[str, dict] | None = None) -> None:
-    """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used"}}), whose recent
+    """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used", "max_model_len"?}}),
+    whose recent
     requests went as `health` says ({name@rev: {"degraded", "failed", "of", "last_error"}}; none: all well)."""
     health = health or {}
     worker, _ = Worker.objects.get_or_create(name=name)  # a row lost with a reset database comes back
@@ -65,7 +66,7 @@ def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: 
         row = _catalog_row(model_name)
         held.add(row.pk)
         ModelLoad.objects.update_or_create(model=row, worker=worker, defaults=dict(
-            status=ModelLoad.Status.LOADED, memory_mb=info["memory_bytes"] / MIB,
+            status=ModelLoad.Status.LOADED, memory_mb=info["memory_bytes"] / MIB, max_model_len=info.get("max_model_len"),
             last_used=datetime.fromtimestamp(info["last_used"], tz=dt_timezone.utc),
             **_health_fields(health.get(model_name))))
     ModelLoad.objects.filter(worker=worker, status=ModelLoad.Status.LOADED).exclude(model_id__in=held).update(
@@ -111,7 +112,8 @@ def record_model_event(worker_name: str, event: protocol.ModelChange) -> None:
               protocol.MODEL_LOAD_FAILED: ModelLoad.Status.ERROR, protocol.MODEL_UNLOADED: ModelLoad.Status.UNLOADED}[kind]
     defaults: dict = {"status": status, "error": event.get("error") or "", **HEALTHY}  # loaded afresh, or gone
     if kind == protocol.MODEL_LOADED:
-        defaults.update(loaded_at=now, last_used=now, memory_mb=event.get("memory_bytes", 0) / MIB)
+        defaults.update(loaded_at=now, last_used=now, memory_mb=event.get("memory_bytes", 0) / MIB,
+                        max_model_len=event.get("max_model_len"))
     ModelLoad.objects.update_or_create(model=row, worker=worker, defaults=defaults)
     if kind != protocol.MODEL_LOADING:
         action = LoadEvent.Action.UNLOAD if kind == protocol.MODEL_UNLOADED else LoadEvent.Action.LOAD

@@ -26,13 +26,13 @@ MODEL_KEYS: dict[str, Any] = {
     "stop": list, "generation_defaults": GENERATION_KEYS, "idle_timeout": int, "aliases": list,
     "tool_parser": str, "reasoning_parser": str,
     "quantization": str, "trust_remote_code": bool, "attn_implementation": str, "gguf_file": str,
-    "speculative_config": (str, dict), "tensor_parallel_size": int,
+    "speculative_config": (str, dict), "tensor_parallel_size": int, "kv_cache_memory": (str, int),
 }
 SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "auth": bool, "device": str, "dtype": str, "chat_template": str,
     "chat_template_kwargs": dict, "reasoning": str, "model_timeout": NUMBER, "log_level": str,
     "model": str, "from_checkpoint": (bool, str), "trust_remote_code": bool, "quantization": str,
-    "attn_implementation": str,
+    "attn_implementation": str, "kv_cache_memory": (str, int), "gpu_memory_utilization": NUMBER,
     "enable_cors": bool, "cors_allow_origins": list, "auth_token_file": str, "default_seed": int, "stop_sequences": list, "ignore_eos": bool,
     "pass_message_extras": bool,
     "batching": {"max_num_seqs": int, "max_queue": int, "prefill_chunk": int, "prefill_share": NUMBER},

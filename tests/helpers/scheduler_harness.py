@@ -17,6 +17,7 @@ class Harness:
         from workers.engine.config import EngineConfig
         from workers.engine.core.metrics import EngineMetrics
         from workers.engine.core.scheduler import Scheduler
+        from workers.engine.execution.kv.budget import KVBudgetSetting
         from workers.engine.execution.runner import ModelRunner, RunnerSettings
         from workers.engine.models.model_loader import load_model
 
@@ -27,6 +28,8 @@ class Harness:
             patch.setattr(constants, "HF_HUB_CACHE", str(cache))
             self.loaded = load_model(protocol.ModelRef.parse(self.model), device="cpu", dtype="float32")
         self.reference = Reference(cache, self.model)
+        if "kv_cache_bytes" in settings:  # the server's --kv-cache-memory
+            settings["kv_budget"] = KVBudgetSetting(server_bytes=settings.pop("kv_cache_bytes"))
         self.runner = ModelRunner(self.loaded, RunnerSettings(**{"prefill_chunk": 256, "max_rows": 8,
                                                                  "prefix_cache_bytes": 64 * 1024 * 1024, **settings}))
         self.scheduler = Scheduler({self.model: self.runner}, EngineMetrics(),

@@ -54,6 +54,7 @@ class EngineConfig:
     grammar_timeout: float = 10.0  # seconds a structured-output grammar may take to compile
     grammar_cache_size: int = 64  # compiled grammars kept (LRU)
     kv_cache_bytes: int | None = None  # each model's KV cache budget (execution/kv/budget.py); None: a share of free memory
+    gpu_memory_utilization: float | None = None  # vLLM's: the budget is what this share of the device leaves
     prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
     max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/core/supervision.py)
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health

@@ -16,7 +16,8 @@ from protocol.sizes import parse_bytes
 # (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
                         ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"),
-                        ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"), ("kv_cache_memory", "KV_CACHE_MEMORY"))
+                        ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"), ("kv_cache_memory", "KV_CACHE_MEMORY"),
+                        ("gpu_memory_utilization", "GPU_MEMORY_UTILIZATION"))
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 SIZE_UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
 
@@ -62,6 +63,17 @@ def speculative_config(text: str) -> str:
     return text
 
 
+def memory_share(text: str) -> float:
+    """vLLM's --gpu-memory-utilization: a share of the device's memory, over 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share of the device's memory over 0 to 1 (e.g. 0.9)")
+    return value
+
+
 def positive(text: str) -> int:
     """A whole number of at least 1."""
     if not text.isdigit() or int(text) < 1:
@@ -91,8 +103,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=memory_size, metavar="BYTES",
                        help="each model's KV cache budget (vLLM's --kv-cache-memory-bytes): 8G, 8GiB, 8589934592; "
                             "requests wait for room, rows are preempted and recomputed when decode outgrows it, and a "
-                            "model's context is capped to what it holds. Default: 80%% of the GPU's free memory after "
-                            "the model loads, 50%% of the machine's available memory on the CPU")
+                            "model's context is capped to what it holds. A model's own kv_cache_memory (admin, config "
+                            "file) wins. Default: 80%% of the GPU's free memory after the model loads, 50%% of the "
+                            "machine's available memory on the CPU")
+    group.add_argument("--gpu-memory-utilization", type=memory_share, metavar="SHARE",
+                       help="vLLM's: the share of the device's whole memory (0 to 1, e.g. 0.9) the server may use, "
+                            "weights and everything else in use included; each model's KV cache budget is what "
+                            "is left of it once the model has loaded (on a CPU, a share of the machine's memory). "
+                            "--kv-cache-memory wins where both are given")
     group.add_argument("--tensor-parallel-size", "-tp", type=positive, metavar="N",
                        help="split each model over N devices (vLLM's): N GPUs over NCCL, or N CPU processes over "
                             "gloo; the model needs transformers' tensor-parallel plan and heads that divide by N. "

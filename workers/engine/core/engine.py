@@ -37,6 +37,7 @@ from workers.engine.core.metrics import EngineMetrics
 from workers.engine.models.model_loader import LoadOptions, resolve_device, set_attention_backends
 from workers.engine.core.job_flow import JobFlow
 from workers.engine.core.model_manager import ModelManager
+from workers.engine.execution.kv.budget import KVBudgetSetting
 from workers.engine.execution.runner import RunnerSettings
 from workers.engine.core.scheduler import Scheduler
 from workers.engine.inputs.generation_job import GenerationJob
@@ -71,7 +72,9 @@ class Engine(JobFlow):
                                     _both_callbacks(EngineMetrics.model_loaded, on_model_event),
                                     RunnerSettings(config.prefill_chunk, config.prefix_cache_bytes, config.max_num_seqs,
                                                    config.static_decode == "on", config.cuda_graphs,
-                                                   config.speculative, config.kv_cache_bytes),
+                                                   config.speculative,
+                                                   KVBudgetSetting(server_bytes=config.kv_cache_bytes,
+                                                                   utilization=config.gpu_memory_utilization)),
                                     load_defaults=LoadOptions(config.quantization, False, config.attn_implementation,
                                                               max_model_len=config.max_model_len,
                                                               tensor_parallel_size=config.tensor_parallel_size,

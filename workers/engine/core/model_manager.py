@@ -22,6 +22,7 @@ from workers.engine.models.model_loader import LoadedModel, LoadOptions, Progres
 from workers.engine.output.parsing import OutputFormat, output_format
 from workers.engine.output.parsing.factory import model_type_of
 from protocol import ModelRef
+from protocol.sizes import parse_bytes
 from protocol.speculative import SpeculativeConfig, model_speculative_config
 from workers.engine.execution.runner import ModelRunner, RunnerSettings
 from workers.engine.parallel.loading import load_split, runner_for
@@ -111,13 +112,14 @@ class ModelManager:
 
     # --- read from any thread ----------------------------------------------
     def snapshot(self) -> dict[str, dict]:
-        """{name: {"memory_bytes", "last_used" (epoch seconds)}}, replaced whole on every change."""
+        """{name: {"memory_bytes", "last_used" (epoch seconds), "max_model_len" (the context it serves: its
+        KV cache budget may cap it)}}, replaced whole on every change."""
         return self._snapshot
 
     def _publish(self) -> None:
         offset = time.time() - time.monotonic()
-        self._snapshot = {name: {"memory_bytes": m.memory_bytes, "last_used": m.last_used + offset}
-                          for name, m in self.models.items()}
+        self._snapshot = {name: {"memory_bytes": m.memory_bytes, "last_used": m.last_used + offset,
+                                 "max_model_len": m.max_model_len} for name, m in self.models.items()}
 
     # --- settings --------------------------------------------------------------
     def _settings(self, repo_id: str) -> dict:
@@ -167,15 +169,24 @@ class ModelManager:
                            or self.load_defaults.tensor_parallel_size)
 
     def runner_settings_for(self, repo_id: str) -> RunnerSettings:
-        """The server's runner settings with the model's own speculative decoding where its catalog row sets it
-        (checked when the row was saved; a value that no longer parses keeps the server's, logged)."""
-        own = self._settings(repo_id).get("speculative_config") or ""
+        """The server's runner settings with the model's own speculative decoding and KV cache budget where its
+        catalog row sets them (checked when the row was saved; a value that no longer parses keeps the
+        server's, logged)."""
+        own = self._settings(repo_id)
+        settings = self.runner_settings
+        kv_cache_memory = own.get("kv_cache_memory") or ""
+        if kv_cache_memory:
+            try:
+                settings = replace(settings, kv_budget=replace(settings.kv_budget,
+                                                               model_bytes=parse_bytes(kv_cache_memory)))
+            except ValueError as exc:
+                logger.warning("%s: kv_cache_memory %r: %s; the server's", repo_id, kv_cache_memory, exc)
+        speculative = own.get("speculative_config") or ""
         try:
-            speculative = model_speculative_config(own, self.runner_settings.speculative)
+            return replace(settings, speculative=model_speculative_config(speculative, settings.speculative))
         except ValueError as exc:
-            logger.warning("%s: speculative_config %r: %s; the server's", repo_id, own, exc)
-            return self.runner_settings
-        return replace(self.runner_settings, speculative=speculative)
+            logger.warning("%s: speculative_config %r: %s; the server's", repo_id, speculative, exc)
+            return settings
 
     def pinned(self, name: str) -> bool:
         return bool(self._settings(self.models[name].model_id).get("preload"))
@@ -222,8 +233,7 @@ class ModelManager:
             loaded = adapters.attach(self.models[files.base.key], files)
         elif plan.name in self.models:  # installed meanwhile with an adapter that brought it: keep that one
             loaded = self.models[plan.name]  # (its runner may hold rows already; a second copy would orphan them)
-            self.on_event({"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
-                           "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes})
+            self.on_event(loaded_event(plan, loaded))
             return loaded
         if loaded.kind not in ("embedding", "cross_encoder") and loaded.adapter is None:
             # embeddings and cross-encoders: no KV cache; adapters: the base's runner. Built before the model is
@@ -237,8 +247,7 @@ class ModelManager:
         self._apply(plan.name, loaded)
         loaded.last_used = time.monotonic()
         self._publish()
-        self.on_event({"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
-                       "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes})
+        self.on_event(loaded_event(plan, loaded))
         return loaded
 
     def fail_load(self, plan: LoadPlan, exc: Exception) -> None:
@@ -333,3 +342,10 @@ class ModelManager:
                 continue
             if now - self.models[name].last_used >= timeout:
                 self.unload(name, busy, requested_by="idle")
+
+
+def loaded_event(plan: LoadPlan, loaded: LoadedModel) -> protocol.ModelChange:
+    """The catalog's record of a finished load: how long it took, what it holds, the context it serves."""
+    return {"type": protocol.MODEL_LOADED, "model": plan.name, "requested_by": plan.requested_by,
+            "duration_s": time.monotonic() - plan.started, "memory_bytes": loaded.memory_bytes,
+            "max_model_len": loaded.max_model_len}

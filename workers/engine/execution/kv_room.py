@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from workers.engine.errors import ModelLoadError
-from workers.engine.execution.kv.budget import DEFAULT_SHARE, HEADROOM_TOKENS, KVBudget, kv_budget
+from workers.engine.execution.kv.budget import HEADROOM_TOKENS, KVBudget, KVBudgetSetting, kv_budget
 from workers.engine.sequences import Sequence
 
 logger = logging.getLogger(__name__)
@@ -19,24 +19,24 @@ MIB = 1024 * 1024
 
 
 class KVRoom:
-    def _size_budget(self, configured: int | None) -> KVBudget:
+    def _size_budget(self, setting: KVBudgetSetting) -> KVBudget:
         """The model's KV budget; its context capped to the longest sequence the budget holds (a longer request
         is then a 400 that says so); the budget, what fits in it, and how many sequences at full context, logged."""
-        budget = kv_budget(self.spec, self.loaded.device, configured)
+        budget = kv_budget(self.spec, self.loaded.device, setting)
         loaded, longest = self.loaded, budget.longest(self.spec)
         if longest < MIN_CONTEXT:
             size = f"{budget.bytes / MIB:.1f} MiB" if budget.bytes >= MIB else f"{budget.bytes:,} bytes"
             raise ModelLoadError(f"The model `{loaded.model_id}` cannot be served: its KV cache budget of "
                                  f"{size} holds {longest} tokens of a sequence (at least "
-                                 f"{MIN_CONTEXT} needed); raise --kv-cache-memory (INFERENCE_KV_CACHE_MEMORY).")
+                                 f"{MIN_CONTEXT} needed; {budget.source}); raise it: the model's kv_cache_memory, "
+                                 "--kv-cache-memory (INFERENCE_KV_CACHE_MEMORY) or --gpu-memory-utilization.")
         if longest < loaded.max_model_len:
             logger.warning("%s: its context of %d tokens is capped to %d, what its KV cache budget holds",
                            loaded.model_id, loaded.max_model_len, longest)
             loaded.max_model_len = longest
-            loaded.context_capped_by_kv = True
+            loaded.context_capped_by = budget.source
         logger.info("%s: KV cache budget %.1f MiB (%s): %s tokens at %.1f KiB each; %.1f sequences at its full "
-                    "context of %d tokens", loaded.model_id, budget.bytes / MIB,
-                    "set" if configured else f"{DEFAULT_SHARE.get(loaded.device.type, 0.5):.0%} of free memory",
+                    "context of %d tokens", loaded.model_id, budget.bytes / MIB, budget.source,
                     f"{budget.tokens:,}" if budget.token_bytes else "any number of", budget.token_bytes / 1024,
                     budget.concurrency(self.spec, loaded.max_model_len), loaded.max_model_len)
         return budget

@@ -19,6 +19,7 @@ import torch
 from protocol import failpoints
 from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
+from workers.engine.execution.kv.budget import KVBudgetSetting
 from workers.engine.execution.kv.prefix_cache import PrefixCache
 from workers.engine.execution.kv_room import KVRoom, cached_tokens
 from workers.engine.execution.prefix_reuse import PrefixReuse
@@ -53,7 +54,7 @@ class RunnerSettings:
     static_decode: bool = False  # decode steps as one static program (workers/engine/execution/static_decode.py)
     cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
     speculative: SpeculativeConfig | None = None  # drafts verified in the decode step (workers/engine/speculation/)
-    kv_cache_bytes: int | None = None  # each model's KV cache budget (kv/budget.py); None: a share of free memory
+    kv_budget: KVBudgetSetting = KVBudgetSetting()  # each model's KV cache budget (kv/budget.py)
 
 
 class ModelRunner(KVRoom, PrefixReuse):
@@ -65,7 +66,7 @@ class ModelRunner(KVRoom, PrefixReuse):
         self.loaded = loaded
         self.prefill_chunk = max(1, settings.prefill_chunk)
         self.spec = spec = cache_spec(loaded.model, loaded.device)
-        self.kv_budget = self._size_budget(settings.kv_cache_bytes)
+        self.kv_budget = self._size_budget(settings.kv_budget)
         self.prefix_cache = (PrefixCache(loaded.model.config, min(settings.prefix_cache_bytes, self.kv_budget.bytes),
                                          checkpoints=spec.has(STATE))
                              if settings.prefix_cache_bytes > 0 and spec.reuses_prefixes else None)

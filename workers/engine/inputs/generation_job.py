@@ -207,7 +207,7 @@ class GenerationJob:
                          if index < len(prompts) and templates is not None and self.media_inputs[index] is None
                          else None)
                 raise JobError(400, context_error(limit, len(ids), max_tokens, parts.described() if parts else "",
-                                                  self.model.context_capped_by_kv),
+                                                  self.model.context_capped_by),
                                "prompt" if len(ids) >= limit else "max_tokens", "context_length_exceeded")
         vocab = self.model.vocab_size
         bad = [k for k in (params.logit_bias or {}) if not 0 <= int(k) < vocab]
@@ -262,14 +262,15 @@ class GenerationJob:
         return [delta for seq in self.sequences if (delta := seq.output.take_delta()) is not None]
 
 
-def context_error(limit: int, prompt: int, max_tokens: int, parts: str = "", kv_capped: bool = False) -> str:
+def context_error(limit: int, prompt: int, max_tokens: int, parts: str = "", kv_capped: str = "") -> str:
     """What fits, said in the request's terms: the worker names the fields `prompt` and `max_tokens` in
     backticks, and the web side says them as the endpoint calls them (messages, max_completion_tokens…).
     `parts`: a conversation's split (prompt_parts), so tools and system prompt are counted apart; `kv_capped`:
-    the limit is what the server's KV cache budget holds of one sequence, not the model's own context."""
+    the setting whose KV cache budget holds no more of one sequence, where that, not the model's own context,
+    is the limit."""
     said = f"This model's maximum context length is {limit} tokens"
     if kv_capped:
-        said += " (all its KV cache budget holds: the server's --kv-cache-memory)"
+        said += f" (all its KV cache budget holds: {kv_capped})"
     if prompt >= limit:
         fits = f"shorten the `prompt` to at most {limit - max(max_tokens, 1)} tokens"
         if max_tokens > 1:

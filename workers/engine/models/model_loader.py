@@ -102,7 +102,7 @@ class LoadedModel:
     device: torch.device
     max_model_len: int
     eos_token_ids: list[int]
-    context_capped_by_kv: bool = False  # max_model_len is what its KV cache budget holds (kv/budget.py)
+    context_capped_by: str = ""  # max_model_len is what its KV cache budget holds, as this setting made it (kv/budget.py)
     generation_defaults: dict = field(default_factory=dict)
     default_stop: list[str] = field(default_factory=list)  # the catalog's, where a request sends no `stop`
     last_used: float = field(default_factory=time.monotonic)
