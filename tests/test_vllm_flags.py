@@ -23,7 +23,8 @@ def vllm_server(hf_cache, tmp_path_factory):
         TINY_MODEL, "--api-key", key, "--served-model-name", "tiny", "--max-model-len", "64", "--seed", "7",
         "--allowed-origins", f'["{ORIGIN}"]', "--max-num-seqs", "4", "--revision", "main",
         "--tokenizer", TINY_MODEL, "--generation-config", "vllm", "--tool-call-parser", "hermes",
-        "--reasoning-parser", "qwen3", "--enable-auto-tool-choice"))
+        "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--no-enable-prefix-caching",
+        "--max-num-batched-tokens", "32", "--gpu-memory-utilization", "0.95"))
     live.key = key
     yield live
     live.stop()
@@ -67,12 +68,35 @@ def test_allowed_origins_answers_that_origins_preflight_only(vllm_server):
     assert "access-control-allow-origin" not in preflight("http://elsewhere.example").headers
 
 
+def test_no_enable_prefix_caching_turns_the_prefix_cache_off(vllm_server):
+    """The same prompt twice: nothing of the second comes from a cache (with it on, most would)."""
+    prompt = "word " * 20
+    for _ in range(2):
+        reply = sdk(vllm_server).completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0 and reply.usage.prompt_tokens >= 18
+
+
+def test_the_engine_flags_become_the_engines_settings():
+    from inference_site.inference_settings import InferenceSettings
+    from workers.management.vllm_flags import engine_flag_changes
+
+    changes = engine_flag_changes({"max_num_batched_tokens": 2048, "enable_prefix_caching": False,
+                                   "gpu_memory_utilization": 0.9, "kv_cache_memory": None}, 512 * 2**20)
+    engine = InferenceSettings.from_environ(changes).engine
+    assert (engine.prefill_chunk, engine.prefix_cache_bytes, engine.gpu_memory_utilization) == (2048, 0, 0.9)
+    assert engine.kv_cache_bytes is None  # a flag not given changes nothing
+    on_again = engine_flag_changes({"enable_prefix_caching": True}, 0)  # the environment had it off
+    assert InferenceSettings.from_environ({"INFERENCE_PREFIX_CACHE_MB": "0", **on_again}).engine.prefix_cache_bytes > 0
+    assert engine_flag_changes({"enable_prefix_caching": True}, 64 * 2**20) == {}  # on already: its size kept
+
+
 def test_the_flags_are_in_help_and_a_wrong_one_is_refused_before_start():
     helped = subprocess.run([sys.executable, "manage.py", "serve", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120).stdout
     for flag in ("--api-key", "--served-model-name", "--max-model-len", "--seed", "--allowed-origins",
                  "--max-num-seqs", "--revision", "--tokenizer", "--generation-config", "--tool-call-parser",
-                 "--reasoning-parser", "--tensor-parallel-size", "--kv-cache-memory-bytes", "--gpu-memory-utilization"):
+                 "--reasoning-parser", "--tensor-parallel-size", "--kv-cache-memory-bytes", "--gpu-memory-utilization",
+                 "--max-num-batched-tokens", "--enable-prefix-caching", "--no-enable-prefix-caching"):
         assert flag in helped, flag
     refused = subprocess.run([sys.executable, "manage.py", "serve", "--tool-call-parser", "hermes"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)

@@ -17,7 +17,9 @@ from protocol.sizes import parse_bytes
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
                         ("generation_config", "GENERATION_CONFIG"), ("speculative_config", "SPECULATIVE_CONFIG"),
                         ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"), ("kv_cache_memory", "KV_CACHE_MEMORY"),
-                        ("gpu_memory_utilization", "GPU_MEMORY_UTILIZATION"))
+                        ("gpu_memory_utilization", "GPU_MEMORY_UTILIZATION"),
+                        ("max_num_batched_tokens", "PREFILL_CHUNK"))
+DEFAULT_PREFIX_CACHE_MB = 512  # what --enable-prefix-caching restores where the environment turned it off
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 SIZE_UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
 
@@ -81,6 +83,19 @@ def positive(text: str) -> int:
     return int(text)
 
 
+def engine_flag_changes(options: dict[str, Any], prefix_cache_bytes: int) -> dict[str, str]:
+    """The INFERENCE_* variables the engine flags given set (vLLM's flags override the environment);
+    `prefix_cache_bytes`: the prefix cache's size as the environment says (--enable-prefix-caching turns a
+    cache the environment turned off back on, at its default size)."""
+    changes = {f"INFERENCE_{setting}": str(options[key]) for key, setting in ENGINE_FLAG_SETTINGS
+               if options.get(key) is not None}
+    if options.get("enable_prefix_caching") is False:
+        changes["INFERENCE_PREFIX_CACHE_MB"] = "0"
+    elif options.get("enable_prefix_caching") and not prefix_cache_bytes:
+        changes["INFERENCE_PREFIX_CACHE_MB"] = str(DEFAULT_PREFIX_CACHE_MB)
+    return changes
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that shape the engine: `serve` and `run_worker` alike (a scale-out worker runs the engine)."""
     group = parser.add_argument_group("vLLM's engine flags")
@@ -111,6 +126,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "weights and everything else in use included; each model's KV cache budget is what "
                             "is left of it once the model has loaded (on a CPU, a share of the machine's memory). "
                             "--kv-cache-memory wins where both are given")
+    group.add_argument("--max-num-batched-tokens", type=positive, metavar="N",
+                       help="the most prompt tokens one engine step prefills (vLLM's; here INFERENCE_PREFILL_CHUNK: "
+                            "longer prompts go in chunks of it; the decode rows come on top). Default: 8192 on "
+                            "CUDA, 512 on CPU")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                       help="reuse the keys/values (or recurrent states) of earlier prompts and answers for prompts "
+                            "that start the same way (vLLM's; on by default, INFERENCE_PREFIX_CACHE_MB; "
+                            "--no-enable-prefix-caching turns it off)")
     group.add_argument("--tensor-parallel-size", "-tp", type=positive, metavar="N",
                        help="split each model over N devices (vLLM's): N GPUs over NCCL, or N CPU processes over "
                             "gloo; the model needs transformers' tensor-parallel plan and heads that divide by N. "

@@ -19,7 +19,7 @@ from inference_site import edge, version_line
 from inference_site.inference_settings import SettingError
 from protocol.dtypes import DTYPE_NAMES
 from protocol.load_options import QUANTIZATIONS, check_attn_implementation, check_quantization
-from workers.management.vllm_flags import (ENGINE_FLAG_SETTINGS, add_engine_flags, add_server_flags, allowed_origins,
+from workers.management.vllm_flags import (add_engine_flags, add_server_flags, allowed_origins, engine_flag_changes,
                                            pinned_model_entry, pinned_name)
 
 from ..config_files import SERVER_KEYS, load_config, merged_options
@@ -31,8 +31,7 @@ ENGINE_SETTINGS = (("device", "DEVICE"), ("dtype", "DTYPE"), ("model_timeout", "
                    ("attn_implementation", "ATTN_IMPLEMENTATION"), ("model", "MODEL"),
                    ("trust_remote_code", "TRUST_REMOTE_CODE"), ("default_seed", "DEFAULT_SEED"),
                    ("ignore_eos", "IGNORE_EOS"), ("log_level", "LOG_LEVEL"),
-                   ("pass_message_extras", "PASS_MESSAGE_EXTRAS"),
-                   *(pair for pair in ENGINE_FLAG_SETTINGS if pair[0] != "max_num_seqs"))
+                   ("pass_message_extras", "PASS_MESSAGE_EXTRAS"))  # and the engine flags (engine_flag_changes)
 
 logger = logging.getLogger(__name__)
 RESTART_WINDOW_SECONDS = 600
@@ -142,8 +141,9 @@ class Command(BaseCommand):
         self._configure_chat(options.get("chat_template"), json.dumps(kwargs) if isinstance(kwargs, dict) else kwargs,
                              options.get("reasoning"))
         # Flags become environment variables (workers started from here inherit them), read again into the settings.
-        changes = {f"INFERENCE_{setting}": str(options[key]) for key, setting in ENGINE_SETTINGS
-                   if options.get(key) is not None}
+        changes = {**{f"INFERENCE_{setting}": str(options[key]) for key, setting in ENGINE_SETTINGS
+                      if options.get(key) is not None},
+                   **engine_flag_changes(options, settings.INFERENCE.engine.prefix_cache_bytes)}
         if options.get("stop_sequences"):
             changes["INFERENCE_STOP_SEQUENCES"] = json.dumps(list(options["stop_sequences"]))
         update_settings(changes)

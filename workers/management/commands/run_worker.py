@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from protocol.version import version_line
-from workers.management.vllm_flags import ENGINE_FLAG_SETTINGS, add_engine_flags
+from workers.management.vllm_flags import add_engine_flags, engine_flag_changes
 from workers.adapter.runtime import run_worker
 
 
@@ -22,8 +22,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         # vLLM's engine flags override the environment's settings: set in it, and the settings read again.
-        changes = {f"INFERENCE_{setting}": str(options[key]) for key, setting in ENGINE_FLAG_SETTINGS
-                   if options.get(key) is not None}
+        changes = engine_flag_changes(options, settings.INFERENCE.engine.prefix_cache_bytes)
         if changes:
             try:
                 settings.INFERENCE = settings.INFERENCE.updated(changes)
