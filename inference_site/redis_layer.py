@@ -10,7 +10,11 @@ that: a new request's "started" waited seconds behind other streams' tokens.
 Here a send is one Lua script (expire, capacity check, add, expire the key), `send_many` pipelines
 many sends into one round trip (the worker's outbox sends a step's messages that way), and one
 reader task per Redis key of the process's own channels pops up to `REPLY_BATCH` messages per round
-trip and hands each to its channel's receiver. Named channels (the shared worker channel) keep
+trip and hands each to its channel's receiver. What `send_many` has for one process's own channels
+goes as one *bundle* (vLLM's one message per engine step, not one per stream per token): one
+serialized entry holding every (channel, message) in order, one script that checks and counts every
+channel's capacity, one pop on the web side, which hands each message to its channel. A bundle one of
+whose channels is full goes again message by message, so only that channel's messages are refused. Named channels (the shared worker channel) keep
 channels-redis's own receive, which never loses a message to a cancelled reader.
 
 Capacity is per channel, also for a process's own channels that share one Redis key: a send to
@@ -50,7 +54,24 @@ redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 return 1
 """
+# A bundle: KEYS[1] the process's key, KEYS[2..] its channels' count keys; ARGV: cutoff, score, body, expiry,
+# then each channel's (messages in the bundle, capacity). All or nothing: a channel without room refuses it.
+_SEND_BUNDLE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1])
+for i = 2, #KEYS do
+  local count, capacity = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  if tonumber(redis.call('GET', KEYS[i]) or '0') + count > capacity then return 0 end
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+for i = 2, #KEYS do
+  redis.call('INCRBY', KEYS[i], ARGV[1 + 2 * i])
+  redis.call('EXPIRE', KEYS[i], ARGV[4])
+end
+return 1
+"""
 COUNTED = "__counted__"
+BUNDLE = "__bundle__"
 
 
 class _Inbox:
@@ -105,24 +126,64 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
             raise ChannelFull(channel)
 
     async def send_many(self, items: list[tuple[str, dict]]) -> list[BaseException | None]:
-        """Send each (channel, message) in order, pipelined per Redis server; per item None or ChannelFull.
-
-        A channel's messages keep their order (scores rise by a microsecond per message)."""
+        """Send each (channel, message) in order, pipelined per Redis server, one process's own channels as one
+        bundle; per item None or ChannelFull. A channel's messages keep their order (scores rise by a
+        microsecond per entry, a bundle keeps them in order)."""
         outcomes: list[BaseException | None] = [None] * len(items)
-        by_index: dict[int, list[tuple[int, str, bytes, str]]] = collections.defaultdict(list)
+        own: dict[str, list[int]] = collections.defaultdict(list)  # a process's key -> positions of its items
+        for position, (channel, _) in enumerate(items):
+            if "!" in channel:
+                own[self.non_local_name(channel)].append(position)
+        bundled = {positions[0]: positions for positions in own.values() if len(positions) > 1}
+        inside = {position for positions in bundled.values() for position in positions[1:]}
+        by_index: dict[int, list[tuple[list[int], str, tuple]]] = collections.defaultdict(list)
         for position, (channel, message) in enumerate(items):
-            index, key, body = self._prepared(channel, message)
-            by_index[index].append((position, key, body, channel))
+            if position in inside:
+                continue
+            positions = bundled.get(position)
+            if positions is None:
+                index, key, body = self._prepared(channel, message)
+                by_index[index].append(([position], channel, (key, body)))
+            else:
+                by_index[self.consistent_hash(channel)].append((positions, channel, self._bundle(items, positions)))
         now = time.time()
+        refused: list[int] = []  # positions of bundles to send again one by one
         for index, batch in by_index.items():
             async with self.connection(index).pipeline(transaction=False) as pipe:
-                for offset, (_, key, body, channel) in enumerate(batch):
-                    self._eval_send(pipe, key, channel, now + offset * 1e-6, body)
+                for offset, (positions, channel, prepared) in enumerate(batch):
+                    if len(positions) > 1:
+                        pipe.eval(_SEND_BUNDLE, *prepared[0], now + offset * 1e-6, *prepared[1])
+                    else:
+                        self._eval_send(pipe, prepared[0], channel, now + offset * 1e-6, prepared[1])
                 results = await pipe.execute()
-            for (position, _, _, channel), sent in zip(batch, results):
-                if not sent:
-                    outcomes[position] = ChannelFull(channel)
+            for (positions, channel, _), sent in zip(batch, results):
+                if sent:
+                    continue
+                if len(positions) > 1:
+                    refused.extend(positions)
+                else:
+                    outcomes[positions[0]] = ChannelFull(channel)
+        for position in refused:  # in order: the channels with room take theirs, the full one refuses what it cannot
+            channel, message = items[position]
+            try:
+                await self.send(channel, message)
+            except ChannelFull as exc:
+                outcomes[position] = exc
         return outcomes
+
+    def _bundle(self, items: list[tuple[str, dict]], positions: list[int]) -> tuple[list, list]:
+        """(keys and leading args, trailing args) of `_SEND_BUNDLE` for these own-channel items of one process."""
+        counts = collections.Counter(items[position][0] for position in positions)
+        for position in positions:
+            channel, message = items[position]
+            assert isinstance(message, dict) and "__asgi_channel__" not in message and BUNDLE not in message
+            assert self.require_valid_channel_name(channel)
+        body = self.serialize({BUNDLE: [[items[p][0], {**items[p][1], COUNTED: True}] for p in positions]})
+        key = self.prefix + self.non_local_name(items[positions[0]][0])
+        channels = list(counts)
+        keys = [len(channels) + 1, key, *(self._count_key(channel) for channel in channels)]
+        per_channel = [value for channel in channels for value in (counts[channel], self.get_capacity(channel))]
+        return [*keys, int(time.time()) - int(self.expiry)], [body, int(self.expiry), *per_channel]
 
     # --- receiving on this process's own channels -----------------------------
     async def receive(self, channel: str) -> dict:
@@ -215,18 +276,24 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         return results[-1] if pop_from else []
 
     def _deliver(self, message: dict) -> None:
+        if BUNDLE in message:
+            for channel, own in message[BUNDLE]:
+                self._deliver_to(channel, own)
+            return
         channels = message.pop("__asgi_channel__")
         if not isinstance(channels, list):
             channels = [channels]
         for channel in channels:
-            own = message if len(channels) == 1 else deepcopy(message)  # a group send: one copy each
-            inbox = self._inboxes.get(channel)
-            if inbox is None:
-                inbox = self._inboxes[channel] = _Inbox()
-            if inbox.waiter is not None and not inbox.waiter.done() and not inbox.messages:
-                inbox.waiter.set_result(self._counted(channel, own))
-            else:
-                inbox.messages.append(own)
+            self._deliver_to(channel, message if len(channels) == 1 else deepcopy(message))  # a group send: a copy each
+
+    def _deliver_to(self, channel: str, message: dict) -> None:
+        inbox = self._inboxes.get(channel)
+        if inbox is None:
+            inbox = self._inboxes[channel] = _Inbox()
+        if inbox.waiter is not None and not inbox.waiter.done() and not inbox.messages:
+            inbox.waiter.set_result(self._counted(channel, message))
+        else:
+            inbox.messages.append(message)
 
     def _counted(self, channel: str, message: dict) -> dict:
         """A message handed to its receiver: it no longer counts against its channel's capacity."""

@@ -157,3 +157,41 @@ def test_one_slow_reply_channel_fills_only_its_own_capacity(redis_server):
 
     refused, fast_got, slow_got, room_again = asyncio.run(run())
     assert refused == 3 and fast_got == list(range(20)) and slow_got == list(range(5)) and room_again
+
+
+def test_a_steps_messages_for_one_process_go_as_one_entry_and_count_against_each_channels_capacity(redis_server):
+    """vLLM's one message per step: what `send_many` has for one process's own channels is one Redis entry,
+    read back into each channel in order; each channel's capacity still counts its own messages, and a
+    bundle with a full channel in it refuses only that channel's messages that do not fit."""
+    import redis
+
+    async def run() -> tuple:
+        sender, receiver = layer_for(redis_server, capacity=4), layer_for(redis_server, capacity=4)
+        a, b, c = [await receiver.new_channel("reply.") for _ in range(3)]
+        other = await layer_for(redis_server).new_channel("reply.")  # another web process: its own entry
+        key = sender.prefix + sender.non_local_name(a)
+        client = redis.Redis.from_url(redis_server.url)
+        first = [(a, {"type": "t", "n": 0}), (b, {"type": "t", "n": 0}), (other, {"type": "t", "n": 0}),
+                 (a, {"type": "t", "n": 1}), ("jobs", {"type": "job"})]
+        assert await sender.send_many(first) == [None] * 5
+        entries = client.zcard(key)
+        third = await sender.send_many([(a, {"type": "t", "n": n}) for n in (2, 3, 4)])  # `a` holds 2 of its 4
+        mixed = await sender.send_many([(c, {"type": "t", "n": 0}), (a, {"type": "t", "n": 5}),
+                                        (c, {"type": "t", "n": 1}), (a, {"type": "t", "n": 6})])
+        got = {channel: [] for channel in (a, b, c)}
+        for channel, count in ((a, 4), (b, 1), (c, 2)):
+            for _ in range(count):
+                got[channel].append((await asyncio.wait_for(receiver.receive(channel), 5))["n"])
+        client.close()
+        await sender.close_pools()
+        await receiver.close_pools()
+        return entries, third, mixed, [got[a], got[b], got[c]]
+
+    def named(outcomes: list) -> list:
+        return [type(o).__name__ if o else None for o in outcomes]
+
+    entries, third, mixed, got = asyncio.run(run())
+    assert entries == 1  # a, b and a again: one entry in the process's key
+    assert named(third) == [None, None, "ChannelFull"]
+    assert named(mixed) == [None, "ChannelFull", None, "ChannelFull"]  # `a` is full: `c` still gets its own
+    assert got == [[0, 1, 2, 3], [0], [0, 1]]
