@@ -32,6 +32,7 @@ from copy import deepcopy
 
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
+from redis.driver_info import DriverInfo
 
 REPLY_BATCH = 256
 # An own channel nobody has received from for this long (its request ended) is dropped with its messages.
@@ -88,6 +89,9 @@ class _Inbox:
 class BatchingRedisChannelLayer(RedisChannelLayer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        driver = DriverInfo()  # its version looked up once: else each new connection reads importlib.metadata (~0.3 ms)
+        for host in self.hosts:
+            host.setdefault("driver_info", driver)
         self._inboxes: dict[str, _Inbox] = {}
         # One reader per Redis key of own channels ("reply.<id>!", "health.<id>!", ...), running
         # while receivers wait on that key's channels.
