@@ -16,14 +16,18 @@ from .helpers.scheduler_harness import Harness
 
 FAMILIES = ["llama", "gemma3", "deepseek-v3", "qwen3.5", "jamba"]
 TOKENS = 48
+WIDE_WINDOW = 128  # a sliding window longer than the test's rows grow
 
 
 @pytest.fixture(scope="module")
 def budget_cache(tmp_path_factory):
     from workers.tiny.families import build_tiny_families
 
+    from workers.tiny.families import build_tiny_family
+
     cache = tmp_path_factory.mktemp("kv-budget")
     build_tiny_families(FAMILIES, cache_dir=cache)
+    build_tiny_family("gemma3", "local/tiny-gemma3-wide", cache_dir=cache, overrides={"sliding_window": WIDE_WINDOW})
     return cache
 
 
@@ -60,6 +64,36 @@ def test_rows_that_outgrow_the_budget_are_preempted_recomputed_and_still_give_wh
     for seq, ids in zip(finished, prompts):
         assert seq.finished and not seq.recomputes
         assert seq.completion_ids == harness.reference.greedy(ids, TOKENS, min_new_tokens=TOKENS), family
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "gemma3-wide"])
+def test_the_budget_charges_a_row_what_its_cache_holds_at_its_length(budget_cache, family):
+    """Full attention grows with every token, a sliding layer up to its window, a recurrent state not at all:
+    what the budget charges a row of n tokens is what the model's cache of n tokens holds."""
+    runner = Harness(budget_cache, family, prefix_cache_bytes=0).runner
+    budget = runner.kv_budget
+    for length in (1, 5, 15, 16, 17, 40, 127, 128, 129, 300):
+        assert budget.row_fixed(length) + length * budget.token_bytes == runner.spec.bytes_for(length), length
+    assert budget.row_fixed(10**6) == budget.row_bytes  # at its longest, every window full
+
+
+def test_short_rows_of_a_sliding_window_model_are_not_charged_whole_windows(budget_cache):
+    """Gemma 3 with a 128-token window, a budget that holds four rows as long as these grow: the four run
+    together (charged a whole window each, one or two would) and give what `generate` gives."""
+    probe = Harness(budget_cache, "gemma3-wide", prefix_cache_bytes=0)
+    words = "one two three four five six seven eight nine ten".split()
+    prompts = [probe.reference.encode(" ".join(words[n:n + 5])) for n in range(4)]
+    tokens = 8
+    grown = max(len(ids) for ids in prompts) + tokens + 16  # the headroom admission keeps for each row
+    per_row = probe.runner.spec.bytes_for(grown)
+    budget = 4 * per_row + per_row // 2
+    assert budget < 2 * probe.runner.spec.bytes_for(WIDE_WINDOW)  # whole windows: not even two rows would fit
+    harness = Harness(budget_cache, "gemma3-wide", kv_cache_bytes=budget, prefix_cache_bytes=0)
+    together = []
+    finished = harness.run_together(prompts, tokens, lambda: together.append(harness.runner.running))
+    assert max(together) == 4
+    for seq, ids in zip(finished, prompts):
+        assert seq.completion_ids == harness.reference.greedy(ids, tokens, min_new_tokens=tokens)
 
 
 def test_a_context_longer_than_the_budget_holds_is_capped_and_a_longer_request_is_told_what_fits(budget_cache):

@@ -53,14 +53,15 @@ class KVRoom:
         budget = self.kv_budget
         if self.spec.batchable and not leaving:  # every step's check: the batch's own lengths, no loop over rows
             rows, longest = self.batch.rows + len(joining), max(self.batch.length, *joining, 0)
-            return rows * (budget.row_bytes + (longest + steps) * budget.token_bytes) if rows else 0
+            return rows * (budget.row_fixed(longest + steps) + (longest + steps) * budget.token_bytes) if rows else 0
         gone = {id(seq) for seq in leaving}
         lengths = [cached_tokens(seq) for seq in self.rows if id(seq) not in gone] + list(joining)
         if not lengths:
             return 0
         if self.spec.batchable:
-            return len(lengths) * (budget.row_bytes + (max(lengths) + steps) * budget.token_bytes)
-        return sum(budget.row_bytes + (length + steps) * budget.token_bytes for length in lengths)
+            longest = max(lengths) + steps
+            return len(lengths) * (budget.row_fixed(longest) + longest * budget.token_bytes)
+        return sum(budget.row_fixed(length + steps) + (length + steps) * budget.token_bytes for length in lengths)
 
     def make_room(self, rows_bytes: int | None = None) -> bool:
         """Whether rows holding `rows_bytes` (default: the running rows, HEADROOM_TOKENS steps on) fit the budget

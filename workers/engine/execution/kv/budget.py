@@ -42,8 +42,14 @@ class KVBudgetSetting:
 class KVBudget:
     bytes: int
     token_bytes: int  # keys/values of one more token, over the layers whose cache grows with the sequence
-    row_bytes: int  # what a row holds whatever its length (recurrent states, a sliding window's worth)
+    row_bytes: int  # what a row at its longest holds beside those (recurrent states, each sliding window full)
     source: str = "set"  # what decided it, in the words of the setting (the log line, a capped context's 400)
+    windows: tuple[tuple[int, int], ...] = ()  # sliding layers: (window, their bytes a token), held up to the window
+
+    def row_fixed(self, length: int) -> int:
+        """What a row of `length` tokens holds beside its full-attention keys/values: its states, and in each
+        sliding layer its last `window` tokens (fewer while it is shorter: a short row is not charged a window)."""
+        return self.row_bytes - sum(max(0, window - length) * token for window, token in self.windows)
 
     @property
     def tokens(self) -> int:
@@ -101,4 +107,8 @@ def kv_budget(spec: CacheSpec, device: torch.device, setting: KVBudgetSetting = 
     token = sum(layer.token_bytes for layer in spec.layers if layer.kind == FULL)
     fixed = sum(layer.bytes_for(layer.window) if layer.kind == SLIDING else layer.row_bytes for layer in spec.layers
                 if layer.kind != FULL)
-    return KVBudget(max(0, total), token, fixed, source)
+    windows: dict[int, int] = {}
+    for layer in spec.layers:
+        if layer.kind == SLIDING:
+            windows[layer.window] = windows.get(layer.window, 0) + layer.token_bytes
+    return KVBudget(max(0, total), token, fixed, source, tuple(windows.items()))
