@@ -238,12 +238,15 @@ def test_the_change_form_validates_aliases_and_generation_defaults(admin_client,
     assert admin_client.post(url, {**form, "aliases": '"a1"'}).status_code == 200  # not a list: shown again
     negative = admin_client.post(url, {**form, "tensor_parallel_size": "-1"})
     assert negative.status_code == 200 and b"greater than or equal to 0" in negative.content
-    assert admin_client.post(url, form).status_code == 302
+    no_size = admin_client.post(url, {**form, "kv_cache_memory": "lots"})
+    assert no_size.status_code == 200 and b"e.g. 8G, 8GiB, 512MB" in no_size.content
+    assert admin_client.post(url, {**form, "kv_cache_memory": "512MiB"}).status_code == 302
     alpha.refresh_from_db()
     assert alpha.aliases == ["a1"] and alpha.generation_defaults == {"temperature": 0.5}
-    assert alpha.tensor_parallel_size == 2
+    assert alpha.tensor_parallel_size == 2 and alpha.kv_cache_memory == "512MiB"
     sent = listener()["settings"]["local/alpha"]  # what the workers are told
     assert sent["generation_defaults"] == {"temperature": 0.5} and sent["tensor_parallel_size"] == 2
+    assert sent["kv_cache_memory"] == "512MiB"
 
 
 def test_a_config_files_tensor_parallel_size_reaches_the_row_and_the_workers(cache, listener, tmp_path):
