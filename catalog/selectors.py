@@ -109,7 +109,8 @@ STATUS_ORDER = {ModelLoad.Status.LOADED: 3, ModelLoad.Status.LOADING: 2, ModelLo
 def load_states(loads=None) -> dict[str, dict]:
     """{repo_id: {"status": loaded|degraded|loading|error, "loaded_on": [worker], "last_used", "memory_mb",
     "max_model_len", "health"}} on live workers (`memory_mb`: what one loaded copy holds, quantized weights as
-    packed; `max_model_len`: the shortest context a loaded copy serves; both None while loaded nowhere). A loaded model failing most of its recent requests on some worker is *degraded*, its
+    packed; `max_model_len`: the shortest context a loaded copy serves; both None while loaded nowhere). A
+    loaded model failing most of its recent requests on some worker is *degraded*, its
     `health` {"degraded_on": [worker], "failed", "of", "last_error"} (else None)."""
     states: dict[str, dict] = {}
     alive = [w.pk for w in live_workers()]

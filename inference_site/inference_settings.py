@@ -431,7 +431,7 @@ def engine_config(env: Env) -> EngineConfig:
         grammar_cache_size=env.integer("INFERENCE_GRAMMAR_CACHE_SIZE", 64),
         kv_cache_bytes=kv_cache or None,  # None: each model's device share of free memory (kv/budget.py)
         gpu_memory_utilization=gpu_memory_utilization(env),
-        prefix_cache_bytes=int(env.number("INFERENCE_PREFIX_CACHE_MB", 512.0) * MIB),
+        prefix_cache_bytes=int(env.number("INFERENCE_PREFIX_CACHE_MB", EngineConfig.prefix_cache_bytes / MIB) * MIB),
         max_faults=env.integer("INFERENCE_ENGINE_MAX_FAULTS", 5),
         stall_seconds=env.number("INFERENCE_ENGINE_STALL_SECONDS", 60.0),
         embedding_batch=env.integer("INFERENCE_EMBEDDING_BATCH", 32),

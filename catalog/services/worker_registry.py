@@ -50,8 +50,8 @@ def _catalog_row(model_name: str) -> CachedModel:
 def heartbeat(name: str, loaded: dict[str, dict], device: str = "", free_slots: int | None = None,
               health: dict[str, dict] | None = None) -> None:
     """The worker is alive and holds exactly `loaded` ({name@rev: {"memory_bytes", "last_used", "max_model_len"?}}),
-    whose recent
-    requests went as `health` says ({name@rev: {"degraded", "failed", "of", "last_error"}}; none: all well)."""
+    whose recent requests went as `health` says ({name@rev: {"degraded", "failed", "of", "last_error"}}; none:
+    all well)."""
     health = health or {}
     worker, _ = Worker.objects.get_or_create(name=name)  # a row lost with a reset database comes back
     worker.last_heartbeat = timezone.now()

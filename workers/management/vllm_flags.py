@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from protocol.sizes import parse_bytes
+from workers.engine.config import EngineConfig
 
 # (option key, INFERENCE_* environment variable suffix) of the engine flags both `serve` and `run_worker` take.
 ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("max_num_seqs", "MAX_NUM_SEQS"),
@@ -19,7 +20,6 @@ ENGINE_FLAG_SETTINGS = (("max_model_len", "MAX_MODEL_LEN"), ("seed", "SEED"), ("
                         ("tensor_parallel_size", "TENSOR_PARALLEL_SIZE"), ("kv_cache_memory", "KV_CACHE_MEMORY"),
                         ("gpu_memory_utilization", "GPU_MEMORY_UTILIZATION"),
                         ("max_num_batched_tokens", "PREFILL_CHUNK"))
-DEFAULT_PREFIX_CACHE_MB = 512  # what --enable-prefix-caching restores where the environment turned it off
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 SIZE_UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
 
@@ -91,8 +91,8 @@ def engine_flag_changes(options: dict[str, Any], prefix_cache_bytes: int) -> dic
                if options.get(key) is not None}
     if options.get("enable_prefix_caching") is False:
         changes["INFERENCE_PREFIX_CACHE_MB"] = "0"
-    elif options.get("enable_prefix_caching") and not prefix_cache_bytes:
-        changes["INFERENCE_PREFIX_CACHE_MB"] = str(DEFAULT_PREFIX_CACHE_MB)
+    elif options.get("enable_prefix_caching") and not prefix_cache_bytes:  # back on, at its default size
+        changes["INFERENCE_PREFIX_CACHE_MB"] = str(EngineConfig.prefix_cache_bytes // 2**20)
     return changes
 
 

@@ -7,12 +7,13 @@ the budget is the model's own `kv_cache_memory` (its catalog row), else `serve
 --kv-cache-memory` / INFERENCE_KV_CACHE_MEMORY, else what `--gpu-memory-utilization` leaves
 (that share of the device's whole memory, less what is in use once the model has loaded:
 vLLM's meaning), else a share of the memory free when the model has loaded (DEFAULT_SHARE:
-on a GPU most of it, on a CPU half, beside everything else the machine runs). What the budget holds decides the
-longest sequence the model serves: a context that does not fit is capped to what does,
-so a request larger than the whole budget is a 400 saying how many tokens fit, never an
-out-of-memory error. The batch counts what it holds (`SlabKV.used_bytes`: every row as
-long as the batch's longest, the left-padded layout's cost), and the prefix cache's
-entries give way first when rows need room.
+on a GPU most of it, on a CPU half, beside everything else the machine runs). What the
+budget holds decides the longest sequence the model serves: a context that does not fit is
+capped to what does, so a request larger than the whole budget is a 400 saying how many
+tokens fit, never an out-of-memory error. The batch counts what it holds
+(`SlabKV.used_bytes`: every row as long as the batch's longest, the left-padded layout's
+cost; a sliding layer up to its window), and the prefix cache's entries give way first when
+rows need room.
 """
 from __future__ import annotations
 
