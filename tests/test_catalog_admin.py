@@ -370,3 +370,26 @@ def test_actions_and_saves_with_the_channel_layer_down_say_so_and_change_nothing
     assert done.status_code == 200 and b"The channel layer (Redis) is unavailable" in done.content
     alpha.refresh_from_db()
     assert alpha.idle_timeout is None
+
+
+def test_the_context_a_loaded_copy_serves_is_the_one_v1_models_says(cache):
+    """Workers report the context each copy serves (its KV cache budget may cap the model's own) as they load it
+    and in every heartbeat; the catalog keeps the shortest live copy's, and /v1/models' card says it."""
+    from openai_api.model_list import model_object
+
+    def card() -> dict:
+        entries = {model.repo_id: (model, state) for model, state in selectors.listed_models()}
+        model, state = entries["local/alpha"]
+        return model_object(model, state, {})
+
+    own = card()["max_model_len"]  # loaded nowhere: what its files say
+    first, second = online_worker("box:1"), online_worker("box:2")
+    worker_registry.record_model_event(first.name, {"type": "model.loaded", "model": "local/alpha@main",
+                                                    "requested_by": "request", "memory_bytes": 2**20,
+                                                    "max_model_len": own // 2})
+    assert card()["max_model_len"] == own // 2
+    worker_registry.heartbeat(second.name, {"local/alpha@main": {"memory_bytes": 2**20, "last_used": 1.7e9,
+                                                                 "max_model_len": own // 4}})
+    assert card()["max_model_len"] == own // 4  # the shortest a loaded copy serves
+    worker_registry.heartbeat(second.name, {})  # unloaded there
+    assert card()["max_model_len"] == own // 2
