@@ -185,6 +185,8 @@ SCENARIOS = {
              "declined at load (why), wrong, or a failed tiny build (bench/types.py)",
     "tensor_parallel": "small-llama split over 2 ranks (gloo on CPU) vs on one: tok/s at 1 and 16 streams, equal "
                        "tokens, the per-step op message's share of a step (bench/tensor_parallel.py)",
+    "split": "a probe of issue 44's next step: the engine's streamed output work in its thread vs in another process "
+             "fed one pipe message of token ids a step, tok/s and CPU (bench/split.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }
