@@ -134,46 +134,52 @@ class BatchingRedisChannelLayer(RedisChannelLayer):
         bundle; per item None or ChannelFull. A channel's messages keep their order (scores rise by a
         microsecond per entry, a bundle keeps them in order)."""
         outcomes: list[BaseException | None] = [None] * len(items)
-        own: dict[str, list[int]] = collections.defaultdict(list)  # a process's key -> positions of its items
-        for position, (channel, _) in enumerate(items):
-            if "!" in channel:
-                own[self.non_local_name(channel)].append(position)
-        bundled = {positions[0]: positions for positions in own.values() if len(positions) > 1}
-        inside = {position for positions in bundled.values() for position in positions[1:]}
+        refused = await self._pipelined(items, range(len(items)), outcomes, bundle=True)
+        if refused:  # a bundle with a full channel in it: its messages again one by one, in one more round trip
+            await self._pipelined(items, refused, outcomes, bundle=False)
+        return outcomes
+
+    async def _pipelined(self, items: list[tuple[str, dict]], positions, outcomes: list, bundle: bool) -> list[int]:
+        """The items at `positions`, in order, one pipeline per Redis server (where `bundle`, one process's own
+        channels as one bundle); a refused message's outcome is ChannelFull. Returned: the positions of refused
+        bundles' items."""
+        bundled: dict[int, list[int]] = {}  # a bundle's first position -> all of its positions
+        if bundle:
+            own: dict[str, list[int]] = collections.defaultdict(list)  # a process's key -> positions of its items
+            for position in positions:
+                if "!" in items[position][0]:
+                    own[self.non_local_name(items[position][0])].append(position)
+            bundled = {group[0]: group for group in own.values() if len(group) > 1}
+        inside = {position for group in bundled.values() for position in group[1:]}
         by_index: dict[int, list[tuple[list[int], str, tuple]]] = collections.defaultdict(list)
-        for position, (channel, message) in enumerate(items):
+        for position in positions:
             if position in inside:
                 continue
-            positions = bundled.get(position)
-            if positions is None:
+            channel, message = items[position]
+            group = bundled.get(position)
+            if group is None:
                 index, key, body = self._prepared(channel, message)
                 by_index[index].append(([position], channel, (key, body)))
             else:
-                by_index[self.consistent_hash(channel)].append((positions, channel, self._bundle(items, positions)))
+                by_index[self.consistent_hash(channel)].append((group, channel, self._bundle(items, group)))
         now = time.time()
-        refused: list[int] = []  # positions of bundles to send again one by one
+        refused: list[int] = []
         for index, batch in by_index.items():
             async with self.connection(index).pipeline(transaction=False) as pipe:
-                for offset, (positions, channel, prepared) in enumerate(batch):
-                    if len(positions) > 1:
+                for offset, (group, channel, prepared) in enumerate(batch):
+                    if len(group) > 1:
                         pipe.eval(_SEND_BUNDLE, *prepared[0], now + offset * 1e-6, *prepared[1])
                     else:
                         self._eval_send(pipe, prepared[0], channel, now + offset * 1e-6, prepared[1])
                 results = await pipe.execute()
-            for (positions, channel, _), sent in zip(batch, results):
+            for (group, channel, _), sent in zip(batch, results):
                 if sent:
                     continue
-                if len(positions) > 1:
-                    refused.extend(positions)
+                if len(group) > 1:
+                    refused.extend(group)
                 else:
-                    outcomes[positions[0]] = ChannelFull(channel)
-        for position in refused:  # in order: the channels with room take theirs, the full one refuses what it cannot
-            channel, message = items[position]
-            try:
-                await self.send(channel, message)
-            except ChannelFull as exc:
-                outcomes[position] = exc
-        return outcomes
+                    outcomes[group[0]] = ChannelFull(channel)
+        return sorted(refused)
 
     def _bundle(self, items: list[tuple[str, dict]], positions: list[int]) -> tuple[list, list]:
         """(keys and leading args, trailing args) of `_SEND_BUNDLE` for these own-channel items of one process."""
