@@ -11,7 +11,7 @@ streams x 128 tokens of the tiny model, greedy), in a process of its own each ti
   the incremental detokenizer the output thread uses and a delta message of the text.
 
 Arrangements alternate, `--rounds` processes each, several runs per process; reported: tok/s from the first
-submit to the last token, and the CPU of both processes (the engine's and, for `split`, this one's).
+submit to the last token, and the CPU of both processes (the engine's and this one's).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from .models import ensure_model, prepare_cache, prompt_ids
+from .parsing import process_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_PER_PROCESS = 4
@@ -44,12 +45,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.requests, args.max_tokens, args.rounds = 8, 8, 1
     return args
-
-
-def process_cpu(pid: int) -> float:
-    """User + system seconds of a process so far (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _engine_process(connection, model_id: str, requests: int, tokens: int, split: bool) -> None:
@@ -150,11 +145,11 @@ def run_process(args: argparse.Namespace, tokenizer, prompts: list[list[int]], s
         one(prompts[:2])  # loaded and warm
         runs = []
         for _ in range(RUNS_PER_PROCESS):
-            engine_cpu, own_cpu = process_cpu(process.pid), time.process_time()
+            cpu = process_cpu(os.getpid())  # this process and the engine's
             started = time.perf_counter()
             one(prompts)
             seconds = time.perf_counter() - started
-            cpu = process_cpu(process.pid) - engine_cpu + (time.process_time() - own_cpu if split else 0.0)
+            cpu = process_cpu(os.getpid()) - cpu
             runs.append({"tokens_per_s": round(len(prompts) * args.max_tokens / seconds, 1), "cpu_s": round(cpu, 3)})
         return runs
     finally:
