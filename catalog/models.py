@@ -126,12 +126,13 @@ class CachedModel(models.Model):
             except ValueError as exc:
                 raise ValidationError({"speculative_config": str(exc)}) from None
         if self.kv_cache_memory.strip():
+            self.kv_cache_memory = str(self.kv_cache_memory).strip()
             try:
-                self.kv_cache_memory = str(self.kv_cache_memory).strip()
-                if parse_bytes(self.kv_cache_memory) <= 0:
-                    raise ValueError("must be more than 0 bytes")
+                size = parse_bytes(self.kv_cache_memory)
             except ValueError as exc:
-                raise ValidationError({"kv_cache_memory": f"{exc} (e.g. 8G, 8GiB, 512MB, 1073741824)."}) from None
+                raise ValidationError({"kv_cache_memory": f"{exc}."}) from None
+            if size <= 0:
+                raise ValidationError({"kv_cache_memory": "A KV cache budget of more than 0 bytes (e.g. 8G, 512MiB)."})
         defaults = self.generation_defaults
         if not isinstance(defaults, dict):
             raise ValidationError({"generation_defaults": 'A JSON object, e.g. {"temperature": 0.7}.'})
