@@ -76,6 +76,14 @@ def test_no_enable_prefix_caching_turns_the_prefix_cache_off(vllm_server):
         assert reply.usage.prompt_tokens_details.cached_tokens == 0 and reply.usage.prompt_tokens >= 18
 
 
+def test_gpu_memory_utilization_sizes_the_kv_cache_budget(vllm_server):
+    """No --kv-cache-memory given: the model's budget is what 95 % of the machine's memory leaves, and says so."""
+    sdk(vllm_server).completions.create(model="tiny", prompt="Once upon a time", max_tokens=1)
+    vllm_server.wait_for_log("KV cache budget")
+    line = next(line for line in vllm_server.log().splitlines() if "KV cache budget" in line)
+    assert "(the server's --gpu-memory-utilization 0.95)" in line, line
+
+
 def test_the_engine_flags_become_the_engines_settings():
     from inference_site.inference_settings import InferenceSettings
     from workers.management.vllm_flags import engine_flag_changes
