@@ -205,6 +205,8 @@ class GenerationStream:
                 if kind == protocol.DONE:
                     self.finished = True
                 self.produced = True
+                if self.meter is not None:
+                    self.meter.handing_on(event)
                 yield event
                 if self.meter is not None:
                     self.meter.observe(event)

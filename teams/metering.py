@@ -6,6 +6,7 @@
     ... job sent, worker's `started` message in hand ...
     await meter.reserve(started, max_tokens, n)   # prompt + the most it may generate, or LimitExceeded
     meter.opened()                  # noted in the journal: a kill of this process still bills it
+    meter.handing_on(event)         # a stream's event about to go out: the journal counts it first
     meter.observe(event)            # each event the client was sent: first token, tokens so far, usage
     await meter.finish(status)      # settle to real use, free the slot, queue the ledger row
     await meter.rate_headers()      # OpenAI's x-ratelimit-* headers for the response
@@ -107,23 +108,34 @@ class RequestMeter:
     def response_started(self) -> None:
         """Its response has started (a stream's status and headers go out): cut off now, it was a 200."""
         self.responding = True
-        self._journal_progress()
+        if self.journal is not None:
+            self.journal.noted(self.request_id, self.used[1], self.first_token_ms)
+
+    def handing_on(self, event: dict) -> None:
+        """A stream's `event` goes to its client next: the journal has it on disk first, so a kill of this
+        process once its frame is in the socket's buffer bills it (the row may then hold one event more than
+        arrived, never one less). A whole answer needs none: cut off, its client got no token."""
+        if self.journal is None or not self.responding:
+            return
+        self._count_first_token(event)
+        completion = (event["usage"]["completion_tokens"] if "usage" in event
+                      else self.used[1] + sum(len(delta.get("token_ids") or ()) for delta in event.get("choices", ())))
+        self.journal.noted(self.request_id, completion, self.first_token_ms)
 
     def observe(self, event: dict) -> None:
         """An event the client was sent: its tokens count."""
+        self._count_first_token(event)
         for delta in event.get("choices", ()):
-            if self.first_token_ms is None and (delta.get("token_ids") or delta.get("text")):
-                self.first_token_ms = int((time.monotonic() - self.clock) * 1000)
             self.completion_tokens += len(delta.get("token_ids") or ())
             if delta.get("finish_reason"):
                 self.finish_reasons.append(delta["finish_reason"])
         if "usage" in event:
             self.usage = event["usage"]
-        self._journal_progress()
 
-    def _journal_progress(self) -> None:
-        if self.journal is not None:
-            self.journal.progress(self.request_id, self.used[1], self.first_token_ms, self.responding)
+    def _count_first_token(self, event: dict) -> None:
+        if self.first_token_ms is None and any(delta.get("token_ids") or delta.get("text")
+                                               for delta in event.get("choices", ())):
+            self.first_token_ms = int((time.monotonic() - self.clock) * 1000)
 
     @property
     def used(self) -> tuple[int, int]:

@@ -67,6 +67,32 @@ def test_streams_of_a_web_process_killed_with_9_are_billed_what_they_were_sent(h
         again.stop()
 
 
+def test_a_streams_progress_is_on_disk_before_its_frame_can_reach_the_socket(tmp_path):
+    """On a running event loop (where the socket's writer may run later in the same turn), what a stream is
+    about to be sent is in the journal when `noted` returns, and a journal left so settles to it."""
+    from datetime import datetime, timezone
+
+    from teams.ledger import UsageEntry
+    from teams.usage_journal import Journal, unsettled
+
+    journal = Journal(tmp_path)
+    entry = UsageEntry(request_id="cmpl-1", created_at=datetime.now(timezone.utc), team_id=1, key_id=None,
+                       user_id=None, model="m", endpoint="/v1/completions", prompt_tokens=4, completion_tokens=0,
+                       time_to_first_token_ms=None, duration_ms=0, status_code=0, finish_reason="",
+                       cancelled=False, error_code="")
+
+    async def stream() -> list[dict]:
+        journal.opened(entry)
+        journal.noted("cmpl-1", 0, None)  # its headers
+        journal.noted("cmpl-1", 7, 12)  # a frame of 7 tokens, about to be written
+        [path] = tmp_path.glob("journal-*.jsonl")
+        return unsettled(json.loads(line) for line in path.read_text().splitlines())
+
+    [row] = asyncio.run(stream())
+    assert (row["status_code"], row["error_code"], row["completion_tokens"], row["time_to_first_token_ms"]) == \
+        (200, "server_lost", 7, 12)
+
+
 def test_ten_times_capacity_gets_its_503s_within_a_second_one_log_line_and_a_row_each(hf_cache, tmp_path):
     """10x what the engine runs and queues, at once: every refusal is a 503 `queue_full` within 1 s of its
     request (answered at the door, before Django), none is reset, the log says so once at WARNING (no ERROR
