@@ -83,13 +83,17 @@ class Spool:
         return claim_abandoned(self.directory, "usage-*.jsonl")
 
 
-def open_locked(directory: Path, kind: str):
+def open_locked(directory: Path, kind: str, mapped: bool = False):
     """A new file `<kind>-<pid>-<ns>.jsonl`, locked before it takes a name `claim_abandoned` looks for:
     created under a hidden name, locked, then renamed (the lock stays with the open file). Created, then
-    locked under its own name, an empty file could be claimed and deleted by a replay in between."""
+    locked under its own name, an empty file could be claimed and deleted by a replay in between.
+    Appended to as text, or `mapped`: open to read and write (binary), as a shared memory map needs."""
     name = f"{kind}-{os.getpid()}-{time.time_ns()}.jsonl"
     staging = directory / f".{name}.new"
-    file = os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
+    if mapped:
+        file = os.fdopen(os.open(staging, os.O_RDWR | os.O_CREAT, 0o600), "r+b")
+    else:
+        file = os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8")
     fcntl.flock(file.fileno(), fcntl.LOCK_EX)
     path = directory / name
     os.rename(staging, path)

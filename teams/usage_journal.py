@@ -3,20 +3,21 @@
 A request's usage row reaches the spool (teams/ledger_spool.py) only when the request ends, so a web
 process killed mid-stream left no row for its streams, though their clients had been sent tokens.
 Here each metered request is noted when its job has started (`opened`: its row as it stands, one
-line, flushed at once); a stream's progress — tokens its client was sent, time to first token — before
-each of its frames goes to the socket (`noted`: a line left for the next turn of the event loop let
-the socket send a frame first, so a kill between them billed one event short; a whole answer cut off
-sent its client nothing, so needs none); and its end (`closed`) once its real row is in the spool.
-The journal file is held with `flock` as a spool segment is. The ledger's replay settles a dead process's journal after that
-process's spool segments (so a request's real row always wins): each request still open gets a row
-from its last progress — status 200 with `server_lost` if its stream had started (the client saw it
+line); a stream's progress — tokens its client was sent, time to first token — before each of its frames
+goes to the socket (`noted`: the write-through sends a frame at once, so a note left for later billed one
+event short after a kill; a whole answer cut off sent its client nothing, so needs none); and its end
+(`closed`) once its real row is in the spool. Every line is in the file as it returns (`Journal`: a
+shared memory map), which is held with `flock` as a spool segment is. The ledger's replay settles a dead
+process's journal after that process's spool segments (so a request's real row always wins): each
+request still open gets a row from its last progress — status 200 with `server_lost` if its stream had started (the client saw it
 cut off), else 502 and no completion tokens (the client got no answer; a proxy in front answers 502
 when its upstream dies) — unless its request id is in the ledger already.
 """
 from __future__ import annotations
 
-import asyncio
 import json
+import mmap
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -24,30 +25,35 @@ from pathlib import Path
 
 from .ledger_spool import _jsonable, claim_abandoned, open_locked
 
-ROTATE_LINES = 20000  # lines before the open requests are carried into a fresh file
+MAPPED_BYTES = 4 << 20  # a journal file's size; a full one's open requests are carried into a fresh file
 LOST_CODE = "server_lost"
 
 
 class Journal:
-    def __init__(self, directory: str | Path) -> None:
+    """One web process's journal: lines written into the file through a shared memory map, so a line is in
+    the file (the page cache, which a kill -9 does not take) the moment it is copied there, without a system
+    call: a stream notes each frame before it goes out, and a call that gives up the GIL per frame made the
+    engine's thread and the event loop hand it to each other once more per frame."""
+
+    def __init__(self, directory: str | Path, mapped_bytes: int = MAPPED_BYTES) -> None:
         self.directory = Path(directory)
+        self.mapped_bytes = mapped_bytes
         self._lock = threading.Lock()
         self._open: dict[str, dict] = {}  # request id -> its row as opened, its progress merged in
-        self._closed: list[str] = []
-        self._file = None
         self._path: Path | None = None
-        self._lines = 0
-        self._flush_due = False
+        self._file = None  # held open: its flock says the file is live
+        self._map: mmap.mmap | None = None
+        self._end = 0  # where the next line goes
 
     def opened(self, entry) -> None:
-        """`entry` (a UsageEntry) has started: on disk before this returns."""
+        """`entry` (a UsageEntry) has started: in the file before this returns."""
         row = _jsonable(vars(entry))
         with self._lock:
             self._open[entry.request_id] = row
-            self._write({"o": row})
+            self._put(json.dumps({"o": row}) + "\n")
 
     def noted(self, request_id: str, completion_tokens: int, first_token_ms: int | None) -> None:
-        """A stream's frame with `completion_tokens` in all goes to its socket next: on disk before this
+        """A stream's frame with `completion_tokens` in all goes to its socket next: in the file before this
         returns (a line built by hand: one per frame, where `json.dumps` cost three times as much)."""
         with self._lock:
             row = self._open.get(request_id)
@@ -55,54 +61,38 @@ class Journal:
                 return
             row.update(completion_tokens=completion_tokens, time_to_first_token_ms=first_token_ms, responding=True)
             first_ms = "null" if first_token_ms is None else int(first_token_ms)
-            self._write_line(f'{{"t": {time.time()}, "p": {{{json.dumps(request_id)}: '
-                             f'[{int(completion_tokens)}, {first_ms}, true]}}}}\n')
+            self._put(f'{{"t": {time.time()}, "p": {{{json.dumps(request_id)}: '
+                      f'[{int(completion_tokens)}, {first_ms}, true]}}}}\n')
 
     def closed(self, request_id: str) -> None:
         """Its real row is in the spool: nothing to settle for it any more."""
         with self._lock:
             if self._open.pop(request_id, None) is not None:
-                self._closed.append(request_id)
-        self._flush_soon()
+                self._put(f'{{"t": {time.time()}, "c": [{json.dumps(request_id)}]}}\n')
 
-    def _flush_soon(self) -> None:
-        """Once per turn of the event loop, for all the requests closed during it."""
-        if self._flush_due:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # not on a loop (a thread of its own): at once
-            return self.flush()
-        self._flush_due = True
-        loop.call_soon(self.flush)
+    def _put(self, line: str) -> None:
+        data = line.encode()
+        if self._map is None or self._end + len(data) > len(self._map):
+            self._rotate(len(data))
+        self._map[self._end:self._end + len(data)] = data
+        self._end += len(data)
 
-    def flush(self) -> None:
-        self._flush_due = False
-        with self._lock:
-            if self._closed:
-                self._write({"t": time.time(), "c": self._closed})
-                self._closed = []
-
-    def _write(self, line: dict) -> None:
-        self._write_line(json.dumps(line) + "\n")
-
-    def _write_line(self, text: str) -> None:
-        if self._file is None:
-            self._path, self._file = open_locked(self.directory, "journal")
-        self._file.write(text)
-        self._file.flush()
-        self._lines += 1
-        if self._lines >= ROTATE_LINES:
-            self._rotate()
-
-    def _rotate(self) -> None:
-        """A fresh file holding only the requests still open; the old one goes once that is on disk."""
-        old_path, old_file = self._path, self._file
-        self._path, self._file, self._lines = None, None, 0
-        for row in self._open.values():
-            self._write({"o": row})
-        old_file.close()
-        old_path.unlink(missing_ok=True)
+    def _rotate(self, room: int) -> None:
+        """A fresh file holding the requests still open (and `room` bytes more at least); the old one goes
+        once they are in it."""
+        old = self._path, self._file, self._map
+        carried = "".join(json.dumps({"o": row}) + "\n" for row in self._open.values()).encode()
+        self._path, self._file = open_locked(self.directory, "journal", mapped=True)
+        size = max(self.mapped_bytes, 2 * (len(carried) + room))
+        os.ftruncate(self._file.fileno(), size)  # sparse: the unwritten rest is zeros, never a line
+        self._map = mmap.mmap(self._file.fileno(), size)
+        self._map[:len(carried)] = carried
+        self._end = len(carried)
+        path, file, mapped = old
+        if path is not None:
+            mapped.close()
+            file.close()
+            path.unlink(missing_ok=True)
 
 
 def unsettled(lines: Iterable[dict]) -> list[dict]:

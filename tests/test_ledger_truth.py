@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -67,30 +68,48 @@ def test_streams_of_a_web_process_killed_with_9_are_billed_what_they_were_sent(h
         again.stop()
 
 
-def test_a_streams_progress_is_on_disk_before_its_frame_can_reach_the_socket(tmp_path):
-    """On a running event loop (where the socket's writer may run later in the same turn), what a stream is
-    about to be sent is in the journal when `noted` returns, and a journal left so settles to it."""
-    from datetime import datetime, timezone
+JOURNAL_CHILD = """
+import os, signal, sys
+from datetime import datetime, timezone
+from teams.ledger import UsageEntry
+from teams.usage_journal import Journal
 
-    from teams.ledger import UsageEntry
-    from teams.usage_journal import Journal, unsettled
+journal = Journal(sys.argv[1], mapped_bytes=int(sys.argv[2]))
+def entry(request_id):
+    return UsageEntry(request_id=request_id, created_at=datetime.now(timezone.utc), team_id=1, key_id=None,
+                      user_id=None, model="m", endpoint="/v1/completions", prompt_tokens=4, completion_tokens=0,
+                      time_to_first_token_ms=None, duration_ms=0, status_code=0, finish_reason="", cancelled=False,
+                      error_code="")
+for request_id in ("cmpl-a", "cmpl-b", "cmpl-c", "cmpl-whole"):
+    journal.opened(entry(request_id))
+for count in range(1, 301):  # three streams, a frame of one token each in turn
+    for request_id in ("cmpl-a", "cmpl-b", "cmpl-c"):
+        journal.noted(request_id, count, 12)
+    if count == 150:
+        journal.closed("cmpl-b")  # its real row went to the spool
+journal.noted("cmpl-a", 301, 12)  # the frame about to go out
+os.kill(os.getpid(), signal.SIGKILL)
+"""
 
-    journal = Journal(tmp_path)
-    entry = UsageEntry(request_id="cmpl-1", created_at=datetime.now(timezone.utc), team_id=1, key_id=None,
-                       user_id=None, model="m", endpoint="/v1/completions", prompt_tokens=4, completion_tokens=0,
-                       time_to_first_token_ms=None, duration_ms=0, status_code=0, finish_reason="",
-                       cancelled=False, error_code="")
 
-    async def stream() -> list[dict]:
-        journal.opened(entry)
-        journal.noted("cmpl-1", 0, None)  # its headers
-        journal.noted("cmpl-1", 7, 12)  # a frame of 7 tokens, about to be written
-        [path] = tmp_path.glob("journal-*.jsonl")
-        return unsettled(json.loads(line) for line in path.read_text().splitlines())
+@pytest.mark.parametrize("mapped_bytes", [4 << 20, 2048])  # one file; a file filled many times over
+def test_a_journal_killed_with_9_holds_every_frame_noted(tmp_path, mapped_bytes):
+    """A process killed with -9 right after noting a frame (no flush, no exit): the journal it leaves has that
+    frame, the closed request is not settled, the whole answer settles as a 502, and one file is left
+    however often it was carried into a fresh one."""
+    import subprocess
+    import sys
 
-    [row] = asyncio.run(stream())
-    assert (row["status_code"], row["error_code"], row["completion_tokens"], row["time_to_first_token_ms"]) == \
-        (200, "server_lost", 7, 12)
+    from teams.usage_journal import abandoned_journals
+
+    child = subprocess.run([sys.executable, "-c", JOURNAL_CHILD, str(tmp_path), str(mapped_bytes)],
+                           cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONPATH": "."},
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert len(list(tmp_path.glob("journal-*.jsonl"))) == 1
+    [(_, rows)] = list(abandoned_journals(tmp_path))
+    settled = {row["request_id"]: (row["status_code"], row["completion_tokens"]) for row in rows}
+    assert settled == {"cmpl-a": (200, 301), "cmpl-c": (200, 300), "cmpl-whole": (502, 0)}
 
 
 def test_ten_times_capacity_gets_its_503s_within_a_second_one_log_line_and_a_row_each(hf_cache, tmp_path):
