@@ -40,6 +40,7 @@ class Journal:
         self.mapped_bytes = mapped_bytes
         self._lock = threading.Lock()
         self._open: dict[str, dict] = {}  # request id -> its row as opened, its progress merged in
+        self._quoted: dict[str, str] = {}  # request id -> it as a JSON string
         self._path: Path | None = None
         self._file = None  # held open: its flock says the file is live
         self._map: mmap.mmap | None = None
@@ -50,6 +51,7 @@ class Journal:
         row = _jsonable(vars(entry))
         with self._lock:
             self._open[entry.request_id] = row
+            self._quoted[entry.request_id] = json.dumps(entry.request_id)  # once: `noted` writes it per frame
             self._put(json.dumps({"o": row}) + "\n")
 
     def noted(self, request_id: str, completion_tokens: int, first_token_ms: int | None) -> None:
@@ -61,14 +63,14 @@ class Journal:
                 return
             row.update(completion_tokens=completion_tokens, time_to_first_token_ms=first_token_ms, responding=True)
             first_ms = "null" if first_token_ms is None else int(first_token_ms)
-            self._put(f'{{"t": {time.time()}, "p": {{{json.dumps(request_id)}: '
+            self._put(f'{{"t": {time.time()}, "p": {{{self._quoted[request_id]}: '
                       f'[{int(completion_tokens)}, {first_ms}, true]}}}}\n')
 
     def closed(self, request_id: str) -> None:
         """Its real row is in the spool: nothing to settle for it any more."""
         with self._lock:
             if self._open.pop(request_id, None) is not None:
-                self._put(f'{{"t": {time.time()}, "c": [{json.dumps(request_id)}]}}\n')
+                self._put(f'{{"t": {time.time()}, "c": [{self._quoted.pop(request_id)}]}}\n')
 
     def _put(self, line: str) -> None:
         data = line.encode()
