@@ -106,6 +106,16 @@ def test_requests_at_once_each_get_a_thread_and_the_spare_ones_are_let_go(noted_
     assert started["/c"] in (started["/a"], started["/b"]) and threads.started == 2
 
 
+def test_a_burst_of_a_busy_servers_size_finds_its_threads_kept_from_the_last():
+    threads = RequestThreads()
+    for _ in range(2):
+        lent = [threads.borrow() for _ in range(200)]  # 200 requests at once, twice
+        for executor in lent:
+            threads.give_back(executor)
+        asyncio.run(given_back(threads, 200))
+    assert threads.started == 200
+
+
 def test_a_thread_still_running_a_cancelled_requests_call_is_not_lent_until_it_returns():
     threads = RequestThreads()
     release = threading.Event()
