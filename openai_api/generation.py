@@ -26,21 +26,12 @@ from protocol import failpoints
 from protocol.tasks import watch
 
 from .errors import APIError, client_error
+from .silence import SilenceWatch, receive_within
 
 logger = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # as nginx logs a client that left before its response
 HANDOFF_SECONDS = 5.0  # a stream the view handed on must be taken up by then, else its client is gone
 JOIN_AT_MOST = 8  # messages joined into one event: a stream read late still moves in steps, not all at once
-
-
-async def receive_within(layer, channel: str, timeout: float) -> dict:
-    """layer.receive with a deadline.
-
-    Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that lands
-    as the message arrives, and a vanished client's job would then run to the end.
-    """
-    async with asyncio.timeout(timeout):
-        return await layer.receive(channel)
 
 
 def new_request_id(prefix: str) -> str:
@@ -94,6 +85,7 @@ class GenerationStream:
         self.claimed = False  # the response began reading it (whoever claims it cancels it at the end)
         self.responding = False  # its response started (a stream's status and headers went out)
         self._held: list[dict] = []  # messages read ahead of a joined delta, next in line
+        self._silence: SilenceWatch | None = None  # the waits of `_next`, bounded by the worker's silence timeout
         OPEN_STREAMS.add(self)
 
     async def open(self) -> None:
@@ -169,9 +161,11 @@ class GenerationStream:
         config = settings.INFERENCE.jobs
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.worker_event_timeout
+        if self._silence is None:
+            self._silence = SilenceWatch(config.worker_silence_timeout)
         while True:
             try:
-                message = await receive_within(self.layer, self.reply_channel, config.worker_silence_timeout)
+                message = await self._silence.receive(self.layer, self.reply_channel)
             except TimeoutError:
                 raise WorkerLost() from None
             if message.get("type") != protocol.ALIVE:
@@ -260,6 +254,8 @@ class GenerationStream:
         the client saw: the error it was told, or — ended early without one, so its client left —
         `client_closed`, under 200 once its response had started (a stream), else 499."""
         left = not self.finished and self.error is None
+        if self._silence is not None:
+            self._silence.close()
         if not self.finished:
             self.finished = True
             await send_cancel(self.layer, self.request_id)
