@@ -187,6 +187,8 @@ SCENARIOS = {
                        "tokens, the per-step op message's share of a step (bench/tensor_parallel.py)",
     "split": "a probe of issue 44's next step: the engine's streamed output work in its thread vs in another process "
              "fed one pipe message of token ids a step, tok/s and CPU (bench/split.py)",
+    "web_path": "the web side's CPU per streamed token (channel, meter, shaping, SSE, Django's streaming) with no "
+                "model or socket, optionally against another checkout (bench/web_path.py)",
     "gpu": "real-shaped random models (Qwen2.5-0.5B, Llama-3-8B): raw generate, generate_batch, ours at c1-256, "
            "GPU busy %, step time, HBM floor (bench/gpu.py)",
 }

@@ -57,6 +57,13 @@ def run_scenario(hf_cache, tmp_path, *args: str, report: str = "") -> dict:
     return json.loads((out / f"{report or args[1]}.json").read_text())
 
 
+def test_web_path_scenario_measures_this_checkout_and_another(hf_cache, tmp_path):
+    report = run_scenario(hf_cache, tmp_path, "--scenario", "web_path", "--root", str(ROOT))
+    assert (report["streams"], report["steps"]) == (8, 16)
+    assert report["this"]["cpu_us_per_frame"] > 0 and report["root"]["cpu_us_per_frame"] > 0
+    assert report["this_over_root"] > 0
+
+
 def test_adapters_scenario_reports_both_throughputs(hf_cache, tmp_path):
     report = run_scenario(hf_cache, tmp_path, "--scenario", "adapters")
     assert len(report["adapters"]) == 4 and report["streams"] == 8 and report["errors"] == 0
