@@ -68,6 +68,21 @@ def test_streamed_events_follow_openai_order_and_rebuild_the_answer(client):
     assert events[-1].response.usage.output_tokens == 10
 
 
+def test_a_stream_echoes_a_tool_schema_with_an_integer_past_64_bits(server):
+    """The events carry the request's tools as sent, whatever JSON they hold (orjson refuses integers past
+    64 bits: those frames are written by json instead)."""
+    tool = {"type": "function", "name": "count", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "maximum": 10 ** 30}}}}
+    body = {"model": TINY_MODEL, "input": "Count", "tools": [tool], "tool_choice": "none", "max_output_tokens": 3,
+            "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/responses", json=body, headers=server.headers,
+                      timeout=60) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert response.status_code == 200
+    assert events[-1]["type"] == "response.incomplete", events[-1]  # its 3 tokens ran out
+    assert events[0]["response"]["tools"][0]["parameters"]["properties"]["n"]["maximum"] == 10 ** 30
+
+
 def test_async_streaming(async_client):
     async def run():
         stream = await async_client.responses.create(model=TINY_MODEL, input="Hi", max_output_tokens=5, stream=True)
