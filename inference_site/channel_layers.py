@@ -32,13 +32,28 @@ class HandoverInMemoryChannelLayer(InMemoryChannelLayer):
         self._receivers: dict[str, int] = {}  # channel -> receives waiting on it (its queue stays)
 
     async def send(self, channel: str, message: dict) -> None:
+        self._put(channel, message, time.time() + self.expiry)
+
+    async def send_many(self, items: list[tuple[str, dict]]) -> list[BaseException | None]:
+        """Each (channel, message) in order, as the Redis layer's `send_many`: per item None or the error
+        (ChannelFull); a worker's step of messages in one call, not an await each."""
+        expires, outcomes = time.time() + self.expiry, []
+        for channel, message in items:
+            try:
+                self._put(channel, message, expires)
+                outcomes.append(None)
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _put(self, channel: str, message: dict, expires: float) -> None:
         assert isinstance(message, dict), "message is not a dict"
         queue = self.channels.get(channel)
         if queue is None:
             self.require_valid_channel_name(channel)
             queue = self.channels.setdefault(channel, asyncio.Queue(maxsize=self.get_capacity(channel)))
         try:
-            queue.put_nowait((time.time() + self.expiry, message))
+            queue.put_nowait((expires, message))
         except asyncio.QueueFull:
             raise ChannelFull(channel) from None
 

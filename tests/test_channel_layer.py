@@ -22,6 +22,19 @@ def test_messages_arrive_in_order_as_sent_without_copies():
     assert received == sent and all(a is b for a, b in zip(sent, received))
 
 
+def test_send_many_delivers_in_order_and_refuses_only_a_full_channels_messages():
+    async def scenario():
+        layer = HandoverInMemoryChannelLayer(capacity=2)
+        busy, free = await layer.new_channel("reply."), await layer.new_channel("reply.")
+        items = [(free, {"n": 0}), (busy, {"n": 1}), (busy, {"n": 2}), (free, {"n": 3}), (busy, {"n": 4})]
+        outcomes = await layer.send_many(items)  # the busy channel's third is one too many
+        return outcomes, layer.receive_ready(free), layer.receive_ready(busy)
+
+    outcomes, free_got, busy_got = asyncio.run(scenario())
+    assert outcomes[:4] == [None] * 4 and isinstance(outcomes[4], ChannelFull)
+    assert [m["n"] for m in free_got] == [0, 3] and [m["n"] for m in busy_got] == [1, 2]
+
+
 def test_group_members_each_get_their_own_copy():
     async def scenario():
         layer = HandoverInMemoryChannelLayer()

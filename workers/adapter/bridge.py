@@ -49,7 +49,7 @@ class EngineBridge:
         self.layer = layer
         self.name = name
         self.loop = asyncio.get_running_loop()
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.outbox: asyncio.Queue = asyncio.Queue()  # lists of (channel, message), in order
         self._pending: list[tuple[str, dict]] = []  # emitted by the engine thread, not yet in the outbox
         self._pending_lock = threading.Lock()
         self._changes: asyncio.Queue = asyncio.Queue()
@@ -159,15 +159,15 @@ class EngineBridge:
 
     def send(self, channel: str, message: dict) -> None:
         """Shares the outbox with the engine's messages, so a reply channel sees them in order."""
-        self.outbox.put_nowait((channel, message))
+        self.outbox.put_nowait([(channel, message)])
 
     async def _send_forever(self) -> None:
         """Everything queued goes out together: one round trip per step over Redis (`send_many`)."""
         send_many = getattr(self.layer, "send_many", None)
         while True:
-            items = [await self.outbox.get()]
+            items = await self.outbox.get()
             while not self.outbox.empty():
-                items.append(self.outbox.get_nowait())
+                items.extend(self.outbox.get_nowait())
             items = [(channel, message) for channel, message in items if channel not in self._cut_off
                      and self._last_word.get(channel, message) is message]
             if not items:
@@ -261,5 +261,4 @@ class EngineBridge:
     def _take_pending(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, []
-        for item in pending:
-            self.outbox.put_nowait(item)
+        self.outbox.put_nowait(pending)  # a step's messages as one item
