@@ -112,8 +112,8 @@ class RequestMeter:
             self.journal.noted(self.request_id, self.used[1], self.first_token_ms)
 
     def handing_on(self, event: dict) -> None:
-        """A stream's `event` goes to its client next: the journal has it on disk first, so a kill of this
-        process once its frame is in the socket's buffer bills it (the row may then hold one event more than
+        """A stream's `event` goes to its client next: the journal has it first, so a kill of this process
+        once its frame is in the socket's buffer bills it (the row may then hold one event more than
         arrived, never one less). A whole answer needs none: cut off, its client got no token."""
         if self.journal is None or not self.responding:
             return

@@ -9,9 +9,9 @@ event short after a kill; a whole answer cut off sent its client nothing, so nee
 (`closed`) once its real row is in the spool. Every line is in the file as it returns (`Journal`: a
 shared memory map), which is held with `flock` as a spool segment is. The ledger's replay settles a dead
 process's journal after that process's spool segments (so a request's real row always wins): each
-request still open gets a row from its last progress — status 200 with `server_lost` if its stream had started (the client saw it
-cut off), else 502 and no completion tokens (the client got no answer; a proxy in front answers 502
-when its upstream dies) — unless its request id is in the ledger already.
+request still open gets a row from its last progress — status 200 with `server_lost` if its stream had
+started (the client saw it cut off), else 502 and no completion tokens (the client got no answer; a proxy
+in front answers 502 when its upstream dies) — unless its request id is in the ledger already.
 """
 from __future__ import annotations
 
