@@ -53,7 +53,8 @@ async def one_round() -> None:
         shaper = CompletionShaper(stream.request_id, "local/tiny-llama", {"stream": True, "return_token_ids": True},
                                   stream.started)
         channels.append(channel)
-        responses.append(asyncio.ensure_future(handler.send_response(sse_response(shaper.chunks(stream), stream), send)))
+        response = sse_response(shaper.chunks(stream), stream)
+        responses.append(asyncio.ensure_future(handler.send_response(response, send)))
     for step in range(STEPS):
         for channel in channels:
             delta = {"index": 0, "text": " the", "token_ids": [278], "logprobs": None, "finish_reason": None}
@@ -61,7 +62,8 @@ async def one_round() -> None:
                 await layer.send(channel, protocol.delta_message([delta]))
             else:
                 delta["finish_reason"] = "length"
-                await layer.send(channel, protocol.done_message([delta], {"prompt_tokens": 16, "completion_tokens": STEPS}))
+                usage = {"prompt_tokens": 16, "completion_tokens": STEPS}
+                await layer.send(channel, protocol.done_message([delta], usage))
         while any(not layer.channels[channel].empty() for channel in channels if channel in layer.channels):
             await asyncio.sleep(0)  # every stream takes its token before the next step, as behind a live engine
     await asyncio.gather(*responses)

@@ -15,7 +15,8 @@ goes as one *bundle* (vLLM's one message per engine step, not one per stream per
 serialized entry holding every (channel, message) in order, one script that checks and counts every
 channel's capacity, one pop on the web side, which hands each message to its channel. A bundle one of
 whose channels is full goes again message by message, so only that channel's messages are refused.
-Named channels (the shared worker channel) keep channels-redis's own receive, which never loses a message to a cancelled reader.
+Named channels (the shared worker channel) keep channels-redis's own receive, which never loses a
+message to a cancelled reader.
 
 Capacity is per channel, also for a process's own channels that share one Redis key: a send to
 one of them counts its messages in a counter key of its own (`<key>#<channel>`), checked against
