@@ -16,9 +16,11 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_site.settings")
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 
-from inference_site.request_threads import PooledThreadsASGIHandler, RequestThreads  # noqa: E402
+from inference_site.request_threads import (  # noqa: E402
+    PooledThreadsASGIHandler, RequestThreads, drop_request_started_database_check)
 
 request_threads = RequestThreads()
+drop_request_started_database_check()
 full_django_app = ASGIStaticFilesHandler(PooledThreadsASGIHandler(request_threads))
 
 

@@ -14,7 +14,6 @@ import json
 import logging
 import re
 import time
-import uuid
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
@@ -24,6 +23,7 @@ from openai_api.errors import error_body
 from openai_api.metrics import observe_http
 
 from .logs import REQUEST_ID
+from .random_ids import random_hex
 
 logger = logging.getLogger("inference_site.access")
 
@@ -43,7 +43,7 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
             if SANE_REQUEST_ID.fullmatch(text):
                 return text
             break
-    return uuid.uuid4().hex
+    return random_hex()
 
 
 def refusal(scope: dict) -> tuple[int, str, str] | None:

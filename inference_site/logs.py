@@ -2,12 +2,17 @@
 
 The id lives in a context variable set by the ASGI guard, so every line logged while a request
 is handled (its view, its sync_to_async threads) names it; lines outside a request show "-".
+Lines are formatted where they are logged and written to stderr by a thread of their own
+(`BackgroundConsoleHandler`).
 """
 from __future__ import annotations
 
+import atexit
 import contextvars
 import json
 import logging
+import logging.handlers
+import queue
 from datetime import datetime, timezone
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -37,6 +42,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class BackgroundConsoleHandler(logging.handlers.QueueHandler):
+    """stderr, written by a listener thread: the thread that logs formats the line (its request id, its
+    traceback) and queues it. A write is a system call, which gives up the GIL; on the event loop of a busy
+    server, taking it back from the engine's thread waited, and every request logged two lines there (the
+    logging cookbook's advice for handlers that block, as under asyncio). The queue is drained at exit and
+    when logging is configured again or shut down (`close`)."""
+
+    def __init__(self) -> None:
+        super().__init__(queue.SimpleQueue())
+        self.listener = logging.handlers.QueueListener(self.queue, logging.StreamHandler())
+        self.listener.start()
+        self.listening = True
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.listening:  # stop() drains the queue, and may run once
+            self.listening = False
+            self.listener.stop()
+        super().close()
+
+
 def logging_config(log_format: str, level: str) -> dict:
     """settings.LOGGING for LOG_FORMAT `plain` (default) or `json`."""
     formatters = {
@@ -50,7 +76,7 @@ def logging_config(log_format: str, level: str) -> dict:
         "disable_existing_loggers": False,
         "filters": {"request_id": {"()": "inference_site.logs.RequestIdFilter"}},
         "formatters": formatters,
-        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": log_format,
+        "handlers": {"console": {"()": "inference_site.logs.BackgroundConsoleHandler", "formatter": log_format,
                                  "filters": ["request_id"]}},
         "root": {"handlers": ["console"], "level": level},
         # Django's own 4xx warnings would repeat the guard's access line; 5xx still log with a traceback.

@@ -15,7 +15,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
+from django.conf import settings
+from django.core import signals
 from django.core.handlers.asgi import ASGIHandler
+from django.db import close_old_connections, reset_queries
 
 
 class RequestThreads:
@@ -79,3 +82,19 @@ class PooledThreadsASGIHandler(ASGIHandler):
                 await self.handle(scope, receive, send)
         finally:
             self.threads.give_back(executor)
+
+
+def drop_request_started_database_check() -> bool:
+    """Leave out Django's `request_started` receivers where they have nothing to do; whether it did.
+
+    They close a thread's database connections that outlived `CONN_MAX_AGE` (and clear DEBUG's query
+    log). With `CONN_MAX_AGE` 0 everywhere (ours) `request_finished` closes every connection a request
+    opened on its thread at its end, so a lent thread starts each request without one; and with only
+    synchronous receivers Django's async handler sends the signal on the request's thread: a thread
+    woken and the loop woken back, one of the four hand-offs a small request made.
+    """
+    if settings.DEBUG or any(db.get("CONN_MAX_AGE", 0) != 0 for db in settings.DATABASES.values()):
+        return False
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_started.disconnect(reset_queries)
+    return True

@@ -56,6 +56,21 @@ class OpenAIView(RateLimitHeadersMixin, LookupOnLongLivedThread, APIView):
     def serializer_context(self) -> dict:
         return serializer_context()
 
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if type(response) is Response:
+            response.__class__ = RenderedOnLoop
+        return response
+
+
+class RenderedOnLoop(Response):
+    """DRF's Response, rendered on the event loop: Django's async handler awaits a coroutine `render` and hands
+    any other to the request's thread (that thread woken, then the loop woken back: one of the four hand-offs a
+    small request made). Rendering is encoding JSON, which every SSE frame does on the loop already."""
+
+    async def render(self):
+        return Response.render(self)
+
 
 def serializer_context() -> dict:
     """The server's request limits, as serializers read them from their context."""

@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from inference_site.random_ids import random_hex
 from teams.metering import RequestMeter
 import protocol
 from protocol import failpoints
@@ -35,7 +35,7 @@ JOIN_AT_MOST = 8  # messages joined into one event: a stream read late still mov
 
 
 def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{random_hex()}"
 
 
 @dataclass

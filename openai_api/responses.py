@@ -9,9 +9,9 @@ openai_api.response_views (ResponsesView too).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
+from inference_site.random_ids import random_hex
 from protocol import ChoiceDelta, Part, Usage
 
 from .generation import GenerationStream
@@ -19,7 +19,7 @@ from .shaping import chat_logprobs, text_parts
 
 
 def item_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    return f"{prefix}_{random_hex()}"
 
 
 class ResponseBuilder:

@@ -16,24 +16,21 @@ in front answers 502 when its upstream dies) — unless its request id is in the
 from __future__ import annotations
 
 import json
-import mmap
-import os
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .ledger_spool import _jsonable, claim_abandoned, open_locked
+from .ledger_spool import MappedFile, _jsonable, claim_abandoned
 
 MAPPED_BYTES = 4 << 20  # a journal file's size; a full one's open requests are carried into a fresh file
 LOST_CODE = "server_lost"
 
 
 class Journal:
-    """One web process's journal: lines written into the file through a shared memory map, so a line is in
-    the file (the page cache, which a kill -9 does not take) the moment it is copied there, without a system
-    call: a stream notes each frame before it goes out, and a call that gives up the GIL per frame made the
-    engine's thread and the event loop hand it to each other once more per frame."""
+    """One web process's journal, a `MappedFile`: a stream notes each frame before it goes out, and a line is
+    in the file once copied there, without a system call (one per frame made the engine's thread and the
+    event loop hand the GIL to each other once more per frame)."""
 
     def __init__(self, directory: str | Path, mapped_bytes: int = MAPPED_BYTES) -> None:
         self.directory = Path(directory)
@@ -41,10 +38,7 @@ class Journal:
         self._lock = threading.Lock()
         self._open: dict[str, dict] = {}  # request id -> its row as opened, its progress merged in
         self._quoted: dict[str, str] = {}  # request id -> it as a JSON string
-        self._path: Path | None = None
-        self._file = None  # held open: its flock says the file is live
-        self._map: mmap.mmap | None = None
-        self._end = 0  # where the next line goes
+        self._file: MappedFile | None = None  # held open: its flock says the file is live
 
     def opened(self, entry) -> None:
         """`entry` (a UsageEntry) has started: in the file before this returns."""
@@ -74,27 +68,19 @@ class Journal:
 
     def _put(self, line: str) -> None:
         data = line.encode()
-        if self._map is None or self._end + len(data) > len(self._map):
+        if self._file is None or not self._file.fits(len(data)):
             self._rotate(len(data))
-        self._map[self._end:self._end + len(data)] = data
-        self._end += len(data)
+        self._file.put(data)
 
     def _rotate(self, room: int) -> None:
         """A fresh file holding the requests still open (and `room` bytes more at least); the old one goes
         once they are in it."""
-        old = self._path, self._file, self._map
+        old = self._file
         carried = "".join(json.dumps({"o": row}) + "\n" for row in self._open.values()).encode()
-        self._path, self._file = open_locked(self.directory, "journal", mapped=True)
-        size = max(self.mapped_bytes, 2 * (len(carried) + room))
-        os.ftruncate(self._file.fileno(), size)  # sparse: the unwritten rest is zeros, never a line
-        self._map = mmap.mmap(self._file.fileno(), size)
-        self._map[:len(carried)] = carried
-        self._end = len(carried)
-        path, file, mapped = old
-        if path is not None:
-            mapped.close()
-            file.close()
-            path.unlink(missing_ok=True)
+        self._file = MappedFile(self.directory, "journal", max(self.mapped_bytes, 2 * (len(carried) + room)))
+        self._file.put(carried)
+        if old is not None:
+            old.close(delete=True)
 
 
 def unsettled(lines: Iterable[dict]) -> list[dict]:

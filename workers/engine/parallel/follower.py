@@ -206,4 +206,5 @@ def follower_main(rank: int, load, conn) -> None:
         Follower(loaded, conn).run()
     except Exception:
         logger.exception("an op failed; this rank stops (rank 0 restarts the group)")
+        logging.shutdown()  # the line written before the process goes without its exit handlers
         os._exit(1)
