@@ -6,7 +6,8 @@ raw padded `generate` of 64 prompts x 128 tokens, then ours with the same 64 req
 non-streaming and streaming (greedy, EOS ignored), in interleaved rounds. Reports tok/s and each
 as a ratio to raw, TTFT p95 of the streaming run, and the engine's own mean step time and batch
 (from its Prometheus histograms), and the wall time of the same requests at once asking for one token
-each: the cost of admitting them (HTTP, auth, validation, a job each) with almost no decoding.
+each: the cost of admitting them (HTTP, auth, validation, a job each) with almost no decoding, and the
+event loop's CPU per request in it. The SDK client's own CPU is reported too: it runs on the same cores.
 Works on a GPU too (`--device cuda`).
 """
 from __future__ import annotations
@@ -91,6 +92,12 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process's main thread: the web process's event loop (Daphne runs it there)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def per_step(before: dict[str, float], after: dict[str, float]) -> dict:
     steps = after["inference_step_seconds_count"] - before["inference_step_seconds_count"]
     batches = after["inference_batch_size_count"] - before["inference_batch_size_count"]
@@ -146,32 +153,40 @@ def main(argv: list[str]) -> None:
             raw_tps = raw.batch_tokens_per_s(args.max_tokens)
             raw_cpu = time.process_time() - raw_cpu
             before = engine_counters(server.base_url)
-            cpu_before = sum(map(tree_cpu_seconds, server.pids))
+            cpu_before, client_before = sum(map(tree_cpu_seconds, server.pids)), time.process_time()
             plain = asyncio.run(non_streaming(server.base_url, args.model, prompts, args.max_tokens))
-            cpu_middle = sum(map(tree_cpu_seconds, server.pids))
+            cpu_middle, client_middle = sum(map(tree_cpu_seconds, server.pids)), time.process_time()
             middle = engine_counters(server.base_url)
             streamed = streaming(server.base_url, args.model, prompts, args.max_tokens)
-            cpu_after = sum(map(tree_cpu_seconds, server.pids))
+            cpu_after, client_after = sum(map(tree_cpu_seconds, server.pids)), time.process_time()
             after = engine_counters(server.base_url)
             tokens = args.requests * args.max_tokens
             cpu = {"raw_cpu_ms_per_1k_tokens": round(raw_cpu * 1e6 / tokens, 1),
                    "ours_cpu_ms_per_1k_tokens": round((cpu_middle - cpu_before) * 1e6 / plain["tokens"], 1),
                    "ours_streaming_cpu_ms_per_1k_tokens": round((cpu_after - cpu_middle) * 1e6 / streamed["tokens"], 1)}
+            # The SDK client runs on the same cores: its CPU is time the server could not have.
+            cpu["client_cpu_ms"] = round(1000 * (client_middle - client_before), 1)
+            cpu["streaming_client_cpu_ms"] = round(1000 * (client_after - client_middle), 1)
             cpu["cpu_per_token_vs_raw"] = round(cpu["ours_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
             cpu["streaming_cpu_per_token_vs_raw"] = round(
                 cpu["ours_streaming_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
+            loop_before = main_thread_cpu_seconds(server.pids[0])
             admitted = asyncio.run(non_streaming(server.base_url, args.model, prompts, 1))
+            loop_ms_per_request = round(1000 * (main_thread_cpu_seconds(server.pids[0]) - loop_before) / len(prompts), 2)
             row = {"raw_tokens_per_s": raw_tps, "non_streaming": {**plain, **per_step(before, middle)},
                    "streaming": {**streamed, **per_step(middle, after)},
-                   "one_token_burst_ms": round(1000 * admitted["wall_s"], 1), **cpu}
+                   "one_token_burst_ms": round(1000 * admitted["wall_s"], 1),
+                   "burst_loop_cpu_ms_per_request": loop_ms_per_request, **cpu}
             row["non_streaming_vs_raw"] = round(plain["tokens_per_s"] / raw_tps, 3)
             row["streaming_vs_raw"] = round(streamed["tokens_per_s"] / raw_tps, 3)
             rounds.append(row)
             print(f"round {index + 1}: raw {raw_tps} tok/s; ours {plain['tokens_per_s']} "
                   f"({row['non_streaming_vs_raw']}x), streaming {streamed['tokens_per_s']} ({row['streaming_vs_raw']}x), "
                   f"TTFT p95 {streamed['ttft_p95_ms']} ms; step {row['non_streaming']['step_ms_mean']} ms "
-                  f"at batch {row['non_streaming']['batch_mean']}; {args.requests} one-token requests {row['one_token_burst_ms']} ms; "
-                  f"CPU per token vs raw {cpu['cpu_per_token_vs_raw']}x (streaming {cpu['streaming_cpu_per_token_vs_raw']}x)",
+                  f"at batch {row['non_streaming']['batch_mean']}; {args.requests} one-token requests {row['one_token_burst_ms']} ms "
+                  f"(the event loop's CPU {row['burst_loop_cpu_ms_per_request']} ms a request); "
+                  f"CPU per token vs raw {cpu['cpu_per_token_vs_raw']}x (streaming {cpu['streaming_cpu_per_token_vs_raw']}x); "
+                  f"the client's CPU {cpu['client_cpu_ms']} ms (streaming {cpu['streaming_client_cpu_ms']} ms)",
                   flush=True)
     finally:
         server.stop()
@@ -185,6 +200,7 @@ def main(argv: list[str]) -> None:
         "median_ttft_p95_ms": statistics.median(r["streaming"]["ttft_p95_ms"] or 0 for r in rounds),
         "median_step_ms": statistics.median(r["non_streaming"]["step_ms_mean"] or 0 for r in rounds),
         "median_one_token_burst_ms": statistics.median(r["one_token_burst_ms"] for r in rounds),
+        "median_burst_loop_cpu_ms_per_request": statistics.median(r["burst_loop_cpu_ms_per_request"] for r in rounds),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(summary, indent=2))
