@@ -21,9 +21,10 @@ from django.urls import Resolver404, resolve
 
 from openai_api.errors import error_body
 from openai_api.metrics import observe_http
+from protocol.random_ids import random_hex
 
 from .logs import REQUEST_ID
-from .random_ids import random_hex
+
 
 logger = logging.getLogger("inference_site.access")
 

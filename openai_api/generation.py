@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference_site.random_ids import random_hex
 from teams.metering import RequestMeter
 import protocol
 from protocol import failpoints
+from protocol.random_ids import random_hex
 from protocol.tasks import watch
 
 from .errors import APIError, client_error

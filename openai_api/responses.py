@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from inference_site.random_ids import random_hex
+from protocol.random_ids import random_hex
 from protocol import ChoiceDelta, Part, Usage
 
 from .generation import GenerationStream

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from inference_site.random_ids import POOL_BYTES, ID_BYTES, random_hex
+from protocol.random_ids import POOL_BYTES, ID_BYTES, random_hex
 
 
 def test_ids_are_32_hex_digits_and_never_repeat_across_many_pools():
