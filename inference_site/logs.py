@@ -12,6 +12,7 @@ import contextvars
 import json
 import logging
 import logging.handlers
+import os
 import queue
 from datetime import datetime, timezone
 
@@ -47,14 +48,25 @@ class BackgroundConsoleHandler(logging.handlers.QueueHandler):
     traceback) and queues it. A write is a system call, which gives up the GIL; on the event loop of a busy
     server, taking it back from the engine's thread waited, and every request logged two lines there (the
     logging cookbook's advice for handlers that block, as under asyncio). The queue is drained at exit and
-    when logging is configured again or shut down (`close`)."""
+    when logging is configured again or shut down (`close`); a forked child, which has no listener thread,
+    starts one of its own."""
 
     def __init__(self) -> None:
         super().__init__(queue.SimpleQueue())
+        self.listening = False
+        self._listen()
+        atexit.register(self.close)
+        os.register_at_fork(after_in_child=self._listen_in_child)
+
+    def _listen(self) -> None:
         self.listener = logging.handlers.QueueListener(self.queue, logging.StreamHandler())
         self.listener.start()
         self.listening = True
-        atexit.register(self.close)
+
+    def _listen_in_child(self) -> None:
+        if self.listening:
+            self.queue = queue.SimpleQueue()  # the parent's may have been held mid-call by its listener
+            self._listen()
 
     def close(self) -> None:
         if self.listening:  # stop() drains the queue, and may run once
