@@ -47,6 +47,40 @@ def test_busy_processes_on_every_core_leave_the_engine_one_thread():
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2+ cores")
+def test_a_busy_thread_beside_the_engine_costs_it_a_thread_when_named():
+    """A thread of the engine's own process that keeps a core busy (the event loop streaming, the output thread)
+    counts as another process does when the engine names it; unnamed, it counts as the engine's own. Two
+    governors over the same seconds, one naming it: whatever else runs on the machine, both see it alike."""
+    import hashlib
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    stop = threading.Event()
+    data = bytes(1 << 20)
+
+    def busy() -> None:  # hashing a large buffer lets go of the GIL: a core kept busy, the test's thread free
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        named, unnamed = ThreadGovernor(beside=lambda: [worker.native_id]), ThreadGovernor()
+        deadline = time.monotonic() + 3.5  # three checks, a second apart
+        while time.monotonic() < deadline:
+            named.adjust()
+            unnamed.adjust()
+            time.sleep(0.1)
+        assert named.others_cores - unnamed.others_cores >= 0.5
+        assert named.threads < named.most and named.threads <= unnamed.threads
+    finally:
+        stop.set()
+        worker.join()
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2+ cores")
 def test_what_ran_while_the_engine_was_idle_does_not_cost_it_threads():
     before = torch.get_num_threads()
     torch.set_num_threads(len(os.sched_getaffinity(0)))

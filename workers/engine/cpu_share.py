@@ -7,6 +7,10 @@ event loop too: on 2 cores beside one busy process, two threads decode several
 times slower than one. So by default (`INFERENCE_TORCH_THREADS=0`) the engine
 uses the cores other processes leave free, measured from /proc every second:
 all of torch's threads on a quiet machine, fewer while something else runs.
+The threads beside the engine in its own process that keep a core busy count
+as others too: the event loop serving HTTP, the output thread detokenizing.
+Streaming 64 tiny-model streams on 2 cores, they used half a core, and torch's
+second thread, spinning at every barrier, only took it from them.
 A positive setting fixes the count instead.
 
 Only the engine thread runs torch on several threads (`torch_on_one_thread` for every other
@@ -22,6 +26,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -67,6 +72,18 @@ def _own_ticks() -> int:
     return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
 
 
+def _thread_ticks(native_ids: Iterable[int]) -> int:
+    """Clock ticks these threads of this process spent (one gone counts none)."""
+    total = 0
+    for native_id in native_ids:
+        try:
+            fields = open(f"/proc/self/task/{native_id}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total
+
+
 # torch's own count for a new thread (OMP_NUM_THREADS, MKL_NUM_THREADS, else MKL's physical cores), read at
 # import, before any thread here sets one. Not `torch.get_num_threads()` later: torch sets a thread's count, the
 # first time it runs torch, from the value any thread set last, process-wide, and the loader's and warm-up's
@@ -76,15 +93,18 @@ DEFAULT_THREADS = torch.get_num_threads()
 
 
 class ThreadGovernor:
-    """Called by the engine thread between steps; sets torch's thread count (it is per calling thread)."""
+    """Called by the engine thread between steps; sets torch's thread count (it is per calling thread).
 
-    def __init__(self, fixed_threads: int = 0) -> None:
+    `beside` names (native ids) the threads of this process that share the cores with the engine's."""
+
+    def __init__(self, fixed_threads: int = 0, beside: Callable[[], Iterable[int]] = tuple) -> None:
         self.cores = _cores()
         self.fixed = fixed_threads > 0
         self.most = fixed_threads if self.fixed else max(1, min(DEFAULT_THREADS, len(self.cores)))
         self.threads = self.most
-        self.others_cores = 0.0  # cores other processes used over the last check
-        self._last: tuple[float, int, int] | None = None
+        self.beside = beside
+        self.others_cores = 0.0  # cores other processes and the threads beside used over the last check
+        self._last: tuple[float, int, int, int] | None = None
         torch.get_num_threads()  # torch's first-use set-up of this thread's count, done now: not over ours later
         torch.set_num_threads(self.threads)
 
@@ -98,16 +118,16 @@ class ThreadGovernor:
         if busy is None:
             self.fixed = True
             return
-        own = _own_ticks()
+        own, beside = _own_ticks(), _thread_ticks(self.beside())
         if self._last is not None and now - self._last[0] <= STALE_WINDOW_SECONDS:
-            then, busy_then, own_then = self._last
+            then, busy_then, own_then, beside_then = self._last
             ticks = (now - then) * os.sysconf("SC_CLK_TCK")
-            self.others_cores = max(0.0, ((busy - busy_then) - (own - own_then)) / ticks)
+            self.others_cores = max(0.0, ((busy - busy_then) - (own - own_then) + (beside - beside_then)) / ticks)
             taken = max(0, math.ceil(self.others_cores - BUSY_CORE_THRESHOLD))
             wanted = max(1, min(self.most, len(self.cores) - taken))
             if wanted != self.threads:
-                logger.info("torch threads %d -> %d (other processes use %.2f of %d cores)",
-                            self.threads, wanted, self.others_cores, len(self.cores))
+                logger.info("torch threads %d -> %d (other processes and the threads beside the engine use %.2f of "
+                            "%d cores)", self.threads, wanted, self.others_cores, len(self.cores))
                 self.threads = wanted
                 torch.set_num_threads(wanted)
-        self._last = (now, busy, own)
+        self._last = (now, busy, own, beside)

@@ -179,6 +179,11 @@ class Engine(JobFlow):
         self._inbox.put(message)
 
     # --- engine thread ---------------------------------------------------
+    def _threads_beside(self) -> list[int]:
+        """The process's main thread (the event loop serving HTTP, or the worker's) and the output thread."""
+        return [thread.native_id for thread in (threading.main_thread(), self.output.thread)
+                if thread is not None and thread.native_id is not None]
+
     def _job_done(self, request_id: str) -> None:
         self.jobs.done(request_id)
 
@@ -187,7 +192,7 @@ class Engine(JobFlow):
         in a row, or anything that escapes, and the engine is dead (workers/supervision.py)."""
         reason = "the engine thread ended"
         try:
-            self.threads = ThreadGovernor(self.config.torch_threads)
+            self.threads = ThreadGovernor(self.config.torch_threads, beside=self._threads_beside)
             with torch.inference_mode():
                 while not self._stopping.is_set():
                     self.supervisor.beat()

@@ -63,6 +63,10 @@ class OutputProcessor:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
     def problem(self) -> str | None:
         """Why this thread cannot publish (it ended), or None."""
         if self._thread is not None and not self._thread.is_alive():
