@@ -1,4 +1,6 @@
-"""A streaming load generator with the OpenAI SDK's async client, and its statistics."""
+"""A streaming load generator, and its statistics: with the OpenAI SDK's async client, or with plain aiohttp
+(`client="http"`, as vLLM's `benchmark_serving` drives servers: on 2 cores the SDK's own CPU, pydantic
+parsing every chunk, takes a core's share from the server it measures)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +8,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
+import orjson
 from openai import AsyncOpenAI
 
 
@@ -63,6 +67,17 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
+def _tokens_in_dict(chunk: dict) -> int:
+    """`_tokens_in` for a chunk read as JSON."""
+    if not chunk.get("choices"):
+        return 0
+    choice = chunk["choices"][0]
+    token_ids = choice.get("token_ids")
+    if token_ids is not None:
+        return len(token_ids)
+    return 1 if choice.get("text") else 0
+
+
 def _tokens_in(chunk) -> int:
     """Tokens a streamed chunk brings: its `token_ids` where the server sends them (ours with
     `return_token_ids`: a chunk per token, also one whose text is held back until its character is
@@ -106,20 +121,71 @@ async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: i
     return result
 
 
+async def stream_one_http(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
+                          extra: dict) -> RequestResult:
+    """`stream_one` with aiohttp: the SSE lines read and parsed as they come, nothing more."""
+    result = RequestResult()
+    started = time.perf_counter()
+    last = None
+    chunks = 0
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+    try:
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {(await response.text())[:200]}")
+            async for line in response.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = orjson.loads(line[6:])
+                now = time.perf_counter()
+                arrived = _tokens_in_dict(chunk)
+                if arrived:
+                    chunks += 1
+                    if result.ttft is None:
+                        result.ttft = now - started
+                    else:
+                        result.itls.extend([(now - last) / arrived] * arrived)
+                    last = now
+                if chunk.get("usage"):
+                    result.tokens = chunk["usage"]["completion_tokens"]
+        if not result.tokens:
+            result.tokens = chunks
+    except Exception as exc:  # errors are counted and reported, never fatal to the run
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def http_session(api_key: str = "bench") -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(headers={"Authorization": f"Bearer {api_key}"},
+                                 connector=aiohttp.TCPConnector(limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=600))
+
+
 async def run_load(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
-                   extra: dict | None = None, api_key: str = "bench") -> LoadResult:
-    """`len(prompts)` streaming requests, at most `concurrency` in flight at once."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+                   extra: dict | None = None, api_key: str = "bench", client: str = "sdk") -> LoadResult:
+    """`len(prompts)` streaming requests, at most `concurrency` in flight at once (`client`: sdk or http)."""
     gate = asyncio.Semaphore(concurrency)
+    if client == "http":
+        session = http_session(api_key)
+        url = base_url.rstrip("/") + "/completions"
+
+        async def one(prompt: str) -> RequestResult:
+            return await stream_one_http(session, url, model, prompt, max_tokens, extra or {})
+    else:
+        sdk = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+
+        async def one(prompt: str) -> RequestResult:
+            return await stream_one(sdk, model, prompt, max_tokens, extra or {})
 
     async def gated(prompt: str) -> RequestResult:
         async with gate:
-            return await stream_one(client, model, prompt, max_tokens, extra or {})
+            return await one(prompt)
 
     started = time.perf_counter()
     results = await asyncio.gather(*[gated(p) for p in prompts])
     wall = time.perf_counter() - started
-    await client.close()
+    await (session.close() if client == "http" else sdk.close())
     return LoadResult(concurrency, len(prompts), wall, list(results))
 
 

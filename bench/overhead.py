@@ -7,7 +7,8 @@ non-streaming and streaming (greedy, EOS ignored), in interleaved rounds. Report
 as a ratio to raw, TTFT p95 of the streaming run, and the engine's own mean step time and batch
 (from its Prometheus histograms), and the wall time of the same requests at once asking for one token
 each: the cost of admitting them (HTTP, auth, validation, a job each) with almost no decoding, and the
-event loop's CPU per request in it. The SDK client's own CPU is reported too: it runs on the same cores.
+event loop's CPU per request in it. The client's own CPU is reported too: it runs on the same cores
+(`--client http`: plain aiohttp, as vLLM's benchmark_serving, instead of the OpenAI SDK).
 Works on a GPU too (`--device cuda`).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import httpx
 from openai import AsyncOpenAI
 
-from .load import bench_prompts, run_load
+from .load import bench_prompts, http_session, run_load
 from .models import ensure_model, prepare_cache
 from .raw import RawEngine
 from .servers import OurServer, ScaleOut
@@ -48,6 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scale-out", action="store_true", help="the web process and one `run_worker` over a private "
                         "redis-server instead of the embedded default: what splitting web and engine into two processes "
                         "gives on the same cores (the CPU counted is all three processes')")
+    parser.add_argument("--client", default="sdk", choices=["sdk", "http"], help="the requests' client: the OpenAI "
+                        "SDK, or plain aiohttp as vLLM's benchmark_serving (the SDK's own CPU, on the same cores, is "
+                        "reported either way)")
     parser.add_argument("--quick", action="store_true", help="8 requests x 16 tokens, one round: checks it runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -110,21 +114,33 @@ def per_step(before: dict[str, float], after: dict[str, float]) -> dict:
     }
 
 
-async def non_streaming(base_url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
+async def non_streaming(base_url: str, model: str, prompts: list[str], max_tokens: int, client: str = "sdk",
+                        api_key: str = "bench") -> dict:
     """Every request at once, each answered whole; tok/s over the wall time of all of them."""
-    client = AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
     started = time.perf_counter()
-    answers = await asyncio.gather(*[
-        client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
-                                  extra_body={"ignore_eos": True}) for p in prompts])
+    if client == "http":
+        async with http_session(api_key) as session:
+            async def one(prompt: str) -> int:
+                async with session.post(base_url.rstrip("/") + "/completions", json={
+                        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                        "ignore_eos": True}) as response:
+                    return (await response.json())["usage"]["completion_tokens"]
+            counts = await asyncio.gather(*[one(p) for p in prompts])
+    else:
+        sdk = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+        answers = await asyncio.gather(*[
+            sdk.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                   extra_body={"ignore_eos": True}) for p in prompts])
+        await sdk.close()
+        counts = [a.usage.completion_tokens for a in answers]
     wall = time.perf_counter() - started
-    await client.close()
-    tokens = sum(a.usage.completion_tokens for a in answers)
+    tokens = sum(counts)
     return {"tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1)}
 
 
-def streaming(base_url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
-    result = asyncio.run(run_load(base_url, model, prompts, len(prompts), max_tokens, {"ignore_eos": True}))
+def streaming(base_url: str, model: str, prompts: list[str], max_tokens: int, client: str = "sdk") -> dict:
+    result = asyncio.run(run_load(base_url, model, prompts, len(prompts), max_tokens, {"ignore_eos": True},
+                                  client=client))
     return result.summary()
 
 
@@ -154,24 +170,24 @@ def main(argv: list[str]) -> None:
             raw_cpu = time.process_time() - raw_cpu
             before = engine_counters(server.base_url)
             cpu_before, client_before = sum(map(tree_cpu_seconds, server.pids)), time.process_time()
-            plain = asyncio.run(non_streaming(server.base_url, args.model, prompts, args.max_tokens))
+            plain = asyncio.run(non_streaming(server.base_url, args.model, prompts, args.max_tokens, args.client))
             cpu_middle, client_middle = sum(map(tree_cpu_seconds, server.pids)), time.process_time()
             middle = engine_counters(server.base_url)
-            streamed = streaming(server.base_url, args.model, prompts, args.max_tokens)
+            streamed = streaming(server.base_url, args.model, prompts, args.max_tokens, args.client)
             cpu_after, client_after = sum(map(tree_cpu_seconds, server.pids)), time.process_time()
             after = engine_counters(server.base_url)
             tokens = args.requests * args.max_tokens
             cpu = {"raw_cpu_ms_per_1k_tokens": round(raw_cpu * 1e6 / tokens, 1),
                    "ours_cpu_ms_per_1k_tokens": round((cpu_middle - cpu_before) * 1e6 / plain["tokens"], 1),
                    "ours_streaming_cpu_ms_per_1k_tokens": round((cpu_after - cpu_middle) * 1e6 / streamed["tokens"], 1)}
-            # The SDK client runs on the same cores: its CPU is time the server could not have.
+            # The client runs on the same cores: its CPU is time the server could not have.
             cpu["client_cpu_ms"] = round(1000 * (client_middle - client_before), 1)
             cpu["streaming_client_cpu_ms"] = round(1000 * (client_after - client_middle), 1)
             cpu["cpu_per_token_vs_raw"] = round(cpu["ours_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
             cpu["streaming_cpu_per_token_vs_raw"] = round(
                 cpu["ours_streaming_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
             loop_before = main_thread_cpu_seconds(server.pids[0])
-            admitted = asyncio.run(non_streaming(server.base_url, args.model, prompts, 1))
+            admitted = asyncio.run(non_streaming(server.base_url, args.model, prompts, 1, args.client))
             loop_ms_per_request = round(1000 * (main_thread_cpu_seconds(server.pids[0]) - loop_before) / len(prompts), 2)
             row = {"raw_tokens_per_s": raw_tps, "non_streaming": {**plain, **per_step(before, middle)},
                    "streaming": {**streamed, **per_step(middle, after)},
@@ -193,7 +209,7 @@ def main(argv: list[str]) -> None:
         raw.close()
     summary = {
         "scenario": "overhead", "deployment": "scale-out" if args.scale_out else "embedded", "model": args.model,
-        "device": args.device, "requests": args.requests,
+        "device": args.device, "requests": args.requests, "client": args.client,
         "max_tokens": args.max_tokens, "rounds": rounds,
         "median": {key: statistics.median(r[key] for r in rounds) for key in (
             "non_streaming_vs_raw", "streaming_vs_raw", "cpu_per_token_vs_raw", "streaming_cpu_per_token_vs_raw")},

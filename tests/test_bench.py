@@ -43,6 +43,23 @@ def test_bench_runs_and_writes_its_report(hf_cache, tmp_path):
     assert (out / "plot.png").stat().st_size > 1000
 
 
+def test_the_http_client_counts_what_the_sdk_counts(warm_server):
+    """The load generator's plain aiohttp client (`--client http`) against the SDK's, on one server: the same
+    tokens, no errors, a time to first token for every stream."""
+    import asyncio
+
+    from bench.load import bench_prompts, run_load
+    from bench.overhead import non_streaming
+
+    base_url, prompts, extra = f"{warm_server.base_url}/v1", bench_prompts(4), {"ignore_eos": True}
+    for client in ("sdk", "http"):
+        streamed = asyncio.run(run_load(base_url, "local/tiny-llama", prompts, 4, 8, extra, warm_server.key, client))
+        assert streamed.errors == 0 and streamed.tokens == 32, (client, streamed.results)
+        assert all(result.ttft is not None and result.itls for result in streamed.results)
+        whole = asyncio.run(non_streaming(base_url, "local/tiny-llama", prompts, 8, client, warm_server.key))
+        assert whole["tokens"] == 32
+
+
 def run_scenario(hf_cache, tmp_path, *args: str, report: str = "") -> dict:
     """`bench.run --scenario NAME --quick` in a copy of the session's cache; the scenario's JSON report."""
     import shutil
