@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -92,68 +93,61 @@ def _tokens_in(chunk) -> int:
     return 1 if choice.text else 0
 
 
-async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, extra: dict) -> RequestResult:
+async def _timed(chunks: AsyncIterator[tuple[int, int | None]], started: float) -> RequestResult:
+    """A stream's statistics from its chunks, each read as (tokens it brings, its usage's completion tokens or
+    None); an error is counted and reported, never fatal to the run."""
     result = RequestResult()
-    started = time.perf_counter()
     last = None
-    chunks = 0
+    counted = 0
     try:
-        stream = await client.completions.create(
-            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body=extra or None,
-        )
-        async for chunk in stream:
+        async for arrived, usage in chunks:
             now = time.perf_counter()
-            arrived = _tokens_in(chunk)
             if arrived:
-                chunks += 1
+                counted += 1
                 if result.ttft is None:
                     result.ttft = now - started
                 else:
                     result.itls.extend([(now - last) / arrived] * arrived)
                 last = now
-            if getattr(chunk, "usage", None):
-                result.tokens = chunk.usage.completion_tokens
+            if usage:
+                result.tokens = usage
         if not result.tokens:
-            result.tokens = chunks  # a server without stream usage: one chunk per token
-    except Exception as exc:  # errors are counted and reported, never fatal to the run
+            result.tokens = counted  # a server without stream usage: one chunk per token
+    except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result
+
+
+async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, extra: dict) -> RequestResult:
+    async def chunks():
+        stream = await client.completions.create(
+            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra or None,
+        )
+        async for chunk in stream:
+            usage = getattr(chunk, "usage", None)
+            yield _tokens_in(chunk), usage.completion_tokens if usage else None
+
+    return await _timed(chunks(), time.perf_counter())
 
 
 async def stream_one_http(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
                           extra: dict) -> RequestResult:
     """`stream_one` with aiohttp: the SSE lines read and parsed as they come, nothing more."""
-    result = RequestResult()
-    started = time.perf_counter()
-    last = None
-    chunks = 0
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
-    try:
+
+    async def chunks():
         async with session.post(url, json=body) as response:
             if response.status != 200:
                 raise RuntimeError(f"{response.status}: {(await response.text())[:200]}")
             async for line in response.content:
-                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                    continue
-                chunk = orjson.loads(line[6:])
-                now = time.perf_counter()
-                arrived = _tokens_in_dict(chunk)
-                if arrived:
-                    chunks += 1
-                    if result.ttft is None:
-                        result.ttft = now - started
-                    else:
-                        result.itls.extend([(now - last) / arrived] * arrived)
-                    last = now
-                if chunk.get("usage"):
-                    result.tokens = chunk["usage"]["completion_tokens"]
-        if not result.tokens:
-            result.tokens = chunks
-    except Exception as exc:  # errors are counted and reported, never fatal to the run
-        result.error = f"{type(exc).__name__}: {exc}"
-    return result
+                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    chunk = orjson.loads(line[6:])
+                    usage = chunk.get("usage")
+                    yield _tokens_in_dict(chunk), usage["completion_tokens"] if usage else None
+
+    return await _timed(chunks(), time.perf_counter())
 
 
 def http_session(api_key: str = "bench") -> aiohttp.ClientSession:
