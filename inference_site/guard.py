@@ -25,7 +25,6 @@ from protocol.random_ids import random_hex
 
 from .logs import REQUEST_ID
 
-
 logger = logging.getLogger("inference_site.access")
 
 MAX_URL_BYTES = 8 * 1024

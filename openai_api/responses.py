@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from protocol.random_ids import random_hex
 from protocol import ChoiceDelta, Part, Usage
+from protocol.random_ids import random_hex
 
 from .generation import GenerationStream
 from .shaping import chat_logprobs, text_parts

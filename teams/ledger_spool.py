@@ -2,12 +2,12 @@
 
 A row is appended (one JSON line) to this process's current segment file before `record` returns,
 through a shared memory map of the file (`MappedFile`): in the page cache once copied, so a kill -9 of
-the web process loses nothing, and no system call per row. A segment is
-deleted once every row in it reached the database; one whose rows could not be written (database
-down past the retries, queue full) is kept. Each open segment is held with an exclusive `flock`,
-so any process (this one included, once the segment is closed) can tell an abandoned segment
-from a live one: `claim_abandoned` yields the unlocked ones for replay. Replay inserts the rows
-whose request id is not in the ledger yet, so a row is never counted twice.
+the web process loses nothing, and no system call per row. A segment is deleted once every row in it
+reached the database; one whose rows could not be written (database down past the retries, queue
+full) is kept. Each open segment is held with an exclusive `flock`, so any process (this one
+included, once the segment is closed) can tell an abandoned segment from a live one:
+`claim_abandoned` yields the unlocked ones for replay. Replay inserts the rows whose request id is
+not in the ledger yet, so a row is never counted twice.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ SEGMENT_BYTES = 1 << 20  # a segment file's mapped size (sparse): 1,000 rows of 
 
 
 class MappedFile:
-    """A new locked file (`open_locked`) written through a shared memory map of `size` bytes, at least `room`.
+    """A new locked file (`open_locked`) written through a shared memory map of its `size` bytes.
 
     A line is in the file (the page cache, which a kill -9 does not take) the moment it is copied, without a
     system call: a write would give up the GIL, and on a busy server the event loop then waits to take it

@@ -77,7 +77,8 @@ def _thread_ticks(native_ids: Iterable[int]) -> int:
     total = 0
     for native_id in native_ids:
         try:
-            fields = open(f"/proc/self/task/{native_id}/stat").read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{native_id}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
