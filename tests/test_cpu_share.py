@@ -72,7 +72,7 @@ def test_a_busy_thread_beside_the_engine_costs_it_a_thread_when_named():
             named.adjust()
             unnamed.adjust()
             time.sleep(0.1)
-        assert named.others_cores - unnamed.others_cores >= 0.5
+        assert named.others_cores - unnamed.others_cores >= 0.3  # the thread had a core, less what others took
         assert named.threads < named.most and named.threads <= unnamed.threads
     finally:
         stop.set()
