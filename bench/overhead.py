@@ -188,7 +188,8 @@ def main(argv: list[str]) -> None:
                 cpu["ours_streaming_cpu_ms_per_1k_tokens"] / cpu["raw_cpu_ms_per_1k_tokens"], 2)
             loop_before = main_thread_cpu_seconds(server.pids[0])
             admitted = asyncio.run(non_streaming(server.base_url, args.model, prompts, 1, args.client))
-            loop_ms_per_request = round(1000 * (main_thread_cpu_seconds(server.pids[0]) - loop_before) / len(prompts), 2)
+            loop_seconds = main_thread_cpu_seconds(server.pids[0]) - loop_before
+            loop_ms_per_request = round(1000 * loop_seconds / len(prompts), 2)
             row = {"raw_tokens_per_s": raw_tps, "non_streaming": {**plain, **per_step(before, middle)},
                    "streaming": {**streamed, **per_step(middle, after)},
                    "one_token_burst_ms": round(1000 * admitted["wall_s"], 1),
@@ -199,9 +200,11 @@ def main(argv: list[str]) -> None:
             print(f"round {index + 1}: raw {raw_tps} tok/s; ours {plain['tokens_per_s']} "
                   f"({row['non_streaming_vs_raw']}x), streaming {streamed['tokens_per_s']} ({row['streaming_vs_raw']}x), "
                   f"TTFT p95 {streamed['ttft_p95_ms']} ms; step {row['non_streaming']['step_ms_mean']} ms "
-                  f"at batch {row['non_streaming']['batch_mean']}; {args.requests} one-token requests {row['one_token_burst_ms']} ms "
+                  f"at batch {row['non_streaming']['batch_mean']}; "
+                  f"{args.requests} one-token requests {row['one_token_burst_ms']} ms "
                   f"(the event loop's CPU {row['burst_loop_cpu_ms_per_request']} ms a request); "
-                  f"CPU per token vs raw {cpu['cpu_per_token_vs_raw']}x (streaming {cpu['streaming_cpu_per_token_vs_raw']}x); "
+                  f"CPU per token vs raw {cpu['cpu_per_token_vs_raw']}x "
+                  f"(streaming {cpu['streaming_cpu_per_token_vs_raw']}x); "
                   f"the client's CPU {cpu['client_cpu_ms']} ms (streaming {cpu['streaming_client_cpu_ms']} ms)",
                   flush=True)
     finally:
