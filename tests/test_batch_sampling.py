@@ -185,3 +185,23 @@ def test_an_allowed_token_set_is_honoured_beside_batched_rows():
     choices = choose_batch(samplers, logits, [([1], []), ([1], [])], [None, None])
     assert choices[0].token_id in (11, 12)
     assert choices[1].token_id == int(logits[1].argmax())
+
+
+def test_tokens_the_model_rules_out_are_reported_at_the_lowest_logprob_never_as_infinity():
+    """A model's scores of -inf (tokens it masks) have a logprob of -inf, which JSON cannot carry: reported as
+    -9999.0 (vLLM's floor) by a batch and by a row alone, and the order of the alternatives kept."""
+    import json
+
+    from workers.engine.sample.sampling import LOWEST_LOGPROB
+
+    logits = torch.full((2, VOCAB), float("-inf"))
+    logits[:, 4], logits[:, 8], logits[:, 15] = 2.0, 1.0, 0.5  # three tokens the model allows
+    rows = [dict(temperature=0, logprobs=5), dict(temperature=0.8, seed=3, logprobs=5)]
+    histories = [([1, 5, 9], []) for _ in rows]
+    batched = choose_batch([sampler(row) for row in rows], logits, histories, [None] * len(rows))
+    alone = [sampler(row).choose(logits[i], *histories[i], None) for i, row in enumerate(rows)]
+    for got, want in zip(batched, alone):
+        assert_same_choice(got, want)
+        assert [t for t, _ in got.top][:3] == [4, 8, 15]
+        assert [v for _, v in got.top][3:] == [LOWEST_LOGPROB, LOWEST_LOGPROB]
+        json.dumps({"logprob": got.logprob, "top": got.top}, allow_nan=False)  # finite: valid JSON

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from workers.engine.output.token_text import REPLACEMENT_CHAR, settled_length
+from workers.engine.sample.sampling import reported
 
 
 class PrefixOffsets:
@@ -115,13 +116,13 @@ class PromptScorer:
         logprobs = torch.log_softmax(rows.float(), dim=-1)
         targets = torch.tensor(ids[start:], device=logprobs.device)
         chosen_column = logprobs.gather(1, targets.unsqueeze(1))
-        chosen = chosen_column.squeeze(1).tolist()
+        chosen = reported(chosen_column.squeeze(1)).tolist()
         ranks = ((logprobs > chosen_column).sum(dim=1) + 1).tolist() if self.entries is not None else []
         top_ids: list[list[int]] = [[] for _ in chosen]
         top_values: list[list[float]] = [[] for _ in chosen]
         if self.top_n > 0:
             values, indices = torch.topk(logprobs, self.top_n, dim=-1)
-            top_ids, top_values = indices.tolist(), values.tolist()
+            top_ids, top_values = indices.tolist(), reported(values).tolist()
         top_texts = iter(self._texts([t for row in top_ids for t in row]))
         for row, position in enumerate(range(start, len(ids))):
             named = [[token_id, next(top_texts), value] for token_id, value in zip(top_ids[row], top_values[row])]

@@ -15,7 +15,7 @@ import numpy
 import torch
 
 from workers.engine.sample.penalties import BatchPenalties
-from workers.engine.sample.sampling import Sampler, TokenChoice
+from workers.engine.sample.sampling import Sampler, TokenChoice, reported
 
 NEG_INF = -float("inf")
 
@@ -147,10 +147,10 @@ class SamplingColumns:
         if not rows:
             return {}
         logprobs = torch.log_softmax(raw[rows].float(), dim=-1)
-        chosen = logprobs.gather(1, tokens[rows][:, None])[:, 0].tolist()
+        chosen = reported(logprobs.gather(1, tokens[rows][:, None])[:, 0]).tolist()
         most = max(self.logprob_counts)
         values, indices = (torch.topk(logprobs, most) if most > 0 else (logprobs[:, :0], logprobs[:, :0].long()))
-        values, indices = values.tolist(), indices.tolist()
+        values, indices = reported(values).tolist(), indices.tolist()
         return {r: (chosen[k], list(zip(indices[k][:n], values[k][:n])))
                 for k, (r, n) in enumerate(zip(rows, self.logprob_counts))}
 

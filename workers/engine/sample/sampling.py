@@ -174,11 +174,20 @@ class Sampler:
         return token_logprobs(logits, token_id, self.params.logprobs)
 
 
+LOWEST_LOGPROB = -9999.0  # what a token the model rules out (a logprob of -inf) is reported as, as vLLM does
+
+
+def reported(logprobs: torch.Tensor) -> torch.Tensor:
+    """Logprobs as a response reports them: -inf (a token the model's own scores rule out) as LOWEST_LOGPROB,
+    a number JSON can carry (JSON has no infinity: it would reach the client as null, or as invalid JSON)."""
+    return logprobs.clamp(min=LOWEST_LOGPROB)
+
+
 def token_logprobs(logits: torch.Tensor, token_id: int, top_n: int) -> TokenChoice:
     """The model's own log-probabilities (before any penalty or warping), as vLLM reports them."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     top: list[tuple[int, float]] = []
     if top_n > 0:
         values, indices = torch.topk(logprobs, top_n)
-        top = [(int(i), float(v)) for i, v in zip(indices, values)]
-    return TokenChoice(token_id, float(logprobs[token_id]), top)
+        top = [(int(i), float(v)) for i, v in zip(indices, reported(values))]
+    return TokenChoice(token_id, float(reported(logprobs[token_id])), top)
