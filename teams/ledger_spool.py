@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 ROTATE_ROWS = 1000  # rows per segment before a new one is opened
-SEGMENT_BYTES = 1 << 20  # a segment file's mapped size (sparse): 1,000 rows of about 600 bytes fit
+SEGMENT_BYTES = 1 << 20  # a segment file's mapped size: 1,000 rows of about 600 bytes fit
 
 
 class MappedFile:
@@ -31,13 +31,20 @@ class MappedFile:
 
     A line is in the file (the page cache, which a kill -9 does not take) the moment it is copied, without a
     system call: a write would give up the GIL, and on a busy server the event loop then waits to take it
-    back from the engine's thread. The unwritten rest reads as zeros, never as a line (`claim_abandoned`
-    skips it); `close` cuts it off.
+    back from the engine's thread. The file's blocks are reserved when it is made: a mapped page the disk
+    has no room for would kill the process (SIGBUS) at the copy, where a full disk now fails the opening
+    with an OSError. The unwritten rest reads as zeros, never as a line (`claim_abandoned` skips it);
+    `close` cuts it off.
     """
 
     def __init__(self, directory: Path, kind: str, size: int) -> None:
         self.path, self.file = open_locked(directory, kind, mapped=True)
-        os.ftruncate(self.file.fileno(), size)  # sparse: only the pages written take disk and memory
+        try:
+            os.posix_fallocate(self.file.fileno(), 0, size)  # the disk's blocks now; memory only as written
+        except OSError:
+            self.file.close()
+            self.path.unlink(missing_ok=True)
+            raise
         self.map = mmap.mmap(self.file.fileno(), size)
         self.end = 0  # where the next line goes
 

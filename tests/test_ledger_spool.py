@@ -81,3 +81,15 @@ def test_a_closed_kept_segment_holds_its_lines_only(tmp_path):
     spool.settled(segment, 1, written=False)
     [path] = tmp_path.glob("usage-*.jsonl")
     assert path.read_bytes() == b'{"request_id": "cmpl-1"}\n'
+
+
+def test_a_segment_holds_its_disk_blocks_from_the_start(tmp_path):
+    """A mapped page the disk cannot back kills the process at the copy (SIGBUS): a segment reserves its blocks
+    when it is made, so a full disk fails the opening with an OSError instead."""
+    from teams.ledger_spool import SEGMENT_BYTES
+
+    segment = Spool(tmp_path)._open()
+    try:
+        assert os.stat(segment.path).st_blocks * 512 >= SEGMENT_BYTES
+    finally:
+        segment.file.close(delete=True)
