@@ -2,6 +2,7 @@
 in order by the time the process exits, with its request id and traceback, and a forked child's lines too."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,13 @@ def test_every_line_reaches_stderr_in_order_with_its_request_id_and_traceback():
     assert "ValueError: the cause" in run.stderr and "Traceback" in run.stderr
     assert any(line.endswith("from the child") for line in lines)
     assert lines[-1].endswith("last line")
+
+
+def test_a_management_command_that_aborts_leaves_its_python_stacks_on_stderr():
+    """A native library's fatal error (an abort, a segfault) in `serve` or `run_worker` is said in the log with
+    every thread's stack, not only as an exit code (manage.py enables faulthandler)."""
+    run = subprocess.run([sys.executable, "manage.py", "shell", "-c", "import os; os.abort()"],
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONFAULTHANDLER": ""})
+    assert run.returncode == -6
+    assert "Fatal Python error: Aborted" in run.stderr and "File \"<string>\", line 1" in run.stderr, run.stderr

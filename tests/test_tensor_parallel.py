@@ -11,7 +11,9 @@ model per worker: each family's first request evicts the previous one.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import time
 
 import httpx
@@ -134,11 +136,14 @@ def test_streams_cancelled_mid_flight_leave_the_ranks_in_step(split_cache, split
     assert asyncio.run(complete(clients(split_server)[1], model, prompts)) == [e[:16] for e in expected]
 
 
-def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes_back(split_cache, split_server):
+@pytest.mark.parametrize("kill", ["SIGKILL", "SIGABRT"])
+def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes_back(split_cache, split_server, kill):
+    """SIGABRT is how a native library's uncaught error ends a rank: its Python stacks are in the log too."""
     model = model_id("llama")
     client, async_client = clients(split_server)
     client.completions.create(model=model, prompt="load it", max_tokens=1)
     follower = int(RANK_LINE.findall(split_server.log())[-1])
+    logged_before = len(split_server.log())
 
     async def run():
         stream = await async_client.completions.create(model=model, prompt=[PROMPTS[0]], max_tokens=1500,
@@ -148,10 +153,7 @@ def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes
             async for chunk in stream:
                 received += 1
                 if received == 5:
-                    import os
-                    import signal
-
-                    os.kill(follower, signal.SIGKILL)
+                    os.kill(follower, getattr(signal, kill))
                     killed_at = time.monotonic()
         except Exception as exc:  # the SDK raises the stream's error event
             return received, exc, time.monotonic() - killed_at
@@ -175,7 +177,11 @@ def test_a_rank_killed_mid_stream_fails_its_requests_at_once_and_the_model_comes
     assert int(RANK_LINE.findall(split_server.log())[-1]) != follower  # a new rank 1
     history = httpx.get(f"{split_server.base_url}/v1/models", headers=split_server.headers, timeout=30)
     assert history.status_code == 200
-    assert "unloaded local/tiny-llama@main (fault)" in split_server.log()
+    logged = split_server.log()[logged_before:]
+    assert "unloaded local/tiny-llama@main (fault)" in logged
+    if kill == "SIGABRT":
+        aborted = logged.split("Fatal Python error: Aborted", 1)
+        assert len(aborted) == 2 and "parallel/follower.py" in aborted[1], "the rank's stacks are not in the log"
 
 
 def test_what_cannot_be_split_is_refused_with_its_reason(split_server):

@@ -7,6 +7,7 @@ joins and pauses) is the same code on both sides. It never samples: rank 0 sends
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import pickle
@@ -184,6 +185,9 @@ def follower_main(rank: int, load, conn) -> None:
     from workers.engine.parallel.ranks import init_rank
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops this one
+    # rank 0 sees only an exit code (-6: an abort, as a collective library's uncaught error is): the stacks go to
+    # the server's log (the fork server's stderr is the worker's)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s tp-rank-{rank} %(levelname)s %(name)s: %(message)s")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(load.size))
