@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3, help="processes of each arrangement, alternated")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch threads in the engine's process (0: its thread governor decides)")
     parser.add_argument("--quick", action="store_true", help="8 requests x 8 tokens, one round: checks it runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -47,7 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _engine_process(connection, model_id: str, requests: int, tokens: int, split: bool) -> None:
+def _engine_process(connection, model_id: str, requests: int, tokens: int, split: bool, torch_threads: int
+                    ) -> None:
     """The child: an Engine running what the pipe sends; `split`: its output processor replaced by the pipe."""
     import protocol
     import workers.engine.core.engine as engine_module
@@ -67,6 +70,8 @@ def _engine_process(connection, model_id: str, requests: int, tokens: int, split
 
         def problem(self) -> None:
             return None
+
+        thread = None  # the engine's thread governor counts the output thread's CPU: none here
 
         def wait_idle(self, timeout: float = 5.0) -> bool:
             return True
@@ -90,7 +95,8 @@ def _engine_process(connection, model_id: str, requests: int, tokens: int, split
                 finished.add(channel)
                 done.notify_all()
 
-    engine = engine_module.Engine(emit, EngineConfig(max_num_seqs=requests, max_queue=2 * requests, device="cpu"))
+    engine = engine_module.Engine(emit, EngineConfig(max_num_seqs=requests, max_queue=2 * requests, device="cpu",
+                                                     torch_threads=torch_threads))
     engine.start()
     try:
         while (prompts := connection.recv()) is not None:
@@ -131,7 +137,7 @@ def run_process(args: argparse.Namespace, tokenizer, prompts: list[list[int]], s
     context = multiprocessing.get_context("spawn")
     connection, child = context.Pipe()
     process = context.Process(target=_engine_process, daemon=True,
-                              args=(child, args.model, args.requests, args.max_tokens, split))
+                              args=(child, args.model, args.requests, args.max_tokens, split, args.torch_threads))
     process.start()
 
     def one(batch: list[list[int]]) -> None:
@@ -176,6 +182,7 @@ def main(argv: list[str]) -> None:
     medians = {name: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
                       "cpu_s": statistics.median(r["cpu_s"] for r in rows)} for name, rows in runs.items()}
     report = {"scenario": "split", "model": args.model, "requests": args.requests, "max_tokens": args.max_tokens,
+              "torch_threads": args.torch_threads,
               "cpus": os.cpu_count(), "runs": runs, "median": medians,
               "split_over_thread": round(medians["split"]["tokens_per_s"] / medians["thread"]["tokens_per_s"], 3),
               "split_cpu_over_thread": round(medians["split"]["cpu_s"] / medians["thread"]["cpu_s"], 3)}
