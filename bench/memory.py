@@ -99,7 +99,8 @@ def mixed_run(cache: Path, work: Path, model: str, max_tokens: int, env: dict[st
     per_token = token_bytes(model)
     needed = (long + max_tokens + sum(short) + len(short) * max_tokens) * per_token
     held = peak[0] * MIXED_BUDGET
-    return {"errors": result.summary()["errors"], "held_peak_mb": round(held / 2**20, 1),
+    return {"errors": result.summary()["errors"], "tokens_per_s": result.summary()["tokens_per_s"],
+            "held_peak_mb": round(held / 2**20, 1),
             "tokens_need_mb": round(needed / 2**20, 1), "held_over_needed": round(held / needed, 2),
             "rss_peak_over_loaded_mb": round(rss_peak - loaded, 1)}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from workers.engine.errors import ModelLoadError
+from workers.engine.execution.kv.apart import rows_apart
 from workers.engine.execution.kv.budget import HEADROOM_TOKENS, KVBudget, KVBudgetSetting, kv_budget
 from workers.engine.sequences import Sequence
 
@@ -49,19 +50,27 @@ class KVRoom:
 
     def kv_projected(self, joining: list[int] = (), steps: int = 0, leaving: list[Sequence] = ()) -> int:
         """Bytes the model's rows would hold with newcomers of `joining` tokens in, the `leaving` rows out, and
-        `steps` more decode steps: in the batch every row as long as its longest, rows decoded alone their own."""
+        `steps` more decode steps: in the batch every row as long as its longest, rows decoded alone (or apart:
+        kv/apart.py) their own."""
         budget = self.kv_budget
-        if self.spec.batchable and not leaving:  # every step's check: the batch's own lengths, no loop over rows
-            rows, longest = self.batch.rows + len(joining), max(self.batch.length, *joining, 0)
+        rows, longest = self.batch.rows + len(joining), max(self.batch.length, *joining, 0)
+        # rows within twice each other's lengths never go apart (kv/apart.py): every step's check, no loop over rows
+        alike = not joining or self.apart_least_tokens is None or longest < 2 * min(
+            *joining, self.batch.shortest if self.batch.rows else longest)
+        if self.spec.batchable and not leaving and not self.solo_rows and alike:
             return rows * (budget.row_fixed(longest + steps) + (longest + steps) * budget.token_bytes) if rows else 0
         gone = {id(seq) for seq in leaving}
-        lengths = [cached_tokens(seq) for seq in self.rows if id(seq) not in gone] + list(joining)
-        if not lengths:
-            return 0
-        if self.spec.batchable:
-            longest = max(lengths) + steps
-            return len(lengths) * (budget.row_fixed(longest) + longest * budget.token_bytes)
-        return sum(budget.row_fixed(length + steps) + (length + steps) * budget.token_bytes for length in lengths)
+        alone = [cached_tokens(seq) for seq in self.solo_rows if id(seq) not in gone]
+        together = [cached_tokens(seq) for seq in self.batch_rows if id(seq) not in gone] + list(joining)
+        if not self.spec.batchable:
+            alone, together = alone + together, []
+        elif self.apart_least_tokens is not None:
+            apart = set(rows_apart(together, len(alone), self.apart_least_tokens))
+            alone += [together[i] for i in apart]
+            together = [length for i, length in enumerate(together) if i not in apart]
+        longest = max(together, default=0) + steps
+        held = len(together) * (budget.row_fixed(longest) + longest * budget.token_bytes)
+        return held + sum(budget.row_fixed(length + steps) + (length + steps) * budget.token_bytes for length in alone)
 
     def make_room(self, rows_bytes: int | None = None) -> bool:
         """Whether rows holding `rows_bytes` (default: the running rows, HEADROOM_TOKENS steps on) fit the budget

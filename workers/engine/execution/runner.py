@@ -21,6 +21,7 @@ from workers.engine.models.adapters import adapter_names
 from workers.engine.models.lora_batch import dense_lora
 from workers.engine.execution.kv.budget import KVBudgetSetting
 from workers.engine.execution.kv.prefix_cache import PrefixCache
+from workers.engine.execution.kv.apart import least_saved_tokens, rows_apart
 from workers.engine.execution.kv_room import KVRoom, cached_tokens
 from workers.engine.execution.prefill import Prefill
 from workers.engine.execution.prefix_reuse import PrefixReuse
@@ -54,12 +55,15 @@ class RunnerSettings:
     cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
     speculative: SpeculativeConfig | None = None  # drafts verified in the decode step (workers/engine/speculation/)
     kv_budget: KVBudgetSetting = KVBudgetSetting()  # each model's KV cache budget (kv/budget.py)
+    rows_apart_least_bytes: int | None = None  # a row decodes apart when that saves this much (kv/apart.py; None:
+    # 64 MiB on a CPU, a quarter of the KV budget elsewhere, where a forward of its own costs about a whole step)
 
 
 class ModelRunner(KVRoom, PrefixReuse, Prefill):
     """One model's forwards (KV budget: kv_room.py; prefix reuse: prefix_reuse.py)."""
 
     remembers_answers = True  # a finished row's prompt and answer go to the prefix cache (`drop_finished`)
+    keeps_rows_apart = True  # a row far longer than the others decodes apart from the slab (kv/apart.py)
 
     def __init__(self, loaded: LoadedModel, settings: RunnerSettings = RunnerSettings()) -> None:
         self.loaded = loaded
@@ -81,7 +85,10 @@ class ModelRunner(KVRoom, PrefixReuse, Prefill):
             self.static = StaticDecode(self.batch, self._static_forward, loaded.model_id, settings.cuda_graphs)
         self.proposer = proposer_for(spec, loaded, settings.speculative, settings.max_rows)
         self.batch_rows: list[Sequence] = []  # row i of the batch cache belongs to batch_rows[i]
-        self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for)
+        self.solo_rows: list[Sequence] = []  # decoded one by one (a cache the batch has no store for, or apart)
+        self.apart_least_tokens = (least_saved_tokens(settings.rows_apart_least_bytes, loaded.device, self.kv_budget)
+                                   if self.keeps_rows_apart and spec.batchable and not self.rope_offsets
+                                   and self.proposer is None else None)  # None: every row in the slab
         self._view: InputBatch | None = None  # the persistent batch's view of the rows, until they change
         declined = [what for what, served in (("decoding in one batch", spec.batchable),
                                               ("prefix reuse", spec.reuses_prefixes),
@@ -147,12 +154,33 @@ class ModelRunner(KVRoom, PrefixReuse, Prefill):
         if not self.spec.batchable:
             self.solo_rows.extend(sequences)
             return
+        sequences = self._set_apart(sequences)
+        if not sequences:
+            return
         self.batch.add([seq.state for seq in sequences], [cached_tokens(seq) for seq in sequences],
                        [seq.rope_offset for seq in sequences] if self.rope_offsets else None)
         for seq in sequences:
             seq.state = None  # its keys/values now live in the batch
         self.batch_rows.extend(sequences)
         self.make_room()  # the prefix cache gives way to the rows that joined
+
+    def _set_apart(self, joining: list[Sequence]) -> list[Sequence]:
+        """Rows far longer than the rest (kv/apart.py), newcomers or rows of the slab, go to the rows decoded
+        apart (a row of the slab with a copy of its cache); the newcomers that join the slab are returned."""
+        if self.apart_least_tokens is None:
+            return joining
+        members = [*self.batch_rows, *joining]
+        apart = rows_apart([cached_tokens(seq) for seq in members], len(self.solo_rows), self.apart_least_tokens)
+        if not apart:
+            return joining
+        leaving = [i for i in apart if i < len(self.batch_rows)]
+        for row in leaving:
+            self.batch_rows[row].state = self.batch.row_cache(row)
+        if leaving:
+            self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(leaving)]
+        self.solo_rows.extend(members[i] for i in sorted(apart))
+        going = {id(members[i]) for i in apart}
+        return [seq for seq in joining if id(seq) not in going]
 
     def rejoin(self, seq: Sequence) -> None:
         """A preempted row, prefilled again (its prompt and what it drew): it decodes on from its last token."""

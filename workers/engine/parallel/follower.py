@@ -83,6 +83,7 @@ class FollowerRunner(ModelRunner):
     """ModelRunner over shadows: decode steps feed the tokens rank 0 sampled, and nothing is sampled here."""
 
     remembers_answers = False  # a shadow holds only its last token: the prefix caches stay alike on every rank
+    keeps_rows_apart = False  # as rank 0's MirroredRunner
 
     def view(self):
         return self.rows

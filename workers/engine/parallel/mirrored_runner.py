@@ -33,6 +33,7 @@ class MirroredRunner(ModelRunner):
     """A ModelRunner whose cache operations are mirrored on the model's follower ranks."""
 
     remembers_answers = False  # the followers' shadows hold only their last tokens (follower.py)
+    keeps_rows_apart = False  # every rank's rows in the same places, whatever their lengths
 
     def __init__(self, loaded: LoadedModel, settings: RunnerSettings) -> None:
         self.group: TensorParallelGroup = loaded.parallel

@@ -79,6 +79,11 @@ class SlabKV:
     def length(self) -> int:
         return self.end - self.start
 
+    @property
+    def shortest(self) -> int:
+        """The shortest row's length (0 without rows)."""
+        return self._shortest
+
     def used_bytes(self) -> int:
         """The live rows' keys/values and states (untouched spare slots and columns cost no memory on CPU)."""
         return sum(store.used_bytes() for store in self._live_stores()) if self.allocated else 0

@@ -1,0 +1,142 @@
+"""A row far longer than the others decodes apart from the slab (workers/engine/execution/kv/apart.py), so the short
+rows beside it hold their own lengths, not its: a long prompt joining short rows, and short prompts joining a long
+row (which leaves the slab with a copy of its cache). Every row's tokens stay the ones `generate` writes, on every
+kind of cache; the budget's projection counts the rows where they are."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from workers.engine.execution.kv.apart import MOST_APART, rows_apart
+from workers.engine.execution.kv.specs import SLIDING
+
+CACHE_KINDS = ["llama", "mistral", "gemma3", "qwen3.5", "deepseek-v3", "jamba"]
+TOKENS = 16
+
+
+def test_only_a_row_whose_absence_saves_most_of_the_slab_goes_apart():
+    assert rows_apart([3564] + [164] * 31, 0, 1) == [0]  # 31 x 3,564 columns saved
+    assert rows_apart([164] * 31 + [3564], 0, 1) == [31]
+    assert rows_apart([144] * 64, 0, 1) == []  # alike
+    assert rows_apart([400, 380, 300, 100], 0, 1) == []  # spread, no outlier: the slab holds < twice
+    assert rows_apart([3564, 164], 0, 1) == []  # two rows: apart would only add a forward
+    assert rows_apart([3564, 164, 164], 0, 1) == [0]
+    assert rows_apart([3564] + [164] * 31, 0, 200_000) == []  # saves less than asked
+    assert rows_apart([4000, 3000] + [100] * 30, 0, 1) == [0, 1]
+    assert MOST_APART == 2 and rows_apart([4000, 3000, 2000] + [100] * 30, 0, 1) == []  # a third stays: < twice
+    assert rows_apart([4000, 3000] + [100] * 30, MOST_APART - 1, 1) == []  # rows apart already count
+    assert rows_apart([4000] + [100] * 30, MOST_APART - 1, 1) == [0]
+    assert rows_apart([4000] + [100] * 30, MOST_APART, 1) == []
+
+
+def test_what_a_row_must_save_to_go_apart_on_each_device():
+    import torch
+
+    from workers.engine.execution.kv.apart import APART_LEAST_CPU_BYTES, least_saved_tokens
+    from workers.engine.execution.kv.budget import KVBudget
+
+    budget = KVBudget(bytes=40 * 2**30, token_bytes=128 * 1024, row_bytes=0)
+    assert least_saved_tokens(None, torch.device("cpu"), budget) == APART_LEAST_CPU_BYTES // (128 * 1024)
+    assert least_saved_tokens(None, torch.device("cuda"), budget) == 10 * 2**30 // (128 * 1024)  # a quarter
+    assert least_saved_tokens(1, torch.device("cuda"), budget) == 1  # a setting wins
+    assert least_saved_tokens(None, torch.device("cpu"), KVBudget(bytes=2**30, token_bytes=0, row_bytes=4096)) is None
+
+
+@pytest.fixture(scope="module")
+def kinds_cache(tmp_path_factory):
+    from workers.tiny.families import build_tiny_families
+
+    cache = tmp_path_factory.mktemp("apart-families")
+    build_tiny_families(CACHE_KINDS, cache_dir=cache)
+    return cache
+
+
+def _setup(cache, family: str):
+    from huggingface_hub import constants
+
+    import protocol
+    from workers.engine.config import EngineConfig
+    from workers.engine.core.metrics import EngineMetrics
+    from workers.engine.core.scheduler import Scheduler
+    from workers.engine.execution.runner import ModelRunner, RunnerSettings
+    from workers.engine.models.model_loader import load_model
+
+    from .conftest import Reference
+
+    model = f"local/tiny-{family}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(cache))
+        loaded = load_model(protocol.ModelRef.parse(model), device="cpu", dtype="float32")
+    runner = ModelRunner(loaded, RunnerSettings(prefill_chunk=64, max_rows=8, rows_apart_least_bytes=1,
+                                                prefix_cache_bytes=64 * 2**20))
+    scheduler = Scheduler({model: runner}, EngineMetrics(), EngineConfig(max_num_seqs=8, prefill_chunk=64,
+                                                                         device="cpu"))
+    return model, loaded, runner, scheduler, Reference(cache, model)
+
+
+def _sequences(model, loaded, prompts):
+    import protocol
+    from workers.engine.config import TemplateSettings
+    from workers.engine.inputs.generation_job import GenerationJob
+    from workers.engine.sequences import Handover
+
+    sequences = []
+    for ids in prompts:
+        job = protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", "reply", protocol.ModelRef.parse(model), [ids],
+                                      protocol.JobParams(temperature=0, ignore_eos=True, max_tokens=TOKENS))
+        request = GenerationJob(job, loaded, TemplateSettings(), Handover())
+        request.model_name = request.served_name = model
+        sequences.append(request.sequences[0])
+    return sequences
+
+
+def _step(scheduler) -> None:
+    scheduler.admit()
+    scheduler.prefill(scheduler.decoding(), first=True)
+    scheduler.decode()
+    scheduler.prefill(True)
+    for runner in scheduler.runners.values():
+        runner.drop_finished()
+
+
+@pytest.mark.parametrize("long_first", [False, True], ids=["long-joins-short", "short-join-long"])
+@pytest.mark.parametrize("family", CACHE_KINDS)
+def test_a_long_row_decodes_apart_and_every_row_gives_what_generate_gives(kinds_cache, family, long_first):
+    model, loaded, runner, scheduler, reference = _setup(kinds_cache, family)
+    words = "one two three four five six seven eight nine ten eleven twelve".split()
+    short = [reference.encode(" ".join(words[n:n + 4])) for n in range(4)]
+    long = reference.encode(" ".join(words * 12))
+    assert len(long) > 8 * max(len(ids) for ids in short)
+    first, then = ([long], short) if long_first else (short, [long])
+    early, late = _sequences(model, loaded, first), _sequences(model, loaded, then)
+    scheduler.enqueue(early)
+    for _ in range(2):
+        _step(scheduler)
+    assert not any(seq.finished for seq in early) and not runner.solo_rows
+    scheduler.enqueue(late)
+    long_seq = early[0] if long_first else late[0]
+    apart_seen, steps = False, 0
+    while not all(seq.finished for seq in early + late) and steps < 40:
+        _step(scheduler)
+        if long_seq in runner.solo_rows and runner.batch_rows:
+            apart_seen = True
+            assert runner.batch.length < len(long) // 2, "the slab holds the long row's length"
+            lengths = [len(seq.prompt_ids) + len(seq.completion_ids) for seq in runner.rows]
+            slab_layout = len(lengths) * max(lengths) * runner.kv_budget.token_bytes
+            assert runner.kv_projected() < slab_layout / 2, "the projection counts the long row in the slab"
+        steps += 1
+    # every layer sliding: a row holds at most its window whatever its length, so the slab wastes nothing to spare
+    grows = runner.kv_budget.token_bytes > 0
+    assert apart_seen == grows, f"apart: {apart_seen} ({runner.spec.describe()})"
+    for seq in early + late:
+        assert seq.completion_ids == reference.greedy(seq.prompt_ids, TOKENS, min_new_tokens=TOKENS), family
+    if not grows or runner.spec.has(SLIDING):
+        return
+    # a row apart's answer is not kept, its prompt was (at its prefill): the next turn starts from it
+    [turn] = _sequences(model, loaded, [long_seq.prompt_ids + long_seq.completion_ids + short[0]])
+    scheduler.enqueue([turn])
+    while not turn.finished:
+        _step(scheduler)
+    assert turn.cached_prompt_tokens >= len(long_seq.prompt_ids) - 15, turn.cached_prompt_tokens  # whole blocks
+    assert turn.completion_ids == reference.greedy(turn.prompt_ids, TOKENS, min_new_tokens=TOKENS), family
