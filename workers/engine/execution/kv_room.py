@@ -54,9 +54,11 @@ class KVRoom:
         kv/apart.py) their own."""
         budget = self.kv_budget
         rows, longest = self.batch.rows + len(joining), max(self.batch.length, *joining, 0)
-        # rows within twice each other's lengths never go apart (kv/apart.py): every step's check, no loop over rows
-        alike = not joining or self.apart_least_tokens is None or longest < 2 * min(
-            *joining, self.batch.shortest if self.batch.rows else longest)
+        # no row goes apart (kv/apart.py) where the rows are within twice each other's lengths or could not save
+        # what a row apart must: every step's check and a burst's admission, with no loop over the rows
+        shortest = min(*joining, self.batch.shortest if self.batch.rows else longest) if joining else longest
+        alike = (not joining or self.apart_least_tokens is None or longest < 2 * shortest
+                 or rows * (longest - shortest) < self.apart_least_tokens)
         if self.spec.batchable and not leaving and not self.solo_rows and alike:
             return rows * (budget.row_fixed(longest + steps) + (longest + steps) * budget.token_bytes) if rows else 0
         gone = {id(seq) for seq in leaving}
