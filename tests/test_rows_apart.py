@@ -1,15 +1,16 @@
 """A row far longer than the others decodes apart from the slab (workers/engine/execution/kv/apart.py), so the short
 rows beside it hold their own lengths, not its: a long prompt joining short rows, and short prompts joining a long
 row (which leaves the slab with a copy of its cache). Every row's tokens stay the ones `generate` writes, on every
-kind of cache; the budget's projection counts the rows where they are."""
+kind of cache; the budget's projection counts the rows where they are; a model of sliding layers only (a row holds
+at most its window) keeps every row in the slab."""
 from __future__ import annotations
-
-import uuid
 
 import pytest
 
 from workers.engine.execution.kv.apart import MOST_APART, rows_apart
 from workers.engine.execution.kv.specs import SLIDING
+
+from .test_step_contract import load, new_sequence
 
 CACHE_KINDS = ["llama", "mistral", "gemma3", "qwen3.5", "deepseek-v3", "jamba"]
 TOKENS = 16
@@ -53,21 +54,15 @@ def kinds_cache(tmp_path_factory):
 
 
 def _setup(cache, family: str):
-    from huggingface_hub import constants
-
-    import protocol
     from workers.engine.config import EngineConfig
     from workers.engine.core.metrics import EngineMetrics
     from workers.engine.core.scheduler import Scheduler
     from workers.engine.execution.runner import ModelRunner, RunnerSettings
-    from workers.engine.models.model_loader import load_model
 
     from .conftest import Reference
 
     model = f"local/tiny-{family}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(cache))
-        loaded = load_model(protocol.ModelRef.parse(model), device="cpu", dtype="float32")
+    loaded = load(cache, model)
     runner = ModelRunner(loaded, RunnerSettings(prefill_chunk=64, max_rows=8, rows_apart_least_bytes=1,
                                                 prefix_cache_bytes=64 * 2**20))
     scheduler = Scheduler({model: runner}, EngineMetrics(), EngineConfig(max_num_seqs=8, prefill_chunk=64,
@@ -76,18 +71,11 @@ def _setup(cache, family: str):
 
 
 def _sequences(model, loaded, prompts):
-    import protocol
-    from workers.engine.config import TemplateSettings
-    from workers.engine.inputs.generation_job import GenerationJob
     from workers.engine.sequences import Handover
 
-    sequences = []
-    for ids in prompts:
-        job = protocol.submit_message(f"cmpl-{uuid.uuid4().hex}", "reply", protocol.ModelRef.parse(model), [ids],
-                                      protocol.JobParams(temperature=0, ignore_eos=True, max_tokens=TOKENS))
-        request = GenerationJob(job, loaded, TemplateSettings(), Handover())
-        request.model_name = request.served_name = model
-        sequences.append(request.sequences[0])
+    sequences = [new_sequence(loaded, Handover(), ids, TOKENS) for ids in prompts]
+    for seq in sequences:
+        seq.request.model_name = seq.request.served_name = model  # as the engine names a job's model on admitting it
     return sequences
 
 
