@@ -6,8 +6,9 @@ import sys
 
 
 def main() -> None:
-    if not faulthandler.is_enabled():  # a fatal signal (an abort in a native library, a crash) leaves every
-        faulthandler.enable(all_threads=True)  # thread's Python stack in the log, not only an exit code
+    # a fatal signal (an abort in a native library, a crash) leaves every thread's Python stack in the log
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_site.settings")
     from django.core.management import execute_from_command_line
 
