@@ -180,6 +180,10 @@ class ModelRunner(KVRoom, PrefixReuse, Prefill):
             self.batch_rows = [self.batch_rows[i] for i in self.batch.remove(leaving)]
         self.solo_rows.extend(members[i] for i in sorted(apart))
         going = {id(members[i]) for i in apart}
+        logger.info("%s: %d row(s) of %s tokens decode apart from the slab (%d rows there, the longest %d tokens)",
+                    self.loaded.model_id, len(apart), "/".join(str(cached_tokens(members[i])) for i in apart),
+                    len(members) - len(apart), max((cached_tokens(seq) for seq in members if id(seq) not in going),
+                                                   default=0))
         return [seq for seq in joining if id(seq) not in going]
 
     def rejoin(self, seq: Sequence) -> None:
