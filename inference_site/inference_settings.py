@@ -404,6 +404,21 @@ def gpu_memory_utilization(env: Env) -> float | None:
     return value or None
 
 
+def rows_apart_bytes(env: Env) -> int | None:
+    """INFERENCE_ROWS_APART_MB: what a long row's decoding apart from the slab must save (workers/engine/execution/
+    kv/apart.py): `auto` (64 MiB on a CPU, a quarter of the KV budget on a GPU), MiB, or `off` (-1: never)."""
+    value = env.text("INFERENCE_ROWS_APART_MB", "auto").strip().lower() or "auto"
+    if value in ("auto", "off"):
+        return None if value == "auto" else -1
+    try:
+        mib = float(value)
+    except ValueError:
+        mib = -1.0
+    if mib < 0:
+        raise SettingError(f"INFERENCE_ROWS_APART_MB={value!r}: `auto`, `off`, or MiB a row apart must save (e.g. 64)")
+    return int(mib * MIB)
+
+
 def engine_config(env: Env) -> EngineConfig:
     """The engine's settings (worker side); 0 or -1 leave a choice to the device (`EngineConfig.fitted`)."""
     memory_budget_mb = env.number("INFERENCE_WORKER_MEMORY_BUDGET_MB", 0.0)  # 0: no budget
@@ -432,6 +447,7 @@ def engine_config(env: Env) -> EngineConfig:
         kv_cache_bytes=kv_cache or None,  # None: each model's device share of free memory (kv/budget.py)
         gpu_memory_utilization=gpu_memory_utilization(env),
         prefix_cache_bytes=int(env.number("INFERENCE_PREFIX_CACHE_MB", EngineConfig.prefix_cache_bytes / MIB) * MIB),
+        rows_apart_bytes=rows_apart_bytes(env),
         max_faults=env.integer("INFERENCE_ENGINE_MAX_FAULTS", 5),
         stall_seconds=env.number("INFERENCE_ENGINE_STALL_SECONDS", 60.0),
         embedding_batch=env.integer("INFERENCE_EMBEDDING_BATCH", 32),

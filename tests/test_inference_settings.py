@@ -28,6 +28,7 @@ def test_the_defaults_run_the_embedded_mode(tmp_path):
     assert (engine.max_num_seqs, engine.prefill_chunk, engine.batch_rows_beside_interactive) == (0, 0, -1)  # fit the device
     assert engine.memory_budget_bytes is None and engine.kv_cache_bytes is None and engine.seed is None
     assert engine.prefix_cache_bytes == 512 * MIB and engine.templates.reasoning == "auto"
+    assert engine.rows_apart_bytes is None  # the device's default (workers/engine/execution/kv/apart.py)
 
 
 def test_values_are_typed_once_where_they_are_read(tmp_path):
@@ -46,6 +47,9 @@ def test_values_are_typed_once_where_they_are_read(tmp_path):
     assert config.models.default == "org/pinned"
     assert config.channel_layer.is_redis and config.teams.limits_redis_url == "redis://r:6379"  # the layer's Redis
     assert config.ledger.spool_dir == tmp_path / "elsewhere" / "ledger-spool"
+    for value, expected in (("off", -1), (" OFF ", -1), ("auto", None), ("128", 128 * MIB), ("0.5", MIB // 2)):
+        assert InferenceSettings.from_environ({"INFERENCE_ROWS_APART_MB": value}, tmp_path).engine.rows_apart_bytes \
+            == expected, value
 
 
 @pytest.mark.parametrize(("name", "value", "says"), [
@@ -56,6 +60,8 @@ def test_values_are_typed_once_where_they_are_read(tmp_path):
     ("INFERENCE_STOP_SEQUENCES", "stop", "JSON list of non-empty strings"),
     ("INFERENCE_STOP_SEQUENCES", '["", "x"]', "JSON list of non-empty strings"),
     ("CHANNEL_CAPACITY", "many", "whole number"),
+    ("INFERENCE_ROWS_APART_MB", "sometimes", "`auto`, `off`, or MiB"),
+    ("INFERENCE_ROWS_APART_MB", "-5", "`auto`, `off`, or MiB"),
 ])
 def test_a_bad_value_is_refused_naming_the_variable(tmp_path, name, value, says):
     with pytest.raises(SettingError) as refused:

@@ -42,6 +42,19 @@ def test_what_a_row_must_save_to_go_apart_on_each_device():
     assert least_saved_tokens(None, torch.device("cuda"), budget) == 10 * 2**30 // (128 * 1024)  # a quarter
     assert least_saved_tokens(1, torch.device("cuda"), budget) == 1  # a setting wins
     assert least_saved_tokens(None, torch.device("cpu"), KVBudget(bytes=2**30, token_bytes=0, row_bytes=4096)) is None
+    assert least_saved_tokens(-1, torch.device("cpu"), budget) is None  # INFERENCE_ROWS_APART_MB=off
+
+
+def test_the_setting_reaches_each_models_runner(kinds_cache):
+    from inference_site.inference_settings import InferenceSettings
+    from workers.engine.core.engine import Engine
+    from workers.engine.execution.runner import ModelRunner
+
+    for value, expected in (("off", None), ("1", 1 * 2**20 // 512), ("auto", 64 * 2**20 // 512)):
+        config = InferenceSettings.from_environ({"INFERENCE_ROWS_APART_MB": value}).engine
+        engine = Engine(lambda channel, message: None, config)
+        runner = ModelRunner(load(kinds_cache, "local/tiny-llama"), engine.manager.runner_settings)
+        assert runner.kv_budget.token_bytes == 512 and runner.apart_least_tokens == expected, value
 
 
 @pytest.fixture(scope="module")

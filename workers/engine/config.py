@@ -56,6 +56,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # each model's KV cache budget (execution/kv/budget.py); None: a share of free memory
     gpu_memory_utilization: float | None = None  # vLLM's: the budget is what this share of the device leaves
     prefix_cache_bytes: int = 512 * MIB  # per model, for prompts that start like earlier ones; 0: off
+    rows_apart_bytes: int | None = None  # what a long row apart must save (execution/kv/apart.py); None: auto, -1: never
     max_faults: int = 5  # engine-loop failures in a row before the engine is dead (workers/engine/core/supervision.py)
     stall_seconds: float = 60.0  # an engine loop silent this long is reported stalled by ping and /health
     embedding_batch: int = 32  # embedding inputs per batched forward, one forward per engine step

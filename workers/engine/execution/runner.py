@@ -55,8 +55,9 @@ class RunnerSettings:
     cuda_graphs: bool = False  # ... captured into a CUDA graph per bucket of rows (on CUDA)
     speculative: SpeculativeConfig | None = None  # drafts verified in the decode step (workers/engine/speculation/)
     kv_budget: KVBudgetSetting = KVBudgetSetting()  # each model's KV cache budget (kv/budget.py)
-    rows_apart_least_bytes: int | None = None  # a row decodes apart when that saves this much (kv/apart.py; None:
-    # 64 MiB on a CPU, a quarter of the KV budget elsewhere, where a forward of its own costs about a whole step)
+    # a row decodes apart from the slab when that saves this much (kv/apart.py); None: 64 MiB on a CPU, a quarter
+    # of the KV budget elsewhere (where a forward of its own costs about a whole step); negative: never
+    rows_apart_least_bytes: int | None = None
 
 
 class ModelRunner(KVRoom, PrefixReuse, Prefill):

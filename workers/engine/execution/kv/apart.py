@@ -23,9 +23,9 @@ MOST_APART = 2  # rows decoded apart at once: each is a forward of its own every
 
 
 def least_saved_tokens(setting_bytes: int | None, device: torch.device, budget: KVBudget) -> int | None:
-    """The tokens a row's going apart must save (`setting_bytes`, else the device's default), or None where no
-    row's keys and values grow with its length (sliding layers only, recurrent states only: nothing to save)."""
-    if not budget.token_bytes:
+    """The tokens a row's going apart must save (`setting_bytes`, else the device's default), or None: set off
+    (negative), or no row's keys and values grow with its length (sliding layers only, recurrent states only)."""
+    if not budget.token_bytes or (setting_bytes is not None and setting_bytes < 0):
         return None
     least = setting_bytes if setting_bytes is not None else (
         APART_LEAST_CPU_BYTES if device.type == "cpu" else budget.bytes // 4)
