@@ -16,10 +16,11 @@ ID_BYTES = 16
 
 class _Pool:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
+        """Empty, with a lock of its own (in a forked child the parent's may be held by a thread not copied)."""
+        self.lock = threading.Lock()
         self.data, self.at = b"", 0
 
     def take(self) -> bytes:
