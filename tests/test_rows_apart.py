@@ -2,7 +2,7 @@
 rows beside it hold their own lengths, not its: a long prompt joining short rows, and short prompts joining a long
 row (which leaves the slab with a copy of its cache). Every row's tokens stay the ones `generate` writes, on every
 kind of cache; the budget's projection counts the rows where they are; a model of sliding layers only (a row holds
-at most its window) keeps every row in the slab."""
+at most its window) keeps every row in the slab; and through `serve`, its setting from the environment."""
 from __future__ import annotations
 
 import pytest
@@ -141,3 +141,30 @@ def test_a_long_row_decodes_apart_and_every_row_gives_what_generate_gives(kinds_
         _step(scheduler)
     assert turn.cached_prompt_tokens >= len(long_seq.prompt_ids) - 15, turn.cached_prompt_tokens  # whole blocks
     assert turn.completion_ids == reference.greedy(turn.prompt_ids, TOKENS, min_new_tokens=TOKENS), family
+
+
+def test_through_the_server_a_long_prompt_beside_short_ones_decodes_apart_and_all_equal_generate(
+        hf_cache, reference, tmp_path):
+    """`serve` with INFERENCE_ROWS_APART_MB from its environment, the real SDK: every answer is `generate`'s,
+    and the log says the long row went apart."""
+    import asyncio
+
+    from .live_server import LiveServer, base_env, clients
+    from .test_model_families import complete
+
+    server = LiveServer(base_env(hf_cache, tmp_path, INFERENCE_ROWS_APART_MB="0.01"), tmp_path, name="apart")
+    try:
+        words = "one two three four five six seven eight nine ten eleven twelve".split()
+        prompts = [reference.encode(" ".join(words * 20))] + [reference.encode(" ".join(words[n:n + 3]))
+                                                              for n in range(6)]
+        _, client = clients(server)
+
+        async def run():
+            return await asyncio.gather(*[complete(client, "local/tiny-llama", [ids], max_tokens=48)
+                                          for ids in prompts])
+
+        answers = asyncio.run(run())
+        assert [tokens for [tokens] in answers] == [reference.greedy(ids, 48, min_new_tokens=48) for ids in prompts]
+        assert "decode apart from the slab" in server.log()
+    finally:
+        server.stop()
